@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: makes sure PostgreSQL and Redis run
+# (starting them, and installing them with apt-get when missing and we are root),
+# builds the binaries, then runs every test. The SMTP sink and the fake
+# provider APIs are started by the tests themselves, one per test.
+#
+#   bash .ci/test.sh            # everything
+#   bash .ci/test.sh contact    # only tests whose name matches
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n==> %s\n' "$*"; }
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+apt_install() {
+  if [ "$(id -u)" = 0 ] && have apt-get; then
+    log "installing $*"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "missing $* and cannot install it (need root and apt-get)" >&2
+    return 1
+  fi
+}
+
+ensure_postgres() {
+  if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then return 0; fi
+  if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then apt_install postgresql; fi
+  local ver; ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+  log "starting PostgreSQL $ver"
+  pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
+  for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+  pg_isready -h 127.0.0.1 -p 5432
+  # The tests connect as postgres without a password over TCP.
+  if ! psql -h 127.0.0.1 -U postgres -c 'select 1' >/dev/null 2>&1; then
+    local hba; hba=$(ls /etc/postgresql/"$ver"/main/pg_hba.conf)
+    sed -i 's/^\(host\s\+all\s\+all\s\+127.0.0.1\/32\s\+\).*/\1trust/; s/^\(host\s\+all\s\+all\s\+::1\/128\s\+\).*/\1trust/' "$hba"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main reload
+  fi
+}
+
+ensure_redis() {
+  if have redis-cli && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then return 0; fi
+  have redis-server || apt_install redis-server
+  log "starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir "${TMPDIR:-/tmp}" --logfile "${TMPDIR:-/tmp}/redis-test.log"
+  for _ in $(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.5; done
+  redis-cli -h 127.0.0.1 -p 6379 ping
+}
+
+ensure_postgres
+ensure_redis
+
+log "building"
+cargo build --workspace --bins --quiet
+
+log "testing"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast --test-threads "${TEST_THREADS:-8}" "$@"
+else
+  cargo test --workspace --no-fail-fast -- --test-threads "${TEST_THREADS:-8}" "$@"
+fi

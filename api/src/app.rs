@@ -1,0 +1,142 @@
+//! Route table, middleware and the server lifecycle.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use entity::{plans::Catalogue, Features, Settings};
+use migration::MigratorTrait;
+use poem::{
+    listener::{Acceptor, Listener, TcpListener},
+    middleware::CatchPanic,
+    EndpointExt, IntoEndpoint, Route, Server,
+};
+use poem_openapi::OpenApiService;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    middleware::{BodyLimit, Observe},
+    rate_limit::RateLimiter,
+    routes::{contact::ContactApi, health::HealthApi, waitlist::WaitlistApi},
+    state::AppState,
+};
+
+/// Largest request body accepted on JSON routes, in bytes (64 KiB).
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// Every API operation.
+pub type Apis = (ContactApi, WaitlistApi, HealthApi);
+
+const DESCRIPTION: &str = "\
+JSON API of the subscription backend. Every error is RFC 9457 problem details \
+(`application/problem+json`) with a stable `code`, an `error` string equal to `detail`, \
+and `field` naming the request field at fault. Every answer carries `x-request-id` \
+(the client's own when it sent a sane one). Request bodies above 64 KiB get 413. \
+Unknown JSON fields are rejected (400 `unknown_field`). Rate-limited routes answer with \
+`X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch seconds), \
+and `Retry-After` (seconds) on 429; the client IP is the socket peer, or the first \
+`X-Forwarded-For` hop when the server runs with `TRUST_PROXY=true`. A feature switched \
+off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 \
+(`feature_disabled` / `not_configured`), as `GET /api/health` reports.";
+
+/// The OpenAPI service (also what `api openapi` prints).
+pub fn openapi() -> OpenApiService<Apis, ()> {
+    OpenApiService::new(
+        (ContactApi, WaitlistApi, HealthApi),
+        "Subscription backend API",
+        env!("CARGO_PKG_VERSION"),
+    )
+    .description(DESCRIPTION)
+    .server("/api")
+}
+
+/// The whole HTTP application: `/api/*`, `/api/openapi.json`, `/api/docs`.
+pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
+    let service = openapi();
+    let spec = service.spec_endpoint();
+    let docs = service.scalar();
+    let swagger = service.swagger_ui();
+    Route::new()
+        .nest("/api", service.into_endpoint().with(BodyLimit(BODY_LIMIT)))
+        .at("/api/openapi.json", spec)
+        .nest("/api/docs", docs)
+        .nest("/api/swagger", swagger)
+        .data(state)
+        .with(CatchPanic::new().with_handler(|_| {
+            tracing::error!("handler panicked");
+            crate::problem::ApiError::internal("handler panicked")
+                .problem()
+                .into_response()
+        }))
+        .with(Observe)
+}
+
+/// Builds the state: database (migrated when `MIGRATE_ON_START`), queue
+/// producer, rate limiter, plans, features.
+pub async fn build_state(
+    settings: Arc<Settings>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<AppState> {
+    let plans = Catalogue::load(&settings.plans_file).context("PLANS_FILE")?;
+    let features = Features::compute(&settings);
+    let db = worker::runtime::connect_db(&settings, shutdown).await?;
+    if settings.migrate_on_start {
+        migration::Migrator::up(&db, None)
+            .await
+            .context("applying migrations")?;
+    }
+    let queues = worker::runtime::connect_queues(&settings, shutdown).await?;
+    let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);
+    Ok(AppState {
+        settings,
+        features: Arc::new(features),
+        plans: Arc::new(plans),
+        db,
+        queues,
+        limiter,
+    })
+}
+
+/// Serves HTTP until SIGTERM/SIGINT; with `with_worker` also runs the worker
+/// loop in this process. On shutdown, stops accepting, lets requests in flight
+/// finish (up to 10 s), and lets jobs in flight finish.
+pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    worker::runtime::cancel_on_signal(shutdown.clone());
+    let state = build_state(settings.clone(), &shutdown).await?;
+    for (feature, status) in state.features.iter() {
+        tracing::info!(feature = feature.key(), enabled = status.enabled, message = %status.message, "feature");
+    }
+
+    let worker_task = with_worker.then(|| {
+        let (s, t) = (settings.clone(), shutdown.clone());
+        tokio::spawn(async move { worker::runtime::run(s, t).await })
+    });
+
+    let acceptor = TcpListener::bind(format!("{}:{}", settings.host, settings.port))
+        .into_acceptor()
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", settings.host, settings.port))?;
+    let addr = acceptor
+        .local_addr()
+        .first()
+        .and_then(|a| a.as_socket_addr().copied())
+        .context("no local address")?;
+    tracing::info!(%addr, with_worker, queue = state.queues.kind(), "api listening");
+    // A plain line on stdout for scripts and tests that start the server on port 0.
+    println!("api listening on http://{addr}");
+
+    let stop = shutdown.clone();
+    Server::new_with_acceptor(acceptor)
+        .run_with_graceful_shutdown(
+            app(state),
+            async move { stop.cancelled().await },
+            Some(Duration::from_secs(10)),
+        )
+        .await?;
+    shutdown.cancel();
+    if let Some(t) = worker_task {
+        t.await.context("worker task")??;
+    }
+    tracing::info!("api stopped");
+    Ok(())
+}

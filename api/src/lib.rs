@@ -1,0 +1,11 @@
+//! HTTP layer of the subscription backend: routes, rate limits, problem-details
+//! errors, request ids. Handlers are thin; the work is in `entity` (the model)
+//! and `worker` (the jobs).
+
+pub mod app;
+pub mod middleware;
+pub mod payload;
+pub mod problem;
+pub mod rate_limit;
+pub mod routes;
+pub mod state;

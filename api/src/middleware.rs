@@ -1,0 +1,135 @@
+//! Request id, body size limit and access log.
+
+use std::time::Instant;
+
+use futures::StreamExt;
+use poem::{
+    http::{header, HeaderValue},
+    Body, Endpoint, IntoResponse, Middleware, Request, Response, Result,
+};
+use tracing::Instrument;
+
+use crate::problem::Problem;
+
+/// The request id of the current request (`x-request-id`), in request extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Header carrying the request id in both directions.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Assigns every request an id (the client's `x-request-id` when it is 1–128
+/// visible ASCII characters, else a new ULID), opens a tracing span with it,
+/// logs one line per request and returns the id on every response.
+pub struct Observe;
+
+impl<E: Endpoint> Middleware<E> for Observe {
+    type Output = ObserveEndpoint<E>;
+    fn transform(&self, ep: E) -> Self::Output {
+        ObserveEndpoint(ep)
+    }
+}
+
+/// See [`Observe`].
+pub struct ObserveEndpoint<E>(E);
+
+impl<E: Endpoint> Endpoint for ObserveEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, mut req: Request) -> Result<Self::Output> {
+        let id = req
+            .headers()
+            .get(REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+            .map(str::to_string)
+            .unwrap_or_else(|| ulid::Ulid::new().to_string());
+        req.extensions_mut().insert(RequestId(id.clone()));
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let span = tracing::info_span!("request", request_id = %id, %method, %path);
+        let started = Instant::now();
+        let mut resp = match self.0.call(req).instrument(span.clone()).await {
+            Ok(r) => r.into_response(),
+            Err(e) if e.is_from_response() => e.into_response(),
+            Err(e) => crate::problem::from_poem_error(e),
+        };
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            resp.headers_mut().insert(REQUEST_ID, v);
+        }
+        let status = resp.status().as_u16();
+        let elapsed_us = started.elapsed().as_micros() as u64;
+        span.in_scope(|| {
+            if status >= 500 {
+                tracing::warn!(status, elapsed_us, "request finished");
+            } else {
+                tracing::debug!(status, elapsed_us, "request finished");
+            }
+        });
+        Ok(resp)
+    }
+}
+
+/// Refuses bodies above `max` bytes with 413 problem details, checking both the
+/// declared `Content-Length` and the bytes actually received (chunked bodies).
+pub struct BodyLimit(pub usize);
+
+impl<E: Endpoint> Middleware<E> for BodyLimit {
+    type Output = BodyLimitEndpoint<E>;
+    fn transform(&self, ep: E) -> Self::Output {
+        BodyLimitEndpoint {
+            inner: ep,
+            max: self.0,
+        }
+    }
+}
+
+/// See [`BodyLimit`].
+pub struct BodyLimitEndpoint<E> {
+    inner: E,
+    max: usize,
+}
+
+fn too_large(max: usize) -> Response {
+    Problem::new(
+        poem::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("the request body exceeds {max} bytes"),
+        None,
+    )
+    .into_response()
+}
+
+impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, mut req: Request) -> Result<Self::Output> {
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max as u64) {
+            return Ok(too_large(self.max));
+        }
+        if declared.is_none()
+            && req.method() != poem::http::Method::GET
+            && req.method() != poem::http::Method::HEAD
+        {
+            // Unknown length (chunked): read up to the limit.
+            let mut stream = req.take_body().into_bytes_stream();
+            let mut buf = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| {
+                    poem::Error::from_string(e.to_string(), poem::http::StatusCode::BAD_REQUEST)
+                })?;
+                if buf.len() + chunk.len() > self.max {
+                    return Ok(too_large(self.max));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            req.set_body(Body::from(buf));
+        }
+        Ok(self.inner.call(req).await?.into_response())
+    }
+}

@@ -1,0 +1,185 @@
+//! Request rate limits and their headers.
+//!
+//! * With Redis: a fixed window per `(limit, subject)`, counted atomically by
+//!   one Lua script (`INCR` + `EXPIRE`), so every api process shares it and
+//!   concurrent requests can never exceed the limit.
+//! * Without Redis (embedded mode): the `governor` crate's GCRA limiter in
+//!   process (burst = the limit, refilled evenly over the window).
+//!
+//! If Redis cannot be reached the check fails open (logged): the request then
+//! meets the same outage at the queue or database and gets a 503 there.
+
+use std::{
+    collections::HashMap,
+    num::NonZeroU32,
+    sync::{Arc, LazyLock},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use governor::{
+    clock::{Clock, DefaultClock},
+    middleware::StateInformationMiddleware,
+    state::keyed::DefaultKeyedStateStore,
+    Quota, RateLimiter as Gcra,
+};
+use redis::{aio::ConnectionManager, Script};
+
+use crate::problem::RateInfo;
+
+/// A named limit: at most `max` requests per `window` per subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    /// Key part naming the limit, e.g. `contact`.
+    pub name: &'static str,
+    /// Requests allowed per window.
+    pub max: u32,
+    /// Window length.
+    pub window: Duration,
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision {
+    /// Whether this request may proceed.
+    pub allowed: bool,
+    /// Header values.
+    pub info: RateInfo,
+}
+
+type Local = Gcra<String, DefaultKeyedStateStore<String>, DefaultClock, StateInformationMiddleware>;
+
+/// The limiter shared by all routes.
+#[derive(Clone)]
+pub enum RateLimiter {
+    /// Shared counters in Redis, keys `<prefix>:rl:<name>:<subject>:<window index>`.
+    Redis {
+        /// Connection (shared with the queue producer).
+        conn: ConnectionManager,
+        /// `QUEUE_PREFIX` namespace.
+        prefix: String,
+    },
+    /// In-process limiters, one per limit.
+    Local(Arc<std::sync::Mutex<HashMap<Limit, Arc<Local>>>>),
+}
+
+static CHECK_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return n
+",
+    )
+});
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+impl RateLimiter {
+    /// Redis-backed when a connection is given, else in-process.
+    pub fn new(redis: Option<ConnectionManager>, prefix: &str) -> Self {
+        match redis {
+            Some(conn) => RateLimiter::Redis {
+                conn,
+                prefix: if prefix.is_empty() {
+                    "rl".into()
+                } else {
+                    format!("{prefix}:rl")
+                },
+            },
+            None => RateLimiter::Local(Default::default()),
+        }
+    }
+
+    /// Counts one request of `subject` against `limit`.
+    pub async fn check(&self, limit: Limit, subject: &str) -> Decision {
+        match self {
+            RateLimiter::Redis { conn, prefix } => {
+                let window = limit.window.as_secs().max(1);
+                let now = now_secs();
+                let index = now / window;
+                let reset = (index + 1) * window;
+                let key = format!("{prefix}:{}:{subject}:{index}", limit.name);
+                let mut c = conn.clone();
+                let count: Result<u64, _> = CHECK_SCRIPT
+                    .key(key)
+                    .arg(window + 1)
+                    .invoke_async(&mut c)
+                    .await;
+                let count = match count {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!(error = %e, limit = limit.name, "rate-limit store unavailable; allowing");
+                        0
+                    }
+                };
+                let max = u64::from(limit.max);
+                Decision {
+                    allowed: count <= max,
+                    info: RateInfo {
+                        limit: max,
+                        remaining: max.saturating_sub(count),
+                        reset,
+                        retry_after: reset.saturating_sub(now).max(1),
+                    },
+                }
+            }
+            RateLimiter::Local(map) => {
+                let limiter = {
+                    let mut m = map.lock().expect("rate-limit map poisoned");
+                    m.entry(limit)
+                        .or_insert_with(|| {
+                            let max = NonZeroU32::new(limit.max).unwrap_or(NonZeroU32::MIN);
+                            let period = limit.window / limit.max.max(1);
+                            let quota = Quota::with_period(period.max(Duration::from_nanos(1)))
+                                .expect("non-zero period")
+                                .allow_burst(max);
+                            Arc::new(
+                                Gcra::keyed(quota).with_middleware::<StateInformationMiddleware>(),
+                            )
+                        })
+                        .clone()
+                };
+                if limiter.len() > 100_000 {
+                    limiter.retain_recent();
+                }
+                let max = u64::from(limit.max);
+                let now = now_secs();
+                match limiter.check_key(&subject.to_string()) {
+                    Ok(snapshot) => {
+                        let remaining = u64::from(snapshot.remaining_burst_capacity());
+                        // Full again after the used part of the burst has refilled.
+                        let per = limit.window.as_secs_f64() / max as f64;
+                        let reset = now + ((max - remaining) as f64 * per).ceil() as u64;
+                        Decision {
+                            allowed: true,
+                            info: RateInfo {
+                                limit: max,
+                                remaining,
+                                reset,
+                                retry_after: 0,
+                            },
+                        }
+                    }
+                    Err(not_until) => {
+                        let wait = not_until.wait_time_from(DefaultClock::default().now());
+                        let retry_after = wait.as_secs().max(1);
+                        Decision {
+                            allowed: false,
+                            info: RateInfo {
+                                limit: max,
+                                remaining: 0,
+                                reset: now + retry_after,
+                                retry_after,
+                            },
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! `POST /api/contact`: validate, rate limit, queue the email.
+
+use std::time::Duration;
+
+use entity::{contact::ContactMessage, Feature};
+use poem::{web::Data, Request};
+use poem_openapi::{Object, OpenApi};
+use worker::{jobs::SendEmail, Job};
+
+use super::{ApiTags, Success};
+use crate::{
+    middleware::RequestId,
+    payload::JsonBody,
+    problem::{ApiError, RateInfo},
+    rate_limit::Limit,
+    state::AppState,
+};
+
+/// A contact-form message.
+#[derive(Debug, Clone, Object)]
+#[oai(deny_unknown_fields, example)]
+pub struct ContactRequest {
+    /// Sender's name, 1–100 characters (trimmed).
+    pub name: String,
+    /// Sender's email address (≤ 254 characters); replies go there.
+    pub email: String,
+    /// The message, 1–5,000 characters (trimmed).
+    pub message: String,
+}
+
+impl poem_openapi::types::Example for ContactRequest {
+    fn example() -> Self {
+        ContactRequest {
+            name: "Ann Lee".into(),
+            email: "ann@example.com".into(),
+            message: "Do you offer annual billing?".into(),
+        }
+    }
+}
+
+crate::limited_ok!(
+    /// Answers of `POST /api/contact`.
+    ContactResponse, Success, "The message is queued for delivery: `{ \"success\": true }`."
+);
+
+crate::problem_responses!(
+    /// Errors of `POST /api/contact`.
+    ContactError {
+        BadRequest = 400: "A field is missing or invalid (`field` names it), or the body is not the expected JSON.",
+        PayloadTooLarge = 413: "The body exceeds 64 KiB.",
+        InternalServerError = 500: "The message could not be queued.",
+        ServiceUnavailable = 503: "Contact is switched off (`feature_disabled`), not configured (`not_configured`: no email transport or sender), or the queue is unreachable (`queue_unavailable`).",
+    }
+);
+
+/// Contact form.
+pub struct ContactApi;
+
+#[OpenApi]
+impl ContactApi {
+    /// Send a contact message
+    ///
+    /// Validates the message, then queues an email to the site's inbox
+    /// (`CONTACT_EMAIL`, else `EMAIL_FROM`) with `Reply-To` set to the sender.
+    /// The answer comes as soon as the email job is queued; the worker sends
+    /// it (retrying transient failures). Limited to `RATE_LIMIT_PUBLIC_PER_HOUR`
+    /// (default 5) requests per hour per client IP.
+    #[oai(
+        path = "/contact",
+        method = "post",
+        operation_id = "sendContactMessage",
+        tag = "ApiTags::Public"
+    )]
+    async fn contact(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        body: JsonBody<ContactRequest>,
+    ) -> Result<ContactResponse, ContactError> {
+        let ip = state.client_ip(req);
+        let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+        ContactResponse::from_result(contact_inner(&state, &ip, request_id, body.0).await)
+    }
+}
+
+async fn contact_inner(
+    state: &AppState,
+    ip: &str,
+    request_id: Option<String>,
+    body: ContactRequest,
+) -> Result<(Success, RateInfo), ApiError> {
+    state.require(Feature::Contact)?;
+    let limit = Limit {
+        name: "contact",
+        max: state.settings.rate_limit_public_per_hour,
+        window: Duration::from_secs(3600),
+    };
+    let decision = state.limiter.check(limit, ip).await;
+    if !decision.allowed {
+        return Err(ApiError::RateLimited(decision.info));
+    }
+    let message = ContactMessage::new(&body.name, &body.email, &body.message)?;
+    let (Some(from), Some(inbox)) = (
+        state.settings.email_from.as_deref(),
+        state.settings.contact_inbox(),
+    ) else {
+        return Err(ApiError::internal("contact ready without EMAIL_FROM"));
+    };
+    let job = Job::SendEmail(SendEmail {
+        email: message.to_email(from, inbox),
+        request_id,
+    });
+    match state.queues.push(job).await {
+        Ok(job_id) => {
+            tracing::info!(job_id, "contact message queued");
+            Ok((Success::yes(), decision.info))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "could not queue contact email");
+            Err(ApiError::Unavailable {
+                code: "queue_unavailable",
+                detail: "the message could not be queued; try again shortly".into(),
+            })
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! `GET /api/health`: feature readiness plus real probes of the database and the queue.
+
+use std::time::Instant;
+
+use entity::Feature;
+use poem::web::Data;
+use poem_openapi::{payload::Json, ApiResponse, Object, OpenApi};
+
+use super::ApiTags;
+use crate::state::AppState;
+
+/// Readiness of one feature.
+#[derive(Debug, Clone, Object)]
+pub struct FeatureHealth {
+    /// Toggle on and every required setting present.
+    pub enabled: bool,
+    /// Switched off on purpose by its `NEXT_PUBLIC_ENABLE_*` toggle.
+    pub disabled_by_flag: bool,
+    /// Environment variables the feature needs and lacks.
+    pub missing_env: Vec<String>,
+    /// One sentence for humans.
+    pub message: String,
+}
+
+/// Every feature, keyed as the interface names them.
+#[derive(Debug, Clone, Object)]
+pub struct FeatureMap {
+    /// Sessions and avatar upload.
+    pub auth: FeatureHealth,
+    /// `POST /api/waitlist`.
+    pub waitlist: FeatureHealth,
+    /// `POST /api/contact`.
+    pub contact: FeatureHealth,
+    /// Subscription management.
+    pub billing: FeatureHealth,
+    /// Checkout and provider webhooks.
+    pub payments: FeatureHealth,
+    /// Role changes.
+    pub admin: FeatureHealth,
+    /// AI chat and generation.
+    pub ai: FeatureHealth,
+}
+
+/// Configuration presence checks.
+#[derive(Debug, Clone, Object)]
+pub struct Checks {
+    /// `NEXT_PUBLIC_BACKEND_URL` and `NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY` set.
+    pub backend_public: bool,
+    /// `BACKEND_SERVICE_ROLE_KEY` set.
+    pub backend_service_role: bool,
+    /// An email transport (HTTP email API or SMTP) configured.
+    pub email_provider: bool,
+}
+
+/// Result of one dependency probe.
+#[derive(Debug, Clone, Object)]
+pub struct Probe {
+    /// The dependency answered within `DEPENDENCY_TIMEOUT_MS`.
+    pub ok: bool,
+    /// Round-trip time in milliseconds.
+    pub latency_ms: f64,
+}
+
+/// Queue probe.
+#[derive(Debug, Clone, Object)]
+pub struct QueueProbe {
+    /// The queue store answered within `DEPENDENCY_TIMEOUT_MS`.
+    pub ok: bool,
+    /// Round-trip time in milliseconds.
+    pub latency_ms: f64,
+    /// `redis` or `sqlite`.
+    pub backend: String,
+}
+
+/// The health report.
+#[derive(Debug, Clone, Object)]
+pub struct Health {
+    /// `ok` when every enabled feature is ready and the database and queue answer, else `degraded`.
+    pub status: String,
+    /// When the report was made (RFC 3339, UTC).
+    pub timestamp: String,
+    /// The configured payment provider: `provider_a` or `provider_b`.
+    pub payment_provider: String,
+    /// Configuration presence checks.
+    pub checks: Checks,
+    /// Database probe (`SELECT 1`).
+    pub database: Probe,
+    /// Queue probe (`PING` / `SELECT 1`).
+    pub queue: QueueProbe,
+    /// Readiness per feature.
+    pub features: FeatureMap,
+}
+
+/// Health answers.
+#[derive(Debug, ApiResponse)]
+pub enum HealthResponse {
+    /// Healthy: every enabled feature ready, database and queue answering.
+    #[oai(status = 200)]
+    Ok(Json<Health>),
+    /// Degraded: an enabled feature lacks configuration, or the database or queue failed its probe.
+    #[oai(status = 503)]
+    Degraded(Json<Health>),
+}
+
+/// Health.
+pub struct HealthApi;
+
+#[OpenApi]
+impl HealthApi {
+    /// Report readiness
+    ///
+    /// Probes the database and the queue for real (bounded by
+    /// `DEPENDENCY_TIMEOUT_MS`) and reports each feature's toggle and missing
+    /// configuration. 200 when healthy, 503 otherwise; the body is the same shape.
+    #[oai(
+        path = "/health",
+        method = "get",
+        operation_id = "getHealth",
+        tag = "ApiTags::Public"
+    )]
+    async fn health(&self, state: Data<&AppState>) -> HealthResponse {
+        let report = health_inner(&state).await;
+        if report.status == "ok" {
+            HealthResponse::Ok(Json(report))
+        } else {
+            HealthResponse::Degraded(Json(report))
+        }
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}
+
+async fn health_inner(state: &AppState) -> Health {
+    let timeout = state.settings.dependency_timeout;
+    let db_probe = async {
+        let t = Instant::now();
+        let ok = matches!(
+            tokio::time::timeout(timeout, entity::db::ping(&state.db)).await,
+            Ok(Ok(()))
+        );
+        Probe {
+            ok,
+            latency_ms: ms(t),
+        }
+    };
+    let queue_probe = async {
+        let t = Instant::now();
+        let ok = state.queues.ping().await.is_ok();
+        QueueProbe {
+            ok,
+            latency_ms: ms(t),
+            backend: state.queues.kind().to_string(),
+        }
+    };
+    let (database, queue) = tokio::join!(db_probe, queue_probe);
+    let f = &state.features;
+    let fh = |feature: Feature| {
+        let s = f.get(feature);
+        FeatureHealth {
+            enabled: s.enabled,
+            disabled_by_flag: s.disabled_by_flag,
+            missing_env: s.missing_env.iter().map(|v| v.to_string()).collect(),
+            message: s.message.clone(),
+        }
+    };
+    let healthy = database.ok && queue.ok && f.all_enabled_ready();
+    Health {
+        status: if healthy { "ok" } else { "degraded" }.into(),
+        timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        payment_provider: state.settings.payment_provider.as_str().into(),
+        checks: Checks {
+            backend_public: f.backend_public,
+            backend_service_role: f.backend_service_role,
+            email_provider: f.email_provider,
+        },
+        database,
+        queue,
+        features: FeatureMap {
+            auth: fh(Feature::Auth),
+            waitlist: fh(Feature::Waitlist),
+            contact: fh(Feature::Contact),
+            billing: fh(Feature::Billing),
+            payments: fh(Feature::Payments),
+            admin: fh(Feature::Admin),
+            ai: fh(Feature::Ai),
+        },
+    }
+}

@@ -1,0 +1,133 @@
+//! `POST /api/waitlist`: store a lead once per email.
+
+use std::time::Duration;
+
+use entity::{
+    waitlist::{self, Lead, WaitlistError},
+    Feature,
+};
+use poem::{web::Data, Request};
+use poem_openapi::{Object, OpenApi};
+
+use super::{ApiTags, Success};
+use crate::{
+    payload::JsonBody,
+    problem::{ApiError, RateInfo},
+    rate_limit::Limit,
+    state::AppState,
+};
+
+/// A waitlist sign-up.
+#[derive(Debug, Clone, Object)]
+#[oai(deny_unknown_fields, example)]
+pub struct WaitlistRequest {
+    /// Email address (≤ 254 characters). Stored trimmed and lowercased; the
+    /// same address in another case is a duplicate.
+    pub email: String,
+    /// Name, up to 100 characters; optional.
+    pub name: Option<String>,
+}
+
+impl poem_openapi::types::Example for WaitlistRequest {
+    fn example() -> Self {
+        WaitlistRequest {
+            email: "ann@example.com".into(),
+            name: Some("Ann Lee".into()),
+        }
+    }
+}
+
+crate::limited_ok!(
+    /// Answers of `POST /api/waitlist`.
+    WaitlistResponse, Success, "The lead is stored: `{ \"success\": true }`."
+);
+
+crate::problem_responses!(
+    /// Errors of `POST /api/waitlist`.
+    WaitlistErrorResponse {
+        BadRequest = 400: "The email is missing or invalid (`field` = `email`), the name is too long, or the body is not the expected JSON.",
+        Conflict = 409: "This email is already on the waitlist (`already_registered`).",
+        PayloadTooLarge = 413: "The body exceeds 64 KiB.",
+        InternalServerError = 500: "The lead could not be stored.",
+        ServiceUnavailable = 503: "The waitlist is switched off (`feature_disabled`) or the database is unreachable (`database_unavailable`).",
+    }
+);
+
+/// Waitlist.
+pub struct WaitlistApi;
+
+#[OpenApi]
+impl WaitlistApi {
+    /// Join the waitlist
+    ///
+    /// Stores the lead in the `waitlist` table. Emails are unique
+    /// case-insensitively: a second sign-up answers 409. Limited to
+    /// `RATE_LIMIT_PUBLIC_PER_HOUR` (default 5) requests per hour per client IP.
+    #[oai(
+        path = "/waitlist",
+        method = "post",
+        operation_id = "joinWaitlist",
+        tag = "ApiTags::Public"
+    )]
+    async fn waitlist(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        body: JsonBody<WaitlistRequest>,
+    ) -> Result<WaitlistResponse, WaitlistErrorResponse> {
+        let ip = state.client_ip(req);
+        WaitlistResponse::from_result(waitlist_inner(&state, &ip, body.0).await)
+    }
+}
+
+async fn waitlist_inner(
+    state: &AppState,
+    ip: &str,
+    body: WaitlistRequest,
+) -> Result<(Success, RateInfo), ApiError> {
+    state.require(Feature::Waitlist)?;
+    let limit = Limit {
+        name: "waitlist",
+        max: state.settings.rate_limit_public_per_hour,
+        window: Duration::from_secs(3600),
+    };
+    let decision = state.limiter.check(limit, ip).await;
+    if !decision.allowed {
+        return Err(ApiError::RateLimited(decision.info));
+    }
+    let lead = Lead::new(&body.email, body.name.as_deref())?;
+    match tokio::time::timeout(
+        state.settings.dependency_timeout,
+        waitlist::join(&state.db, lead),
+    )
+    .await
+    {
+        Ok(Ok(())) => Ok((Success::yes(), decision.info)),
+        Ok(Err(WaitlistError::AlreadyRegistered)) => Err(ApiError::Conflict(
+            "already_registered",
+            "this email is already on the waitlist".into(),
+        )),
+        Ok(Err(WaitlistError::Invalid(f))) => Err(f.into()),
+        Ok(Err(WaitlistError::Db(e))) if is_unavailable(&e) => {
+            tracing::error!(error = %e, "waitlist insert: database unavailable");
+            Err(ApiError::Unavailable {
+                code: "database_unavailable",
+                detail: "the database is unreachable; try again shortly".into(),
+            })
+        }
+        Ok(Err(WaitlistError::Db(e))) => {
+            Err(ApiError::internal(format!("waitlist insert failed: {e}")))
+        }
+        Err(_) => Err(ApiError::Unavailable {
+            code: "database_unavailable",
+            detail: "the database did not answer in time; try again shortly".into(),
+        }),
+    }
+}
+
+fn is_unavailable(e: &sea_orm::DbErr) -> bool {
+    matches!(
+        e,
+        sea_orm::DbErr::ConnectionAcquire(_) | sea_orm::DbErr::Conn(_)
+    )
+}

@@ -1,0 +1,65 @@
+//! Everything a handler needs, built once at start.
+
+use std::{net::IpAddr, sync::Arc};
+
+use entity::{plans::Catalogue, Feature, Features, Settings};
+use poem::{web::RemoteAddr, Request};
+use sea_orm::DatabaseConnection;
+use worker::Queues;
+
+use crate::{problem::ApiError, rate_limit::RateLimiter};
+
+/// Shared application state (cheap to clone).
+#[derive(Clone)]
+pub struct AppState {
+    /// Validated settings.
+    pub settings: Arc<Settings>,
+    /// Readiness of every feature, computed once from the settings.
+    pub features: Arc<Features>,
+    /// The plan catalogue.
+    pub plans: Arc<Catalogue>,
+    /// Database pool.
+    pub db: DatabaseConnection,
+    /// Job producer.
+    pub queues: Queues,
+    /// Rate limiter.
+    pub limiter: RateLimiter,
+}
+
+impl AppState {
+    /// 503 unless `feature` is toggled on and configured.
+    pub fn require(&self, feature: Feature) -> Result<(), ApiError> {
+        let st = self.features.get(feature);
+        if st.ready() {
+            return Ok(());
+        }
+        Err(ApiError::Unavailable {
+            code: if st.disabled_by_flag {
+                "feature_disabled"
+            } else {
+                "not_configured"
+            },
+            detail: format!("{} is unavailable: {}", feature.key(), st.message),
+        })
+    }
+
+    /// The client's IP: the socket peer, or the first `X-Forwarded-For` hop
+    /// when `TRUST_PROXY=true` and the header holds a valid IP.
+    pub fn client_ip(&self, req: &Request) -> String {
+        if self.settings.trust_proxy {
+            if let Some(ip) = req
+                .headers()
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.trim().parse::<IpAddr>().ok())
+            {
+                return ip.to_string();
+            }
+        }
+        match req.remote_addr() {
+            RemoteAddr(poem::Addr::SocketAddr(a)) => a.ip().to_string(),
+            other => other.to_string(),
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The committed `openapi/openapi.json` must equal what the code generates.
+
+#[test]
+fn committed_openapi_spec_matches_the_code() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/openapi.json");
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    let generated = format!("{}\n", api::app::openapi().spec());
+    if committed != generated {
+        panic!(
+            "openapi/openapi.json is out of date with the code.\n\
+             Regenerate it with:\n\n    cargo run -q -p api -- openapi > openapi/openapi.json\n"
+        );
+    }
+}
+
+#[test]
+fn every_operation_documents_its_errors_and_an_example() {
+    let spec: serde_json::Value = serde_json::from_str(&api::app::openapi().spec()).unwrap();
+    let paths = spec["paths"].as_object().unwrap();
+    assert!(
+        paths.contains_key("/contact")
+            && paths.contains_key("/waitlist")
+            && paths.contains_key("/health")
+    );
+    for (path, ops) in paths {
+        for (method, op) in ops.as_object().unwrap() {
+            let responses = op["responses"].as_object().unwrap();
+            assert!(
+                responses
+                    .keys()
+                    .any(|k| k.starts_with('4') || k.starts_with('5')),
+                "{method} {path} documents no error response"
+            );
+            if method == "post" {
+                let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+                assert!(
+                    !schema.is_null(),
+                    "{method} {path} has no JSON request body"
+                );
+                assert!(
+                    responses.contains_key("429"),
+                    "{method} {path} is rate limited but documents no 429"
+                );
+                let h = responses["429"]["headers"].as_object().unwrap();
+                for name in [
+                    "X-RATELIMIT-LIMIT",
+                    "X-RATELIMIT-REMAINING",
+                    "X-RATELIMIT-RESET",
+                    "RETRY-AFTER",
+                ] {
+                    assert!(
+                        h.keys().any(|k| k.eq_ignore_ascii_case(name)),
+                        "{method} {path} 429 lacks {name}"
+                    );
+                }
+            }
+        }
+    }
+    let schemas = spec["components"]["schemas"].as_object().unwrap();
+    for name in ["ContactRequest", "WaitlistRequest", "Problem"] {
+        assert!(!schemas[name]["example"].is_null(), "{name} has no example");
+    }
+}

@@ -1,0 +1,30 @@
+//! SeaORM entities: one module per table, in the classic `DeriveEntityModel`
+//! format (`Entity`, `Model`, `ActiveModel`, `Column`, `Relation` in each).
+//!
+//! Conventions shared by every table:
+//! - ids are `Uuid` (PostgreSQL `uuid`; on SQLite sqlx stores them as a 16-byte
+//!   blob, so always compare them through SeaORM/sqlx, never as text);
+//! - timestamps are `DateTimeUtc` (PostgreSQL `timestamp with time zone`; on
+//!   SQLite RFC 3339 text such as `2026-11-22T10:00:00.123+00:00`);
+//! - statuses and roles are plain text columns (no database enums), so SQLite
+//!   and PostgreSQL behave the same; the allowed values are Rust enums with
+//!   `DeriveActiveEnum` or `pub const` strings next to the table;
+//! - `created_at` / `updated_at` / `received_at` have a database default of
+//!   "now", and [`ActiveModelBehavior::before_save`](sea_orm::ActiveModelBehavior::before_save)
+//!   fills them in when left `NotSet` and bumps `updated_at` on every update
+//!   made through `ActiveModel::{insert, update, save}` (bulk
+//!   `Entity::insert`/`Entity::update_many` do not run the hook).
+//!
+//! The schema itself is created by the `migration` crate; keep both in step.
+
+pub mod prelude;
+
+pub mod ai_usage;
+pub mod audit_logs;
+pub mod payments;
+pub mod profiles;
+pub mod subscriptions;
+pub mod user_roles;
+pub mod users;
+pub mod waitlist;
+pub mod webhook_events;

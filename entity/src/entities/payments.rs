@@ -1,0 +1,136 @@
+//! `payments`: one row per checkout attempt with a payment provider.
+//!
+//! A payment keeps its user from being deleted (foreign key without cascade):
+//! the financial trail outlives the account's other data.
+
+use sea_orm::entity::prelude::*;
+use sea_orm::ActiveValue::Set;
+use serde::{Deserialize, Serialize};
+
+/// `provider` value for the first payment provider.
+pub const PROVIDER_A: &str = "provider_a";
+/// `provider` value for the second payment provider.
+pub const PROVIDER_B: &str = "provider_b";
+/// Every allowed `provider` value.
+pub const PROVIDERS: [&str; 2] = [PROVIDER_A, PROVIDER_B];
+/// `currency` value for Indonesian rupiah, the only currency used so far.
+pub const CURRENCY_IDR: &str = "IDR";
+
+/// State of a payment, stored as upper-case text:
+/// `PENDING`, `PAID`, `FAILED`, `EXPIRED` or `REFUNDED`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PaymentStatus {
+    /// Created, waiting for the provider's verdict (`PENDING`).
+    #[sea_orm(string_value = "PENDING")]
+    Pending,
+    /// Settled successfully (`PAID`).
+    #[sea_orm(string_value = "PAID")]
+    Paid,
+    /// Rejected or failed at the provider (`FAILED`).
+    #[sea_orm(string_value = "FAILED")]
+    Failed,
+    /// Not paid before the checkout expired (`EXPIRED`).
+    #[sea_orm(string_value = "EXPIRED")]
+    Expired,
+    /// Paid, then refunded (`REFUNDED`).
+    #[sea_orm(string_value = "REFUNDED")]
+    Refunded,
+}
+
+impl PaymentStatus {
+    /// The value stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Paid => "PAID",
+            Self::Failed => "FAILED",
+            Self::Expired => "EXPIRED",
+            Self::Refunded => "REFUNDED",
+        }
+    }
+}
+
+/// A payment (checkout) record.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize, Deserialize)]
+#[sea_orm(table_name = "payments")]
+pub struct Model {
+    /// Row id.
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    /// Our order id sent to the provider, unique; form
+    /// `PREFIX-<epoch ms>-<8 upper-case alphanumerics>`.
+    #[sea_orm(column_type = "Text", unique)]
+    pub order_id: String,
+    /// Paying user (foreign key to `users.id`, no cascade).
+    pub user_id: Uuid,
+    /// Plan id bought, e.g. `BASIC`, `PRO`, `ULTIMATE`.
+    #[sea_orm(column_type = "Text")]
+    pub plan: String,
+    /// Amount in whole units of `currency` (IDR has no minor unit in practice).
+    pub amount: i64,
+    /// ISO 4217 currency code, e.g. [`CURRENCY_IDR`].
+    #[sea_orm(column_type = "Text")]
+    pub currency: String,
+    /// Payment provider: one of [`PROVIDERS`].
+    #[sea_orm(column_type = "Text")]
+    pub provider: String,
+    /// Payment state.
+    pub status: PaymentStatus,
+    /// Provider's checkout/session token, if it issued one.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub checkout_token: Option<String>,
+    /// URL where the user pays, if the provider gave one.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub payment_url: Option<String>,
+    /// Provider's own transaction id, once known.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub provider_reference: Option<String>,
+    /// When the payment was settled as paid (UTC).
+    pub paid_at: Option<DateTimeUtc>,
+    /// When the row was created (UTC).
+    pub created_at: DateTimeUtc,
+    /// When the row was last changed (UTC).
+    pub updated_at: DateTimeUtc,
+}
+
+/// A payment belongs to one user.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {
+    /// The paying user.
+    #[sea_orm(
+        belongs_to = "super::users::Entity",
+        from = "Column::UserId",
+        to = "super::users::Column::Id"
+    )]
+    User,
+}
+
+impl Related<super::users::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::User.def()
+    }
+}
+
+#[async_trait::async_trait]
+impl ActiveModelBehavior for ActiveModel {
+    /// Fills `created_at`/`updated_at` on insert when not set, and sets
+    /// `updated_at` to now on update unless the caller set it.
+    async fn before_save<C: ConnectionTrait>(
+        mut self,
+        _db: &C,
+        insert: bool,
+    ) -> Result<Self, DbErr> {
+        let now = chrono::Utc::now();
+        if insert && self.created_at.is_not_set() {
+            self.created_at = Set(now);
+        }
+        if !self.updated_at.is_set() {
+            self.updated_at = Set(now);
+        }
+        Ok(self)
+    }
+}

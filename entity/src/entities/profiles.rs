@@ -1,0 +1,67 @@
+//! `profiles`: the user's display data, exactly one row per user
+//! (primary key = `users.id`, deleted with the user).
+
+use sea_orm::entity::prelude::*;
+use sea_orm::ActiveValue::Set;
+use serde::{Deserialize, Serialize};
+
+/// A user's profile.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize, Deserialize)]
+#[sea_orm(table_name = "profiles")]
+pub struct Model {
+    /// Owner; primary key and foreign key to `users.id` (on delete cascade).
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub user_id: Uuid,
+    /// Display name, if the user gave one.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub full_name: Option<String>,
+    /// Object-store key of the avatar, of the form `<user_id>/avatar`.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub avatar_path: Option<String>,
+    /// Public URL of the avatar, if one is served.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub avatar_url: Option<String>,
+    /// When the row was created (UTC).
+    pub created_at: DateTimeUtc,
+    /// When the row was last changed (UTC).
+    pub updated_at: DateTimeUtc,
+}
+
+/// A profile belongs to one user.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {
+    /// The owning user.
+    #[sea_orm(
+        belongs_to = "super::users::Entity",
+        from = "Column::UserId",
+        to = "super::users::Column::Id",
+        on_delete = "Cascade"
+    )]
+    User,
+}
+
+impl Related<super::users::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::User.def()
+    }
+}
+
+#[async_trait::async_trait]
+impl ActiveModelBehavior for ActiveModel {
+    /// Fills `created_at`/`updated_at` on insert when not set, and sets
+    /// `updated_at` to now on update unless the caller set it.
+    async fn before_save<C: ConnectionTrait>(
+        mut self,
+        _db: &C,
+        insert: bool,
+    ) -> Result<Self, DbErr> {
+        let now = chrono::Utc::now();
+        if insert && self.created_at.is_not_set() {
+            self.created_at = Set(now);
+        }
+        if !self.updated_at.is_set() {
+            self.updated_at = Set(now);
+        }
+        Ok(self)
+    }
+}

@@ -1,0 +1,100 @@
+//! `subscriptions`: the user's current plan, exactly one row per user
+//! (primary key = `users.id`, deleted with the user).
+
+use sea_orm::entity::prelude::*;
+use sea_orm::ActiveValue::Set;
+use serde::{Deserialize, Serialize};
+
+/// State of a subscription, stored as text: `active`, `canceled` or `past_due`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum, Serialize, Deserialize,
+)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "snake_case")]
+pub enum SubscriptionStatus {
+    /// The plan is in force (`active`).
+    #[sea_orm(string_value = "active")]
+    Active,
+    /// The subscription has ended (`canceled`).
+    #[sea_orm(string_value = "canceled")]
+    Canceled,
+    /// A renewal payment is overdue (`past_due`).
+    #[sea_orm(string_value = "past_due")]
+    PastDue,
+}
+
+impl SubscriptionStatus {
+    /// The value stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Canceled => "canceled",
+            Self::PastDue => "past_due",
+        }
+    }
+}
+
+/// A user's subscription.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize, Deserialize)]
+#[sea_orm(table_name = "subscriptions")]
+pub struct Model {
+    /// Owner; primary key and foreign key to `users.id` (on delete cascade).
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub user_id: Uuid,
+    /// Plan id from the plan catalogue, e.g. `FREE`, `BASIC`, `PRO`, `ULTIMATE`.
+    #[sea_orm(column_type = "Text")]
+    pub plan: String,
+    /// Subscription state.
+    pub status: SubscriptionStatus,
+    /// True when the user asked to stop at the end of the current period.
+    pub cancel_at_period_end: bool,
+    /// Start of the paid period (UTC); `None` for free plans.
+    pub current_period_start: Option<DateTimeUtc>,
+    /// End of the paid period (UTC); `None` for free plans.
+    pub current_period_end: Option<DateTimeUtc>,
+    /// When the subscription was canceled (UTC), if it was.
+    pub canceled_at: Option<DateTimeUtc>,
+    /// When the row was created (UTC).
+    pub created_at: DateTimeUtc,
+    /// When the row was last changed (UTC).
+    pub updated_at: DateTimeUtc,
+}
+
+/// A subscription belongs to one user.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {
+    /// The owning user.
+    #[sea_orm(
+        belongs_to = "super::users::Entity",
+        from = "Column::UserId",
+        to = "super::users::Column::Id",
+        on_delete = "Cascade"
+    )]
+    User,
+}
+
+impl Related<super::users::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::User.def()
+    }
+}
+
+#[async_trait::async_trait]
+impl ActiveModelBehavior for ActiveModel {
+    /// Fills `created_at`/`updated_at` on insert when not set, and sets
+    /// `updated_at` to now on update unless the caller set it.
+    async fn before_save<C: ConnectionTrait>(
+        mut self,
+        _db: &C,
+        insert: bool,
+    ) -> Result<Self, DbErr> {
+        let now = chrono::Utc::now();
+        if insert && self.created_at.is_not_set() {
+            self.created_at = Set(now);
+        }
+        if !self.updated_at.is_set() {
+            self.updated_at = Set(now);
+        }
+        Ok(self)
+    }
+}

@@ -1,0 +1,18 @@
+//! The model of the subscription backend: SeaORM entities, the rules that move
+//! records between states, the plan catalogue, settings and feature readiness.
+//!
+//! This crate knows nothing about HTTP or the job queue; everything here is
+//! testable with a database connection alone.
+
+pub mod contact;
+pub mod db;
+pub mod entities;
+pub mod features;
+pub mod mail;
+pub mod plans;
+pub mod settings;
+pub mod validate;
+pub mod waitlist;
+
+pub use features::{Feature, FeatureStatus, Features};
+pub use settings::Settings;

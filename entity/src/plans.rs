@@ -1,0 +1,170 @@
+//! The plan catalogue (`config/plans.toml`): prices and AI limits per plan.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// The plan every user starts on; it cannot be bought.
+pub const FREE: &str = "FREE";
+
+/// One plan of the catalogue.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Identifier used on the wire and in the database, upper case (`PRO`).
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// Monthly price in whole units of the catalogue currency; 0 for FREE.
+    pub price: i64,
+    /// Whether `POST /api/payments` accepts this plan.
+    pub purchasable: bool,
+    /// AI requests allowed per 5-minute window.
+    pub ai_requests_per_5min: u32,
+    /// AI tokens (input + output) per calendar month (UTC); `None` = unlimited.
+    #[serde(default)]
+    pub ai_tokens_per_month: Option<u64>,
+}
+
+/// The whole catalogue.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Catalogue {
+    /// ISO 4217 currency of every price (`IDR`).
+    pub currency: String,
+    /// The plans, FREE included.
+    pub plans: Vec<Plan>,
+}
+
+/// Why a catalogue was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogueError {
+    /// The file could not be read.
+    #[error("cannot read plan catalogue {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error("plan catalogue is malformed: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// The content breaks a rule of the catalogue.
+    #[error("plan catalogue is invalid: {0}")]
+    Invalid(String),
+}
+
+impl Catalogue {
+    /// Reads and validates the catalogue at `path`.
+    pub fn load(path: &Path) -> Result<Self, CatalogueError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CatalogueError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses and validates catalogue text.
+    pub fn parse(text: &str) -> Result<Self, CatalogueError> {
+        let c: Catalogue = toml::from_str(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), CatalogueError> {
+        let bad = |m: String| Err(CatalogueError::Invalid(m));
+        if self.currency.len() != 3 || !self.currency.chars().all(|c| c.is_ascii_uppercase()) {
+            return bad(format!(
+                "currency {:?} is not an ISO 4217 code",
+                self.currency
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for p in &self.plans {
+            if p.id.is_empty()
+                || !p
+                    .id
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            {
+                return bad(format!(
+                    "plan id {:?} must be upper-case letters, digits or _",
+                    p.id
+                ));
+            }
+            if !seen.insert(p.id.as_str()) {
+                return bad(format!("plan {} is listed twice", p.id));
+            }
+            if p.purchasable && p.price <= 0 {
+                return bad(format!("purchasable plan {} needs a positive price", p.id));
+            }
+            if p.price < 0 {
+                return bad(format!("plan {} has a negative price", p.id));
+            }
+            if p.ai_requests_per_5min == 0 {
+                return bad(format!(
+                    "plan {} allows no AI requests; use 1 or more",
+                    p.id
+                ));
+            }
+        }
+        match self.get(FREE) {
+            None => bad("the FREE plan is missing".into()),
+            Some(free) if free.purchasable => bad("the FREE plan cannot be purchasable".into()),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// The plan with this id (exact, upper case).
+    pub fn get(&self, id: &str) -> Option<&Plan> {
+        self.plans.iter().find(|p| p.id == id)
+    }
+
+    /// A plan that `POST /api/payments` may sell.
+    pub fn purchasable(&self, id: &str) -> Option<&Plan> {
+        self.get(id).filter(|p| p.purchasable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_catalogue_is_valid() {
+        let c = Catalogue::load(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../config/plans.toml"
+        )))
+        .unwrap();
+        assert_eq!(c.currency, "IDR");
+        assert_eq!(c.purchasable("PRO").unwrap().price, 99_000);
+        assert!(c.purchasable(FREE).is_none());
+        assert_eq!(c.get("ULTIMATE").unwrap().ai_tokens_per_month, None);
+        assert_eq!(c.get(FREE).unwrap().ai_tokens_per_month, Some(20_000));
+    }
+
+    #[test]
+    fn broken_catalogues_are_refused() {
+        assert!(Catalogue::parse("currency = \"IDR\"\nplans = []").is_err());
+        let dup = r#"currency = "IDR"
+[[plans]]
+id = "FREE"
+name = "Free"
+price = 0
+purchasable = false
+ai_requests_per_5min = 1
+[[plans]]
+id = "FREE"
+name = "Free"
+price = 0
+purchasable = false
+ai_requests_per_5min = 1
+"#;
+        assert!(matches!(
+            Catalogue::parse(dup),
+            Err(CatalogueError::Invalid(_))
+        ));
+    }
+}

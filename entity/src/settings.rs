@@ -1,0 +1,561 @@
+//! Environment → typed, validated settings.
+//!
+//! Every variable the service reads is listed here (and in the README). A value
+//! that is present but malformed is an error naming the variable, so the process
+//! stops at start instead of misbehaving later. A *missing* optional credential is
+//! not an error: it makes a feature "not ready" (see [`crate::features`]).
+
+use std::{collections::HashMap, fmt, path::PathBuf, time::Duration};
+
+/// A setting that is present but cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value for {var}: {message}")]
+pub struct SettingsError {
+    /// The environment variable at fault, e.g. `PORT`.
+    pub var: &'static str,
+    /// What is wrong with its value.
+    pub message: String,
+}
+
+/// Output format of the structured logs (`LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line (the default; what log shippers read).
+    Json,
+    /// Human-readable, coloured lines for a terminal.
+    Pretty,
+}
+
+/// The payment provider selected by `PAYMENT_PROVIDER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentProvider {
+    /// Client-token checkout (`provider_a`).
+    ProviderA,
+    /// Redirect checkout (`provider_b`, the default).
+    ProviderB,
+}
+
+impl PaymentProvider {
+    /// The wire name: `provider_a` or `provider_b`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ProviderA => "provider_a",
+            Self::ProviderB => "provider_b",
+        }
+    }
+}
+
+/// The six feature toggles (`NEXT_PUBLIC_ENABLE_*`). `true` means enabled.
+///
+/// Unset, `true`, `1`, `yes`, `on` (any case) enable; `false`, `0`, `no`, `off`
+/// disable; anything else is a [`SettingsError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Toggles {
+    /// `NEXT_PUBLIC_ENABLE_AUTH`
+    pub auth: bool,
+    /// `NEXT_PUBLIC_ENABLE_WAITLIST`
+    pub waitlist: bool,
+    /// `NEXT_PUBLIC_ENABLE_CONTACT`
+    pub contact: bool,
+    /// `NEXT_PUBLIC_ENABLE_PAYMENTS`
+    pub payments: bool,
+    /// `NEXT_PUBLIC_ENABLE_ADMIN`
+    pub admin: bool,
+    /// `NEXT_PUBLIC_ENABLE_AI`
+    pub ai: bool,
+}
+
+/// Everything the api and worker processes are configured with.
+#[derive(Clone)]
+pub struct Settings {
+    /// `HOST`: interface to bind (default `127.0.0.1`).
+    pub host: String,
+    /// `PORT`: TCP port (default `8080`; `0` picks a free one and logs it).
+    pub port: u16,
+    /// `DATABASE_URL`: `postgres://…` or `sqlite:…`; unset = SQLite file `<DATA_DIR>/app.db`.
+    pub database_url: String,
+    /// True when `DATABASE_URL` was unset and the embedded SQLite file is used.
+    pub database_embedded: bool,
+    /// `REDIS_URL`: job queue and rate-limit counters; unset = queue in SQLite, limits in process.
+    pub redis_url: Option<String>,
+    /// `DATA_DIR`: where the embedded SQLite files live (default `data`).
+    pub data_dir: PathBuf,
+    /// `MIGRATE_ON_START`: apply pending migrations when the api starts (default `true`).
+    pub migrate_on_start: bool,
+    /// `APP_URL` (or `NEXT_PUBLIC_APP_URL`): public base URL, no trailing slash.
+    pub app_url: String,
+    /// `TRUST_PROXY`: take the client IP from the first `X-Forwarded-For` hop (default `false`).
+    pub trust_proxy: bool,
+    /// `STORAGE_URL`: object store for avatars (default `file://<DATA_DIR>/storage`).
+    pub storage_url: String,
+    /// `WORKER_CONCURRENCY`: jobs processed at once per queue (default 16, 1–1024).
+    pub worker_concurrency: usize,
+    /// `WORKER_QUEUES`: comma list of queues this worker serves (default: all).
+    pub worker_queues: Option<Vec<String>>,
+    /// `QUEUE_PREFIX`: namespace prepended to every queue name and rate-limit key (default empty).
+    pub queue_prefix: String,
+    /// `JOB_RETENTION_SECS`: how long finished jobs are kept before the vacuum removes them (default 3600).
+    pub job_retention: Duration,
+    /// `VACUUM_INTERVAL_SECS`: how often the worker vacuums finished jobs (default 60).
+    pub vacuum_interval: Duration,
+    /// `DEPENDENCY_TIMEOUT_MS`: bound on one database or queue call made while answering a request (default 2000).
+    pub dependency_timeout: Duration,
+    /// `DB_MAX_CONNECTIONS`: size of the database pool per process (default 20).
+    pub db_max_connections: u32,
+    /// `LOG_FORMAT`: `json` (default) or `pretty`.
+    pub log_format: LogFormat,
+    /// `PLANS_FILE`: the plan catalogue (default `config/plans.toml`).
+    pub plans_file: PathBuf,
+    /// `RATE_LIMIT_PUBLIC_PER_HOUR`: requests per hour per IP on contact and waitlist (default 5).
+    pub rate_limit_public_per_hour: u32,
+    /// The six feature toggles.
+    pub toggles: Toggles,
+    /// `NEXT_PUBLIC_BACKEND_URL`: base URL of the auth platform (JWKS lives under it).
+    pub backend_url: Option<String>,
+    /// `NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY`: public key of the auth platform.
+    pub backend_publishable_key: Option<String>,
+    /// `BACKEND_SERVICE_ROLE_KEY`: server-side secret; arms server-side writes and signs uploads.
+    pub backend_service_role_key: Option<String>,
+    /// `BACKEND_JWT_SECRET`: HS256 secret of session tokens.
+    pub backend_jwt_secret: Option<String>,
+    /// `BACKEND_JWT_ISSUER`: expected `iss` of session tokens, checked when set.
+    pub backend_jwt_issuer: Option<String>,
+    /// `ADMIN_EMAILS`: comma list of emails granted `admin` on first sight (lowercased).
+    pub admin_emails: Vec<String>,
+    /// `EMAIL_PROVIDER_API_KEY`: key of the HTTP email API.
+    pub email_provider_api_key: Option<String>,
+    /// `EMAIL_PROVIDER_BASE_URL`: base URL of the HTTP email API (`POST {base}/emails`).
+    pub email_provider_base_url: Option<String>,
+    /// `SMTP_URL`: e.g. `smtp://user:pass@host:587` or `smtps://…`; `?tls=none` is not needed for `smtp://` on localhost.
+    pub smtp_url: Option<String>,
+    /// `EMAIL_FROM`: sender address of every mail.
+    pub email_from: Option<String>,
+    /// `CONTACT_EMAIL`: inbox for contact messages (default `EMAIL_FROM`).
+    pub contact_email: Option<String>,
+    /// `EMAIL_TIMEOUT_SECS`: bound on one email send attempt (default 10).
+    pub email_timeout: Duration,
+    /// `PAYMENT_PROVIDER`: `provider_a` or `provider_b` (default).
+    pub payment_provider: PaymentProvider,
+    /// `PROVIDER_A_SERVER_KEY`
+    pub provider_a_server_key: Option<String>,
+    /// `PROVIDER_A_BASE_URL`
+    pub provider_a_base_url: String,
+    /// `PROVIDER_B_CLIENT_ID`
+    pub provider_b_client_id: Option<String>,
+    /// `PROVIDER_B_SECRET_KEY`
+    pub provider_b_secret_key: Option<String>,
+    /// `PROVIDER_B_BASE_URL`
+    pub provider_b_base_url: String,
+    /// `ORDER_ID_PREFIX` (default `ORD`).
+    pub order_id_prefix: String,
+    /// `AI_DEFAULT_PROVIDER`: `openai` (default), `anthropic` or `openai_compatible`.
+    pub ai_default_provider: String,
+    /// `OPENAI_API_KEY`
+    pub openai_api_key: Option<String>,
+    /// `ANTHROPIC_API_KEY`
+    pub anthropic_api_key: Option<String>,
+    /// `OPENAI_COMPATIBLE_BASE_URL`
+    pub openai_compatible_base_url: Option<String>,
+}
+
+impl fmt::Debug for Settings {
+    /// Secrets are never printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("database_embedded", &self.database_embedded)
+            .field("redis", &self.redis_url.is_some())
+            .field("queue_prefix", &self.queue_prefix)
+            .field("toggles", &self.toggles)
+            .field("payment_provider", &self.payment_provider)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads variables by name; lets tests supply a map instead of the process environment.
+pub trait Source {
+    /// The value of `name`, or `None` when unset. Empty values count as unset.
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment (after an optional `.env` was loaded).
+pub struct Env;
+
+impl Source for Env {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    }
+}
+
+impl Source for HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name)
+            .cloned()
+            .filter(|v| !v.trim().is_empty())
+    }
+}
+
+impl Source for HashMap<&str, &str> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name)
+            .map(|v| v.to_string())
+            .filter(|v| !v.trim().is_empty())
+    }
+}
+
+fn err(var: &'static str, message: impl Into<String>) -> SettingsError {
+    SettingsError {
+        var,
+        message: message.into(),
+    }
+}
+
+/// Parses a boolean the way the toggles do: `true/1/yes/on`, `false/0/no/off`, any case.
+pub fn parse_bool(var: &'static str, value: &str) -> Result<bool, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        other => Err(err(
+            var,
+            format!("expected true/false/1/0/yes/no/on/off, got {other:?}"),
+        )),
+    }
+}
+
+struct Reader<'a, S: Source + ?Sized>(&'a S);
+
+impl<S: Source + ?Sized> Reader<'_, S> {
+    fn opt(&self, var: &'static str) -> Option<String> {
+        self.0.get(var).map(|v| v.trim().to_string())
+    }
+
+    fn bool_or(&self, var: &'static str, default: bool) -> Result<bool, SettingsError> {
+        self.opt(var).map_or(Ok(default), |v| parse_bool(var, &v))
+    }
+
+    fn num_or<T>(&self, var: &'static str, default: T, min: T, max: T) -> Result<T, SettingsError>
+    where
+        T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+    {
+        let Some(raw) = self.opt(var) else {
+            return Ok(default);
+        };
+        let v: T = raw
+            .parse()
+            .map_err(|_| err(var, format!("expected a whole number, got {raw:?}")))?;
+        if v < min || v > max {
+            return Err(err(
+                var,
+                format!("must be between {min} and {max}, got {v}"),
+            ));
+        }
+        Ok(v)
+    }
+
+    fn url(&self, var: &'static str, schemes: &[&str]) -> Result<Option<String>, SettingsError> {
+        let Some(v) = self.opt(var) else {
+            return Ok(None);
+        };
+        let scheme_ok = schemes.iter().any(|s| {
+            v.len() > s.len() + 1
+                && v[..s.len()].eq_ignore_ascii_case(s)
+                && v[s.len()..].starts_with(':')
+        });
+        if !scheme_ok {
+            return Err(err(
+                var,
+                format!("expected a URL starting with one of {schemes:?}"),
+            ));
+        }
+        Ok(Some(v.trim_end_matches('/').to_string()))
+    }
+
+    fn email(&self, var: &'static str) -> Result<Option<String>, SettingsError> {
+        let Some(v) = self.opt(var) else {
+            return Ok(None);
+        };
+        if !crate::validate::is_mailbox(&v) {
+            return Err(err(var, "expected an email address"));
+        }
+        Ok(Some(v))
+    }
+}
+
+impl Settings {
+    /// Loads `.env` (when present, without overriding the environment) and reads the environment.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        let _ = dotenvy::dotenv();
+        Self::from_source(&Env)
+    }
+
+    /// Reads and validates every setting from `src`.
+    pub fn from_source<S: Source + ?Sized>(src: &S) -> Result<Self, SettingsError> {
+        let r = Reader(src);
+        let data_dir = PathBuf::from(r.opt("DATA_DIR").unwrap_or_else(|| "data".into()));
+        let (database_url, database_embedded) =
+            match r.url("DATABASE_URL", &["postgres", "postgresql", "sqlite"])? {
+                Some(url) => (url, false),
+                None => (
+                    format!("sqlite://{}?mode=rwc", data_dir.join("app.db").display()),
+                    true,
+                ),
+            };
+        let redis_url = r.url("REDIS_URL", &["redis", "rediss", "redis+unix", "unix"])?;
+        let port = r.num_or::<u16>("PORT", 8080, 0, u16::MAX)?;
+        let app_url = match r.url("APP_URL", &["http", "https"])? {
+            Some(u) => u,
+            None => match r.url("NEXT_PUBLIC_APP_URL", &["http", "https"])? {
+                Some(u) => u,
+                None => format!("http://localhost:{port}"),
+            },
+        };
+        let log_format = match r.opt("LOG_FORMAT").map(|v| v.to_ascii_lowercase()) {
+            None => LogFormat::Json,
+            Some(v) if v == "json" => LogFormat::Json,
+            Some(v) if v == "pretty" => LogFormat::Pretty,
+            Some(v) => {
+                return Err(err(
+                    "LOG_FORMAT",
+                    format!("expected json or pretty, got {v:?}"),
+                ))
+            }
+        };
+        let payment_provider = match r.opt("PAYMENT_PROVIDER").map(|v| v.to_ascii_lowercase()) {
+            None => PaymentProvider::ProviderB,
+            Some(v) if v == "provider_a" => PaymentProvider::ProviderA,
+            Some(v) if v == "provider_b" => PaymentProvider::ProviderB,
+            Some(v) => {
+                return Err(err(
+                    "PAYMENT_PROVIDER",
+                    format!("expected provider_a or provider_b, got {v:?}"),
+                ))
+            }
+        };
+        let ai_default_provider = match r.opt("AI_DEFAULT_PROVIDER").map(|v| v.to_ascii_lowercase())
+        {
+            None => "openai".to_string(),
+            Some(v) if ["openai", "anthropic", "openai_compatible"].contains(&v.as_str()) => v,
+            Some(v) => {
+                return Err(err(
+                    "AI_DEFAULT_PROVIDER",
+                    format!("expected openai, anthropic or openai_compatible, got {v:?}"),
+                ))
+            }
+        };
+        let queue_prefix = r.opt("QUEUE_PREFIX").unwrap_or_default();
+        if !queue_prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | ':' | '.'))
+        {
+            return Err(err(
+                "QUEUE_PREFIX",
+                "only letters, digits, '-', '_', ':' and '.' are allowed",
+            ));
+        }
+        let worker_queues = r.opt("WORKER_QUEUES").map(|v| {
+            v.split(',')
+                .map(|q| q.trim().to_string())
+                .filter(|q| !q.is_empty())
+                .collect::<Vec<_>>()
+        });
+        let order_id_prefix = r.opt("ORDER_ID_PREFIX").unwrap_or_else(|| "ORD".into());
+        if order_id_prefix.is_empty()
+            || order_id_prefix.len() > 20
+            || !order_id_prefix.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            return Err(err("ORDER_ID_PREFIX", "1 to 20 letters or digits"));
+        }
+        let storage_url = match r.url("STORAGE_URL", &["file", "s3"])? {
+            Some(u) => u,
+            None => format!("file://{}", absolute(&data_dir.join("storage")).display()),
+        };
+
+        Ok(Settings {
+            host: r.opt("HOST").unwrap_or_else(|| "127.0.0.1".into()),
+            port,
+            database_url,
+            database_embedded,
+            redis_url,
+            data_dir,
+            migrate_on_start: r.bool_or("MIGRATE_ON_START", true)?,
+            app_url,
+            trust_proxy: r.bool_or("TRUST_PROXY", false)?,
+            storage_url,
+            worker_concurrency: r.num_or("WORKER_CONCURRENCY", 16usize, 1, 1024)?,
+            worker_queues,
+            queue_prefix,
+            job_retention: Duration::from_secs(r.num_or(
+                "JOB_RETENTION_SECS",
+                3600u64,
+                0,
+                30 * 86_400,
+            )?),
+            vacuum_interval: Duration::from_secs(r.num_or(
+                "VACUUM_INTERVAL_SECS",
+                60u64,
+                1,
+                86_400,
+            )?),
+            dependency_timeout: Duration::from_millis(r.num_or(
+                "DEPENDENCY_TIMEOUT_MS",
+                2000u64,
+                50,
+                60_000,
+            )?),
+            db_max_connections: r.num_or("DB_MAX_CONNECTIONS", 20u32, 1, 1000)?,
+            log_format,
+            plans_file: PathBuf::from(
+                r.opt("PLANS_FILE")
+                    .unwrap_or_else(|| "config/plans.toml".into()),
+            ),
+            rate_limit_public_per_hour: r.num_or(
+                "RATE_LIMIT_PUBLIC_PER_HOUR",
+                5u32,
+                1,
+                100_000_000,
+            )?,
+            toggles: Toggles {
+                auth: r.bool_or("NEXT_PUBLIC_ENABLE_AUTH", true)?,
+                waitlist: r.bool_or("NEXT_PUBLIC_ENABLE_WAITLIST", true)?,
+                contact: r.bool_or("NEXT_PUBLIC_ENABLE_CONTACT", true)?,
+                payments: r.bool_or("NEXT_PUBLIC_ENABLE_PAYMENTS", true)?,
+                admin: r.bool_or("NEXT_PUBLIC_ENABLE_ADMIN", true)?,
+                ai: r.bool_or("NEXT_PUBLIC_ENABLE_AI", true)?,
+            },
+            backend_url: r.url("NEXT_PUBLIC_BACKEND_URL", &["http", "https"])?,
+            backend_publishable_key: r.opt("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY"),
+            backend_service_role_key: r.opt("BACKEND_SERVICE_ROLE_KEY"),
+            backend_jwt_secret: r.opt("BACKEND_JWT_SECRET"),
+            backend_jwt_issuer: r.opt("BACKEND_JWT_ISSUER"),
+            admin_emails: r
+                .opt("ADMIN_EMAILS")
+                .map(|v| {
+                    v.split(',')
+                        .map(|e| e.trim().to_ascii_lowercase())
+                        .filter(|e| !e.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            email_provider_api_key: r.opt("EMAIL_PROVIDER_API_KEY"),
+            email_provider_base_url: r.url("EMAIL_PROVIDER_BASE_URL", &["http", "https"])?,
+            smtp_url: r.url("SMTP_URL", &["smtp", "smtps"])?,
+            email_from: r.email("EMAIL_FROM")?,
+            contact_email: r.email("CONTACT_EMAIL")?,
+            email_timeout: Duration::from_secs(r.num_or("EMAIL_TIMEOUT_SECS", 10u64, 1, 300)?),
+            payment_provider,
+            provider_a_server_key: r.opt("PROVIDER_A_SERVER_KEY"),
+            provider_a_base_url: r
+                .url("PROVIDER_A_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://app.sandbox.midtrans.com".into()),
+            provider_b_client_id: r.opt("PROVIDER_B_CLIENT_ID"),
+            provider_b_secret_key: r.opt("PROVIDER_B_SECRET_KEY"),
+            provider_b_base_url: r
+                .url("PROVIDER_B_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api-sandbox.doku.com".into()),
+            order_id_prefix,
+            ai_default_provider,
+            openai_api_key: r.opt("OPENAI_API_KEY"),
+            anthropic_api_key: r.opt("ANTHROPIC_API_KEY"),
+            openai_compatible_base_url: r.url("OPENAI_COMPATIBLE_BASE_URL", &["http", "https"])?,
+        })
+    }
+
+    /// The queue name with this deployment's `QUEUE_PREFIX`.
+    pub fn queue_name(&self, base: &str) -> String {
+        if self.queue_prefix.is_empty() {
+            base.to_string()
+        } else {
+            format!("{}:{base}", self.queue_prefix)
+        }
+    }
+
+    /// Where contact messages go: `CONTACT_EMAIL`, else `EMAIL_FROM`.
+    pub fn contact_inbox(&self) -> Option<&str> {
+        self.contact_email.as_deref().or(self.email_from.as_deref())
+    }
+}
+
+fn absolute(p: &std::path::Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&'static str, &'static str)]) -> Result<Settings, SettingsError> {
+        let map: HashMap<&str, &str> = pairs.iter().copied().collect();
+        Settings::from_source(&map)
+    }
+
+    #[test]
+    fn defaults_are_embedded_and_everything_enabled() {
+        let s = with(&[]).unwrap();
+        assert!(s.database_embedded);
+        assert!(s.database_url.starts_with("sqlite://"));
+        assert!(s.redis_url.is_none());
+        assert_eq!(s.port, 8080);
+        let t = s.toggles;
+        assert!(t.auth && t.waitlist && t.contact && t.payments && t.admin && t.ai);
+        assert_eq!(s.payment_provider, PaymentProvider::ProviderB);
+    }
+
+    #[test]
+    fn toggles_accept_the_documented_spellings() {
+        for off in ["false", "0", "no", "off", "OFF", "False", " No "] {
+            let map: HashMap<&str, &str> = [("NEXT_PUBLIC_ENABLE_CONTACT", off)].into();
+            assert!(
+                !Settings::from_source(&map).unwrap().toggles.contact,
+                "{off}"
+            );
+        }
+        for on in ["true", "1", "yes", "on", "TRUE", "Yes"] {
+            let map: HashMap<&str, &str> = [("NEXT_PUBLIC_ENABLE_CONTACT", on)].into();
+            assert!(Settings::from_source(&map).unwrap().toggles.contact, "{on}");
+        }
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        assert_eq!(with(&[("PORT", "eighty")]).unwrap_err().var, "PORT");
+        assert_eq!(
+            with(&[("NEXT_PUBLIC_ENABLE_AI", "maybe")]).unwrap_err().var,
+            "NEXT_PUBLIC_ENABLE_AI"
+        );
+        assert_eq!(
+            with(&[("DATABASE_URL", "mysql://x")]).unwrap_err().var,
+            "DATABASE_URL"
+        );
+        assert_eq!(
+            with(&[("PAYMENT_PROVIDER", "paypal")]).unwrap_err().var,
+            "PAYMENT_PROVIDER"
+        );
+        assert_eq!(
+            with(&[("EMAIL_FROM", "not-an-email")]).unwrap_err().var,
+            "EMAIL_FROM"
+        );
+        assert_eq!(
+            with(&[("WORKER_CONCURRENCY", "0")]).unwrap_err().var,
+            "WORKER_CONCURRENCY"
+        );
+    }
+
+    #[test]
+    fn contact_inbox_falls_back_to_sender() {
+        let s = with(&[("EMAIL_FROM", "team@example.com")]).unwrap();
+        assert_eq!(s.contact_inbox(), Some("team@example.com"));
+        let s = with(&[
+            ("EMAIL_FROM", "team@example.com"),
+            ("CONTACT_EMAIL", "in@example.com"),
+        ])
+        .unwrap();
+        assert_eq!(s.contact_inbox(), Some("in@example.com"));
+    }
+}

@@ -1,0 +1,56 @@
+//! Database migrations for the subscription backend, one file per migration
+//! (`mYYYYMMDD_HHMMSS_what.rs`, named by `DeriveMigrationName` after the module).
+//!
+//! Every migration runs on both PostgreSQL and SQLite: plain text columns for
+//! statuses and roles (no database enums), foreign keys declared inside
+//! `CREATE TABLE` (SQLite cannot add them later), and indexes created with
+//! separate `CREATE INDEX` statements. Tables are created in foreign-key order
+//! and dropped in reverse by `down`.
+//!
+//! The matching SeaORM entities live in `entity::entities`; keep both in step.
+
+pub use sea_orm_migration::prelude::*;
+use sea_orm_migration::sea_orm::DbBackend;
+
+mod m20261122_000001_create_users;
+mod m20261122_000002_create_profiles;
+mod m20261122_000003_create_subscriptions;
+mod m20261122_000004_create_user_roles;
+mod m20261122_000005_create_payments;
+mod m20261122_000006_create_webhook_events;
+mod m20261122_000007_create_audit_logs;
+mod m20261122_000008_create_waitlist;
+mod m20261122_000009_create_ai_usage;
+
+/// The list of all migrations, in the order they are applied.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![
+            Box::new(m20261122_000001_create_users::Migration),
+            Box::new(m20261122_000002_create_profiles::Migration),
+            Box::new(m20261122_000003_create_subscriptions::Migration),
+            Box::new(m20261122_000004_create_user_roles::Migration),
+            Box::new(m20261122_000005_create_payments::Migration),
+            Box::new(m20261122_000006_create_webhook_events::Migration),
+            Box::new(m20261122_000007_create_audit_logs::Migration),
+            Box::new(m20261122_000008_create_waitlist::Migration),
+            Box::new(m20261122_000009_create_ai_usage::Migration),
+        ]
+    }
+}
+
+/// Database default for "now" in a timestamp-with-time-zone column.
+///
+/// PostgreSQL: `CURRENT_TIMESTAMP`. SQLite: its `CURRENT_TIMESTAMP` is
+/// `YYYY-MM-DD HH:MM:SS` (space, no offset), which sorts and compares wrongly
+/// against the RFC 3339 text sqlx writes for `DateTime<Utc>`
+/// (`YYYY-MM-DDTHH:MM:SS.ffffff+00:00`), so we produce the same shape instead.
+pub(crate) fn now_default(backend: DbBackend) -> Expr {
+    match backend {
+        DbBackend::Sqlite => Expr::cust("strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')"),
+        _ => Expr::current_timestamp(),
+    }
+}

@@ -1,0 +1,323 @@
+//! Applies every migration, writes and reads one row per table through the
+//! entities, checks the unique and foreign-key rules, then rolls everything back.
+//!
+//! Always runs on an in-memory SQLite database. Runs on PostgreSQL too when
+//! `MIGRATION_TEST_DATABASE_URL` points to an empty scratch database, e.g.
+//! `MIGRATION_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/mig_check`.
+
+use chrono::Utc;
+use entity::entities::{
+    ai_usage, audit_logs, payments, profiles, subscriptions, user_roles, users, waitlist,
+    webhook_events,
+};
+use migration::{Migrator, MigratorTrait};
+use sea_orm_migration::sea_orm::{
+    ActiveModelTrait,
+    ActiveValue::{NotSet, Set},
+    ColumnTrait, Database, DatabaseConnection, DbErr, EntityTrait, ModelTrait, PaginatorTrait,
+    QueryFilter, SqlErr,
+};
+use sea_orm_migration::SchemaManager;
+use serde_json::json;
+use uuid::Uuid;
+
+const TABLES: [&str; 9] = [
+    "users",
+    "profiles",
+    "subscriptions",
+    "user_roles",
+    "payments",
+    "webhook_events",
+    "audit_logs",
+    "waitlist",
+    "ai_usage",
+];
+
+#[tokio::test]
+async fn sqlite_roundtrip() -> Result<(), DbErr> {
+    let db = Database::connect("sqlite::memory:").await?;
+    roundtrip(&db).await
+}
+
+#[tokio::test]
+async fn postgres_roundtrip() -> Result<(), DbErr> {
+    let Ok(url) = std::env::var("MIGRATION_TEST_DATABASE_URL") else {
+        eprintln!("MIGRATION_TEST_DATABASE_URL not set: PostgreSQL round trip skipped");
+        return Ok(());
+    };
+    let db = Database::connect(url).await?;
+    roundtrip(&db).await
+}
+
+fn assert_sql_err(result: Result<impl std::fmt::Debug, DbErr>, unique: bool) {
+    let err = result.expect_err("the statement should have been rejected");
+    match (err.sql_err(), unique) {
+        (Some(SqlErr::UniqueConstraintViolation(_)), true) => {}
+        (Some(SqlErr::ForeignKeyConstraintViolation(_)), false) => {}
+        (other, _) => panic!("unexpected error {err:?} (classified as {other:?})"),
+    }
+}
+
+async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
+    let manager = SchemaManager::new(db);
+
+    Migrator::up(db, None).await?;
+    assert!(Migrator::get_pending_migrations(db).await?.is_empty());
+    assert_eq!(
+        Migrator::get_applied_migrations(db).await?.len(),
+        Migrator::migrations().len()
+    );
+    for table in TABLES {
+        assert!(manager.has_table(table).await?, "{table} missing after up");
+    }
+
+    // users: created_at filled by ActiveModelBehavior...
+    let user = users::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        email: Set(Some("someone@example.com".into())),
+        created_at: NotSet,
+    }
+    .insert(db)
+    .await?;
+    assert_eq!(
+        users::Entity::find_by_id(user.id).one(db).await?,
+        Some(user.clone())
+    );
+    // ...or by the database default when the hook does not run (bulk insert).
+    let other_id = Uuid::new_v4();
+    users::Entity::insert(users::ActiveModel {
+        id: Set(other_id),
+        email: Set(None),
+        created_at: NotSet,
+    })
+    .exec_without_returning(db)
+    .await?;
+    let other = users::Entity::find_by_id(other_id)
+        .one(db)
+        .await?
+        .expect("other user");
+    let age = Utc::now() - other.created_at;
+    assert!(
+        age.num_seconds().abs() < 60,
+        "database default for created_at is off: {}",
+        other.created_at
+    );
+
+    let profile = profiles::ActiveModel {
+        user_id: Set(user.id),
+        full_name: Set(Some("Some One".into())),
+        avatar_path: Set(Some(format!("{}/avatar", user.id))),
+        avatar_url: Set(None),
+        ..Default::default()
+    }
+    .insert(db)
+    .await?;
+    assert_eq!(profile.created_at, profile.updated_at);
+
+    let subscription = subscriptions::ActiveModel {
+        user_id: Set(user.id),
+        plan: Set("PRO".into()),
+        status: Set(subscriptions::SubscriptionStatus::Active),
+        cancel_at_period_end: Set(false),
+        current_period_start: Set(Some(Utc::now())),
+        current_period_end: Set(Some(Utc::now() + chrono::Duration::days(30))),
+        canceled_at: Set(None),
+        ..Default::default()
+    }
+    .insert(db)
+    .await?;
+
+    let role = user_roles::ActiveModel {
+        user_id: Set(user.id),
+        role: Set(user_roles::Role::Admin),
+        ..Default::default()
+    }
+    .insert(db)
+    .await?;
+
+    let payment = payments::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        order_id: Set("SUB-1795000000000-AB12CD34".into()),
+        user_id: Set(user.id),
+        plan: Set("PRO".into()),
+        amount: Set(149_000),
+        currency: Set(payments::CURRENCY_IDR.into()),
+        provider: Set(payments::PROVIDER_A.into()),
+        status: Set(payments::PaymentStatus::Pending),
+        checkout_token: Set(Some("tok_123".into())),
+        payment_url: Set(Some("https://pay.example/tok_123".into())),
+        provider_reference: Set(None),
+        paid_at: Set(None),
+        ..Default::default()
+    }
+    .insert(db)
+    .await?;
+
+    let event = webhook_events::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        provider: Set(payments::PROVIDER_A.into()),
+        dedupe_key: Set(format!("provider_a:{}:settlement", payment.order_id)),
+        order_id: Set(payment.order_id.clone()),
+        provider_status: Set("settlement".into()),
+        payload: Set(json!({"order_id": payment.order_id, "gross_amount": "149000.00"})),
+        received_at: NotSet,
+        settled_at: Set(None),
+        settlement_error: Set(None),
+    }
+    .insert(db)
+    .await?;
+
+    let audit = audit_logs::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        actor_id: Set(Some(user.id)),
+        action: Set(audit_logs::ACTION_ROLE_CHANGE.into()),
+        target_type: Set("user".into()),
+        target_id: Set(user.id.to_string()),
+        old_value: Set(Some(json!({"role": "member"}))),
+        new_value: Set(Some(json!({"role": "admin"}))),
+        request_id: Set(Some("req-1".into())),
+        created_at: NotSet,
+    }
+    .insert(db)
+    .await?;
+
+    let signup = waitlist::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        email: Set("early@example.com".into()),
+        name: Set("Early Bird".into()),
+        created_at: NotSet,
+    }
+    .insert(db)
+    .await?;
+
+    let usage = ai_usage::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        user_id: Set(user.id),
+        provider: Set("openai".into()),
+        model: Set("gpt-4o-mini".into()),
+        route: Set(ai_usage::ROUTE_CHAT.into()),
+        input_tokens: Set(120),
+        output_tokens: Set(480),
+        created_at: NotSet,
+    }
+    .insert(db)
+    .await?;
+
+    // Everything reads back as written (uuid, enums, json, timestamps).
+    assert_eq!(
+        profiles::Entity::find_by_id(user.id).one(db).await?,
+        Some(profile)
+    );
+    assert_eq!(
+        subscriptions::Entity::find_by_id(user.id).one(db).await?,
+        Some(subscription.clone())
+    );
+    assert_eq!(
+        user_roles::Entity::find_by_id(user.id).one(db).await?,
+        Some(role)
+    );
+    assert_eq!(
+        payments::Entity::find_by_id(payment.id).one(db).await?,
+        Some(payment.clone())
+    );
+    assert_eq!(
+        webhook_events::Entity::find_by_id(event.id).one(db).await?,
+        Some(event.clone())
+    );
+    assert_eq!(
+        audit_logs::Entity::find_by_id(audit.id).one(db).await?,
+        Some(audit)
+    );
+    assert_eq!(
+        waitlist::Entity::find_by_id(signup.id).one(db).await?,
+        Some(signup)
+    );
+    assert_eq!(
+        ai_usage::Entity::find_by_id(usage.id).one(db).await?,
+        Some(usage)
+    );
+    assert_eq!(
+        payments::Entity::find()
+            .filter(payments::Column::Status.eq(payments::PaymentStatus::Pending))
+            .count(db)
+            .await?,
+        1
+    );
+
+    // Relations.
+    assert!(user.find_related(profiles::Entity).one(db).await?.is_some());
+    assert!(user
+        .find_related(subscriptions::Entity)
+        .one(db)
+        .await?
+        .is_some());
+    assert!(user
+        .find_related(user_roles::Entity)
+        .one(db)
+        .await?
+        .is_some());
+    assert_eq!(user.find_related(payments::Entity).count(db).await?, 1);
+    assert_eq!(user.find_related(ai_usage::Entity).count(db).await?, 1);
+
+    // Unique keys: the same (normalized) waitlist e-mail, the same webhook.
+    assert_sql_err(
+        waitlist::ActiveModel {
+            id: Set(Uuid::new_v4()),
+            email: Set("early@example.com".into()),
+            name: Set("Again".into()),
+            created_at: NotSet,
+        }
+        .insert(db)
+        .await,
+        true,
+    );
+    assert_sql_err(
+        webhook_events::ActiveModel {
+            id: Set(Uuid::new_v4()),
+            dedupe_key: Set(event.dedupe_key.clone()),
+            ..event.clone().into()
+        }
+        .insert(db)
+        .await,
+        true,
+    );
+
+    // updated_at moves on update.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let mut canceled: subscriptions::ActiveModel = subscription.clone().into();
+    canceled.status = Set(subscriptions::SubscriptionStatus::Canceled);
+    canceled.canceled_at = Set(Some(Utc::now()));
+    let canceled = canceled.update(db).await?;
+    assert_eq!(canceled.status, subscriptions::SubscriptionStatus::Canceled);
+    assert!(canceled.updated_at > subscription.updated_at);
+
+    // Foreign keys: no payment for an unknown user; a user with payments
+    // cannot be deleted; deleting a user cascades to its per-user rows.
+    assert_sql_err(
+        payments::ActiveModel {
+            id: Set(Uuid::new_v4()),
+            order_id: Set("SUB-1795000000001-ZZZZZZZZ".into()),
+            user_id: Set(Uuid::new_v4()),
+            ..payment.clone().into()
+        }
+        .insert(db)
+        .await,
+        false,
+    );
+    assert_sql_err(user.clone().delete(db).await, false);
+    payment.delete(db).await?;
+    user.clone().delete(db).await?;
+    assert_eq!(profiles::Entity::find().count(db).await?, 0);
+    assert_eq!(subscriptions::Entity::find().count(db).await?, 0);
+    assert_eq!(user_roles::Entity::find().count(db).await?, 0);
+    assert_eq!(ai_usage::Entity::find().count(db).await?, 0);
+    assert_eq!(audit_logs::Entity::find().count(db).await?, 1);
+
+    // Roll everything back.
+    Migrator::down(db, None).await?;
+    for table in TABLES {
+        assert!(!manager.has_table(table).await?, "{table} left after down");
+    }
+    assert_eq!(Migrator::get_applied_migrations(db).await?.len(), 0);
+    Ok(())
+}

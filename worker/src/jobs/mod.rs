@@ -1,0 +1,121 @@
+//! The typed, tagged job set. Every job names the queue it runs on, so ops can
+//! run workers per queue (`WORKER_QUEUES`).
+
+use std::{fmt, str::FromStr, sync::Arc};
+
+use apalis::prelude::{AbortError, BoxDynError};
+use serde::{Deserialize, Serialize};
+
+pub mod email;
+
+pub use email::SendEmail;
+
+use crate::mailer::Mailer;
+
+/// A queue: one apalis storage (Redis key space `<QUEUE_PREFIX>:<name>:*`, or
+/// SQLite `job_type`), served by its own worker loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueName {
+    /// Outgoing email (`email`).
+    Email,
+}
+
+impl QueueName {
+    /// Every queue, in start order.
+    pub const ALL: [QueueName; 1] = [QueueName::Email];
+
+    /// The base name, before the `QUEUE_PREFIX`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueName::Email => "email",
+        }
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for QueueName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        QueueName::ALL
+            .into_iter()
+            .find(|q| q.as_str() == s)
+            .ok_or_else(|| {
+                let known: Vec<_> = QueueName::ALL.iter().map(|q| q.as_str()).collect();
+                format!("unknown queue {s:?}; known: {}", known.join(", "))
+            })
+    }
+}
+
+/// Every job the worker runs, serialised as JSON with a `type` tag
+/// (`{"type":"send_email", ...}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Job {
+    /// Send one email (contact form, later notifications).
+    SendEmail(SendEmail),
+}
+
+impl Job {
+    /// The queue this job runs on.
+    pub fn queue(&self) -> QueueName {
+        match self {
+            Job::SendEmail(_) => QueueName::Email,
+        }
+    }
+
+    /// A short name for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Job::SendEmail(_) => "send_email",
+        }
+    }
+}
+
+/// What handlers get to work with.
+#[derive(Clone)]
+pub struct JobContext {
+    /// The database.
+    pub db: sea_orm::DatabaseConnection,
+    /// The email transport (absent when none is configured).
+    pub mailer: Option<Arc<Mailer>>,
+}
+
+/// How a job attempt ended when it did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobError {
+    /// Worth another attempt (network, 5xx, timeouts): apalis retries it.
+    Retry(String),
+    /// Will never succeed (bad payload, 4xx rejection): goes to the dead-letter queue now.
+    Permanent(String),
+}
+
+impl JobError {
+    /// The error apalis understands: [`AbortError`] (no retry, dead-letter) for
+    /// permanent failures, a plain error (retry with backoff) otherwise.
+    pub fn into_apalis(self) -> BoxDynError {
+        match self {
+            JobError::Retry(m) => {
+                Box::<dyn std::error::Error + Send + Sync>::from(format!("transient: {m}"))
+            }
+            JobError::Permanent(m) => Box::new(AbortError::new(format!("permanent: {m}"))),
+        }
+    }
+}
+
+/// Runs one job attempt. `task_id` is the queue's id of the job (stable across
+/// retries; used as the idempotency key towards providers).
+pub async fn handle(
+    job: Job,
+    task_id: &str,
+    attempt: usize,
+    ctx: &JobContext,
+) -> Result<(), JobError> {
+    match job {
+        Job::SendEmail(j) => email::handle(j, task_id, attempt, ctx).await,
+    }
+}

@@ -1,0 +1,11 @@
+//! The jobs of the subscription backend: their payloads, queue names and
+//! handlers, the queue backends (Redis in production, SQLite embedded), and the
+//! worker runtime. The `api` crate enqueues [`Job`]s through a [`queue::Producer`].
+
+pub mod jobs;
+pub mod mailer;
+pub mod queue;
+pub mod runtime;
+
+pub use jobs::{Job, QueueName};
+pub use queue::{Producer, Queues};

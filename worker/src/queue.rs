@@ -1,0 +1,470 @@
+//! Queue backends, the producer handle, the backlog guard, the vacuum and the
+//! dead-letter reader.
+//!
+//! * `REDIS_URL` set: apalis-redis, one storage per [`QueueName`] under the key
+//!   space `<QUEUE_PREFIX>:<queue>:*`. Producers clone the storage per push (no
+//!   lock on the hot path); the connection is one multiplexed, lazily
+//!   (re)connecting `ConnectionManager` with bounded timeouts.
+//! * unset: apalis-sqlite in `<DATA_DIR>/queue.db`.
+//!
+//! Two apalis-redis 1.0 defects are neutralised here:
+//! * its `fetch_next.lua` moves *all* due jobs from `{queue}:scheduled` to the
+//!   active list with one Lua `unpack`, which fails past ~8,000 ids and then
+//!   every fetch fails. [`Queues::promote_due`] moves due jobs in bounded
+//!   chunks; the worker runs it before its fetch loop starts and every
+//!   [`PROMOTE_EVERY`] after, so the set never holds more than a few hundred due ids.
+//! * finished jobs stay in Redis forever. [`Queues::vacuum`] deletes jobs that
+//!   finished (`Done`) more than `JOB_RETENTION_SECS` ago, in bounded chunks.
+//!   Dead-lettered jobs are kept: they are the dead-letter queue.
+
+use std::{collections::HashMap, sync::LazyLock, time::Duration};
+
+use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
+use apalis_redis::{ConnectionManager, RedisStorage};
+use apalis_sqlite::SqliteStorage;
+use entity::Settings;
+use redis::{aio::ConnectionManagerConfig, AsyncCommands, Script};
+use sea_orm::sqlx::{
+    self,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+    Row, SqlitePool,
+};
+use serde::Serialize;
+use ulid::Ulid;
+
+use crate::jobs::{Job, QueueName};
+
+/// How often the worker promotes due scheduled jobs (retries) in chunks.
+pub const PROMOTE_EVERY: Duration = Duration::from_millis(250);
+/// The most ids one Lua call moves or deletes.
+pub const CHUNK: usize = 1_000;
+/// Worker heartbeat; a worker silent for `HEARTBEAT * MISSED_HEARTBEATS` is
+/// presumed dead and its in-flight jobs go back to the queue.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// See [`HEARTBEAT`].
+pub const MISSED_HEARTBEATS: usize = 4;
+
+/// A queue operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Redis failed or timed out.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// SQLite failed.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] sqlx::Error),
+    /// apalis refused the push.
+    #[error("push failed: {0}")]
+    Push(String),
+    /// The operation took longer than its bound.
+    #[error("timed out")]
+    Timeout,
+}
+
+/// One job in the dead-letter queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// The queue's job id.
+    pub id: String,
+    /// The queue it died on.
+    pub queue: String,
+    /// Attempts made.
+    pub attempts: Option<u64>,
+    /// The last error (as recorded by apalis).
+    pub last_error: Option<String>,
+    /// The job payload.
+    pub job: serde_json::Value,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Redis {
+        conn: ConnectionManager,
+        storages: HashMap<QueueName, RedisStorage<Job>>,
+    },
+    Sqlite {
+        pool: SqlitePool,
+        storages: HashMap<QueueName, SqliteStorage<Job>>,
+    },
+}
+
+/// Handle on every queue: push jobs (the api), run workers on them (the
+/// worker), and the maintenance around them. Cheap to clone.
+#[derive(Clone)]
+pub struct Queues {
+    backend: Backend,
+    names: HashMap<QueueName, String>,
+    timeout: Duration,
+}
+
+/// What the api uses to enqueue jobs.
+pub type Producer = Queues;
+
+/// apalis-redis configuration of one queue.
+pub fn redis_config(name: &str) -> apalis_redis::Config {
+    apalis_redis::Config::default()
+        .queue(name)
+        .batch_size(50)
+        .heartbeat_interval(HEARTBEAT)
+        .missed_heartbeats(MISSED_HEARTBEATS)
+        .emit_events(false)
+}
+
+impl Queues {
+    /// Opens the backend the settings select. Redis connects lazily (the
+    /// process starts, and health reports, while Redis is down); SQLite
+    /// creates `<DATA_DIR>/queue.db` and its tables.
+    pub async fn connect(settings: &Settings) -> Result<Self, QueueError> {
+        let names: HashMap<QueueName, String> = QueueName::ALL
+            .into_iter()
+            .map(|q| (q, settings.queue_name(q.as_str())))
+            .collect();
+        let timeout = settings.dependency_timeout;
+        let backend = match &settings.redis_url {
+            Some(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+                let storages = names
+                    .iter()
+                    .map(|(q, n)| {
+                        (
+                            *q,
+                            RedisStorage::new(conn.clone()).with_config(redis_config(n)),
+                        )
+                    })
+                    .collect();
+                Backend::Redis { conn, storages }
+            }
+            None => {
+                std::fs::create_dir_all(&settings.data_dir).map_err(|e| {
+                    QueueError::Push(format!(
+                        "cannot create {}: {e}",
+                        settings.data_dir.display()
+                    ))
+                })?;
+                let opts = SqliteConnectOptions::new()
+                    .filename(settings.data_dir.join("queue.db"))
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .busy_timeout(Duration::from_secs(5));
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(timeout.max(Duration::from_secs(5)))
+                    .connect_with(opts)
+                    .await?;
+                SqliteStorage::<()>::setup(&pool).await.map_err(|e| {
+                    QueueError::Push(format!("cannot set up the SQLite queue: {e}"))
+                })?;
+                let storages = names
+                    .iter()
+                    .map(|(q, n)| {
+                        (
+                            *q,
+                            SqliteStorage::new(&pool)
+                                .with_config(apalis_sqlite::Config::default().queue(n)),
+                        )
+                    })
+                    .collect();
+                Backend::Sqlite { pool, storages }
+            }
+        };
+        Ok(Queues {
+            backend,
+            names,
+            timeout,
+        })
+    }
+
+    /// `redis` or `sqlite`.
+    pub fn kind(&self) -> &'static str {
+        match self.backend {
+            Backend::Redis { .. } => "redis",
+            Backend::Sqlite { .. } => "sqlite",
+        }
+    }
+
+    /// The full (prefixed) name of a queue.
+    pub fn name(&self, q: QueueName) -> &str {
+        &self.names[&q]
+    }
+
+    /// Enqueues `job` on its queue and returns the job id (a ULID). Bounded by
+    /// `DEPENDENCY_TIMEOUT_MS`; on error nothing was enqueued or the caller
+    /// cannot know, so it should answer 503 and let the client retry.
+    pub async fn push(&self, job: Job) -> Result<String, QueueError> {
+        let q = job.queue();
+        let id = Ulid::new();
+        let task = TaskBuilder::new(job)
+            .task_id(TaskId::from_string(id.to_string()))
+            .build();
+        let fut = async {
+            match &self.backend {
+                Backend::Redis { storages, .. } => {
+                    let mut s = storages[&q].clone();
+                    s.push_task(task)
+                        .await
+                        .map_err(|e| QueueError::Push(e.to_string()))
+                }
+                Backend::Sqlite { storages, .. } => {
+                    let mut s = storages[&q].clone();
+                    s.push_task(task)
+                        .await
+                        .map_err(|e| QueueError::Push(e.to_string()))
+                }
+            }
+        };
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| QueueError::Timeout)??;
+        Ok(id.to_string())
+    }
+
+    /// Round trip to the queue store (`PING` / `SELECT 1`), bounded.
+    pub async fn ping(&self) -> Result<(), QueueError> {
+        let fut = async {
+            match &self.backend {
+                Backend::Redis { conn, .. } => {
+                    let mut c = conn.clone();
+                    redis::cmd("PING").query_async::<String>(&mut c).await?;
+                    Ok(())
+                }
+                Backend::Sqlite { pool, .. } => {
+                    sqlx::query("SELECT 1").execute(pool).await?;
+                    Ok(())
+                }
+            }
+        };
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| QueueError::Timeout)?
+    }
+
+    /// The Redis connection (None on SQLite); the api's rate limiter shares it.
+    pub fn redis(&self) -> Option<ConnectionManager> {
+        match &self.backend {
+            Backend::Redis { conn, .. } => Some(conn.clone()),
+            Backend::Sqlite { .. } => None,
+        }
+    }
+
+    pub(crate) fn redis_storage(&self, q: QueueName) -> Option<RedisStorage<Job>> {
+        match &self.backend {
+            Backend::Redis { storages, .. } => Some(storages[&q].clone()),
+            Backend::Sqlite { .. } => None,
+        }
+    }
+
+    pub(crate) fn sqlite_storage(&self, q: QueueName) -> Option<SqliteStorage<Job>> {
+        match &self.backend {
+            Backend::Sqlite { storages, .. } => Some(storages[&q].clone()),
+            Backend::Redis { .. } => None,
+        }
+    }
+
+    /// Moves due jobs from `{queue}:scheduled` to the active list, at most
+    /// [`CHUNK`] per Lua call, until none is due. Returns how many moved.
+    /// No-op on SQLite.
+    pub async fn promote_due(&self, q: QueueName) -> Result<usize, QueueError> {
+        let Backend::Redis { conn, .. } = &self.backend else {
+            return Ok(0);
+        };
+        let cfg = redis_config(self.name(q));
+        let mut c = conn.clone();
+        let mut total = 0;
+        loop {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs();
+            let moved: usize = PROMOTE_SCRIPT
+                .key(cfg.scheduled_jobs_set())
+                .key(cfg.active_jobs_list())
+                .key(cfg.signal_list())
+                .arg(now)
+                .arg(CHUNK)
+                .invoke_async(&mut c)
+                .await?;
+            total += moved;
+            if moved < CHUNK {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Deletes jobs of `q` that finished successfully more than `retention`
+    /// ago (data, metadata and done-set entry). Dead-lettered jobs stay.
+    /// Returns how many were removed.
+    pub async fn vacuum(&self, q: QueueName, retention: Duration) -> Result<usize, QueueError> {
+        match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let cfg = redis_config(self.name(q));
+                let mut c = conn.clone();
+                let cutoff = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs()
+                    .saturating_sub(retention.as_secs());
+                let done_set = cfg.done_jobs_set();
+                let mut cursor: u64 = 0;
+                let mut total = 0;
+                loop {
+                    let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
+                        .arg(&done_set)
+                        .arg(cursor)
+                        .arg("COUNT")
+                        .arg(CHUNK)
+                        .query_async(&mut c)
+                        .await?;
+                    for chunk in ids.chunks(CHUNK) {
+                        let mut inv = VACUUM_SCRIPT.key(cfg.job_data_hash());
+                        inv.key(cfg.job_meta_hash()).key(&done_set).arg(cutoff);
+                        for id in chunk {
+                            inv.arg(id);
+                        }
+                        let n: usize = inv.invoke_async(&mut c).await?;
+                        total += n;
+                    }
+                    cursor = next;
+                    if cursor == 0 {
+                        return Ok(total);
+                    }
+                }
+            }
+            Backend::Sqlite { pool, .. } => {
+                let res = sqlx::query(
+                    "DELETE FROM Jobs WHERE job_type = ?1 AND status = 'Done' \
+                     AND done_at IS NOT NULL AND done_at <= strftime('%s','now') - ?2",
+                )
+                .bind(self.name(q))
+                .bind(retention.as_secs() as i64)
+                .execute(pool)
+                .await?;
+                Ok(res.rows_affected() as usize)
+            }
+        }
+    }
+
+    /// Lists up to `limit` dead-lettered jobs of `q`.
+    pub async fn dead_letters(
+        &self,
+        q: QueueName,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        let queue = self.name(q).to_string();
+        match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let cfg = redis_config(&queue);
+                let mut c = conn.clone();
+                let ids: Vec<String> = c.smembers(cfg.dead_jobs_set()).await?;
+                let mut out = Vec::new();
+                for id in ids.into_iter().take(limit) {
+                    let data: Option<Vec<u8>> = c.hget(cfg.job_data_hash(), &id).await?;
+                    let meta: HashMap<String, String> =
+                        c.hgetall(format!("{}:{}", cfg.job_meta_hash(), id)).await?;
+                    out.push(DeadLetter {
+                        job: data
+                            .and_then(|d| serde_json::from_slice(&d).ok())
+                            .unwrap_or(serde_json::Value::Null),
+                        attempts: meta.get("attempts").and_then(|a| a.parse().ok()),
+                        last_error: meta.get("result").cloned(),
+                        queue: queue.clone(),
+                        id,
+                    });
+                }
+                Ok(out)
+            }
+            Backend::Sqlite { pool, .. } => {
+                let rows = sqlx::query(
+                    "SELECT id, job, attempts, last_result FROM Jobs WHERE job_type = ?1 AND \
+                     (status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts)) \
+                     ORDER BY done_at LIMIT ?2",
+                )
+                .bind(&queue)
+                .bind(limit as i64)
+                .fetch_all(pool)
+                .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|r| {
+                        let job: Vec<u8> = r.try_get("job").unwrap_or_default();
+                        DeadLetter {
+                            id: r.try_get("id").unwrap_or_default(),
+                            queue: queue.clone(),
+                            attempts: r.try_get::<i64, _>("attempts").ok().map(|a| a as u64),
+                            last_error: r.try_get("last_result").ok(),
+                            job: serde_json::from_slice(&job).unwrap_or(serde_json::Value::Null),
+                        }
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// Jobs waiting (active + scheduled on Redis; pending on SQLite).
+    pub async fn backlog(&self, q: QueueName) -> Result<u64, QueueError> {
+        match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let cfg = redis_config(self.name(q));
+                let mut c = conn.clone();
+                let active: u64 = c.llen(cfg.active_jobs_list()).await?;
+                let scheduled: u64 = c.zcard(cfg.scheduled_jobs_set()).await?;
+                Ok(active + scheduled)
+            }
+            Backend::Sqlite { pool, .. } => {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM Jobs WHERE job_type = ?1 AND status IN ('Pending','Queued','Running')",
+                )
+                .bind(self.name(q))
+                .fetch_one(pool)
+                .await?;
+                Ok(n as u64)
+            }
+        }
+    }
+}
+
+/// KEYS: scheduled zset, active list, signal list. ARGV: now (s), chunk size.
+static PROMOTE_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ids = redis.call('zrangebyscore', KEYS[1], 0, ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if #ids > 0 then
+  redis.call('rpush', KEYS[2], unpack(ids))
+  redis.call('zrem', KEYS[1], unpack(ids))
+  redis.call('del', KEYS[3])
+  redis.call('lpush', KEYS[3], 1)
+end
+return #ids
+",
+    )
+});
+
+/// KEYS: data hash, meta prefix, done set. ARGV: cutoff (s), then task ids.
+/// Deletes each id whose metadata says Done at or before the cutoff.
+static VACUUM_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local deleted = 0
+local cutoff = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local meta = KEYS[2] .. ':' .. id
+  local status = redis.call('hget', meta, 'status')
+  local done_at = tonumber(redis.call('hget', meta, 'done_at'))
+  if (status == 'Done' and done_at and done_at <= cutoff) or status == false then
+    redis.call('hdel', KEYS[1], id)
+    redis.call('hdel', KEYS[2] .. ':result', id)
+    redis.call('del', meta)
+    redis.call('srem', KEYS[3], id)
+    deleted = deleted + 1
+  end
+end
+return deleted
+",
+    )
+});

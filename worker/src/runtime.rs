@@ -1,0 +1,315 @@
+//! The worker runtime: one supervised apalis worker per served queue, plus the
+//! maintenance loop (backlog guard and vacuum). Used by the `worker` binary and
+//! by `api --with-worker`.
+//!
+//! * A worker that loses Redis or the database does not exit: its supervisor
+//!   logs the error and starts a fresh worker (new unique name) after a backoff
+//!   of 1 s doubling to 30 s.
+//! * On shutdown (the token is cancelled: SIGTERM/SIGINT) workers stop fetching,
+//!   jobs in flight finish and are acknowledged, then `run` returns.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use apalis::prelude::{
+    Attempt, BackendExt, BoxDynError, Data, TaskId, WorkerBuilder, WorkerBuilderExt,
+};
+use entity::Settings;
+use sea_orm::DatabaseConnection;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    jobs::{self, Job, JobContext, QueueName},
+    mailer::Mailer,
+    queue::{Queues, PROMOTE_EVERY},
+};
+
+/// How often an idle worker polls its queue for new jobs.
+pub const POLL_EVERY: Duration = Duration::from_millis(50);
+
+/// The queues this process serves (`WORKER_QUEUES`, default all).
+pub fn served_queues(settings: &Settings) -> anyhow::Result<Vec<QueueName>> {
+    match &settings.worker_queues {
+        None => Ok(QueueName::ALL.to_vec()),
+        Some(list) => list
+            .iter()
+            .map(|q| {
+                q.parse::<QueueName>()
+                    .map_err(|e| anyhow::anyhow!("WORKER_QUEUES: {e}"))
+            })
+            .collect(),
+    }
+}
+
+/// Connects to the database, retrying with backoff until it answers or
+/// `shutdown` is cancelled.
+pub async fn connect_db(
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<DatabaseConnection> {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match entity::db::connect(settings).await {
+            Ok(db) => return Ok(db),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "database unavailable");
+                tokio::select! {
+                    _ = shutdown.cancelled() => anyhow::bail!("shut down while waiting for the database"),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// Opens the queue backend, retrying with backoff (SQLite can fail on a busy
+/// or unwritable file; Redis connects lazily and does not fail here).
+pub async fn connect_queues(
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Queues> {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match Queues::connect(settings).await {
+            Ok(q) => return Ok(q),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "queue unavailable");
+                tokio::select! {
+                    _ = shutdown.cancelled() => anyhow::bail!("shut down while waiting for the queue"),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// Runs the worker until `shutdown` is cancelled.
+pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let served = served_queues(&settings)?;
+    let mailer = Mailer::from_settings(&settings)
+        .context("email transport")?
+        .map(Arc::new);
+    if mailer.is_none() {
+        tracing::warn!(
+            "no email transport configured: send_email jobs will be retried until one is"
+        );
+    }
+    let db = connect_db(&settings, &shutdown).await?;
+    let queues = connect_queues(&settings, &shutdown).await?;
+    let ctx = JobContext { db, mailer };
+
+    // Guard the Redis backlog before the first fetch (see queue.rs).
+    for q in &served {
+        match queues.promote_due(*q).await {
+            Ok(n) if n > 0 => tracing::info!(queue = %q, promoted = n, "promoted due jobs"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(queue = %q, error = %e, "could not promote due jobs yet"),
+        }
+    }
+
+    tracing::info!(
+        backend = queues.kind(),
+        queues = ?served.iter().map(|q| queues.name(*q).to_string()).collect::<Vec<_>>(),
+        concurrency = settings.worker_concurrency,
+        "worker started"
+    );
+
+    let mut set = JoinSet::new();
+    for q in served.iter().copied() {
+        set.spawn(supervise(
+            queues.clone(),
+            q,
+            ctx.clone(),
+            settings.worker_concurrency,
+            shutdown.clone(),
+        ));
+    }
+    set.spawn(maintain(
+        queues.clone(),
+        served.clone(),
+        settings.clone(),
+        shutdown.clone(),
+    ));
+    while let Some(res) = set.join_next().await {
+        if let Err(e) = res {
+            tracing::error!(error = %e, "worker task ended abnormally");
+        }
+    }
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// The apalis task function: decode → [`jobs::handle`].
+async fn run_job(
+    job: Job,
+    ctx: Data<JobContext>,
+    id: TaskId,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let id = id.to_string();
+    let n = attempt.current();
+    let kind = job.kind();
+    let started = std::time::Instant::now();
+    let res = jobs::handle(job, &id, n, &ctx).await;
+    tracing::debug!(task_id = %id, kind, attempt = n, ok = res.is_ok(), elapsed_ms = started.elapsed().as_millis() as u64, "job attempt finished");
+    res.map_err(jobs::JobError::into_apalis)
+}
+
+async fn supervise(
+    queues: Queues,
+    q: QueueName,
+    ctx: JobContext,
+    concurrency: usize,
+    shutdown: CancellationToken,
+) {
+    let mut delay = Duration::from_secs(1);
+    while !shutdown.is_cancelled() {
+        let name = format!("{}-{}", queues.name(q), ulid::Ulid::new());
+        let stop = {
+            let t = shutdown.clone();
+            async move {
+                t.cancelled().await;
+                Ok::<(), std::io::Error>(())
+            }
+        };
+        let started = std::time::Instant::now();
+        let result = if let Some(storage) = queues.redis_storage(q) {
+            WorkerBuilder::new(name.clone())
+                .backend(storage.poll_with_interval(POLL_EVERY))
+                .data(ctx.clone())
+                .concurrency(concurrency)
+                .build(run_job)
+                .run_until(stop)
+                .await
+        } else if let Some(storage) = queues.sqlite_storage(q) {
+            WorkerBuilder::new(name.clone())
+                .backend(storage.poll_with_interval(POLL_EVERY))
+                .data(ctx.clone())
+                .concurrency(concurrency)
+                .build(run_job)
+                .run_until(stop)
+                .await
+        } else {
+            unreachable!("every queue has a storage")
+        };
+        if shutdown.is_cancelled() {
+            break;
+        }
+        match result {
+            Ok(()) => tracing::warn!(worker = %name, "worker stopped unexpectedly; restarting"),
+            Err(e) => {
+                tracing::error!(worker = %name, error = %e, retry_in_s = delay.as_secs(), "worker failed; restarting")
+            }
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            delay = Duration::from_secs(1);
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Backlog guard every [`PROMOTE_EVERY`], vacuum every `VACUUM_INTERVAL_SECS`.
+async fn maintain(
+    queues: Queues,
+    served: Vec<QueueName>,
+    settings: Arc<Settings>,
+    shutdown: CancellationToken,
+) {
+    let mut promote = tokio::time::interval(PROMOTE_EVERY);
+    promote.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut vacuum = tokio::time::interval(settings.vacuum_interval);
+    vacuum.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = promote.tick() => {
+                for q in &served {
+                    if let Err(e) = queues.promote_due(*q).await {
+                        tracing::warn!(queue = %q, error = %e, "promote failed");
+                    }
+                }
+            }
+            _ = vacuum.tick() => {
+                for q in &served {
+                    match queues.vacuum(*q, settings.job_retention).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(queue = %q, removed = n, "vacuumed finished jobs"),
+                        Err(e) => tracing::warn!(queue = %q, error = %e, "vacuum failed"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Installs the tracing subscriber: `LOG_FORMAT` json (default) or pretty,
+/// filter from `RUST_LOG` (default `info`).
+pub fn init_tracing(settings: &Settings) {
+    use tracing_subscriber::{fmt, EnvFilter};
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match settings.log_format {
+        entity::settings::LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init(),
+        entity::settings::LogFormat::Pretty => builder.try_init(),
+    };
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutdown signal received; finishing jobs in flight");
+        token.cancel();
+    });
+}
+
+/// `worker dead-letters [QUEUE] [--limit N]`: one JSON object per line.
+pub async fn print_dead_letters(settings: &Settings, args: &[String]) -> anyhow::Result<()> {
+    let mut limit = 100usize;
+    let mut queues = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--limit" {
+            limit = it
+                .next()
+                .context("--limit needs a number")?
+                .parse()
+                .context("--limit")?;
+        } else {
+            queues.push(a.parse::<QueueName>().map_err(|e| anyhow::anyhow!(e))?);
+        }
+    }
+    if queues.is_empty() {
+        queues = QueueName::ALL.to_vec();
+    }
+    let q = Queues::connect(settings).await?;
+    for name in queues {
+        for dl in q.dead_letters(name, limit).await? {
+            println!("{}", serde_json::to_string(&dl)?);
+        }
+    }
+    Ok(())
+}
