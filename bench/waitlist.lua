@@ -10,7 +10,7 @@ init = function(args)
 end
 request = function()
   counter = counter + 1
-  local ip = string.format("10.%d.%d.%d", (counter >> 16) & 255, (counter >> 8) & 255, counter & 255)
+  local ip = string.format("10.%d.%d.%d", math.floor(counter / 65536) % 256, math.floor(counter / 256) % 256, counter % 256)
   local body = string.format('{"email":"w%s-%d@example.com","name":"Bench"}', prefix, counter)
   return wrk.format("POST", "/api/waitlist", {
     ["Content-Type"] = "application/json",

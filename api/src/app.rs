@@ -93,6 +93,7 @@ pub async fn build_state(
         db,
         queues,
         limiter,
+        probes: Default::default(),
     })
 }
 

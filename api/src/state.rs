@@ -24,6 +24,8 @@ pub struct AppState {
     pub queues: Queues,
     /// Rate limiter.
     pub limiter: RateLimiter,
+    /// Health probe results shared by concurrent health requests.
+    pub probes: Arc<crate::routes::health::ProbeCache>,
 }
 
 impl AppState {

@@ -110,7 +110,8 @@ impl HealthApi {
     /// Report readiness
     ///
     /// Probes the database and the queue for real (bounded by
-    /// `DEPENDENCY_TIMEOUT_MS`) and reports each feature's toggle and missing
+    /// `DEPENDENCY_TIMEOUT_MS`; concurrent requests share one probe, and a
+    /// probe result serves for at most 250 ms) and reports each feature's toggle and missing
     /// configuration. 200 when healthy, 503 otherwise; the body is the same shape.
     #[oai(
         path = "/health",
@@ -132,7 +133,23 @@ fn ms(since: Instant) -> f64 {
     (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 
-async fn health_inner(state: &AppState) -> Health {
+/// How long one pair of probe results answers health requests. Under a
+/// load-balancer or monitoring storm this keeps the probes at ≤ 4 per second
+/// per process while every answer is at most this old.
+pub const PROBE_TTL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Last probe results, shared by concurrent health requests (single flight:
+/// while one request probes, the others wait for its result).
+#[derive(Default)]
+pub struct ProbeCache(tokio::sync::Mutex<Option<(Instant, Probe, QueueProbe)>>);
+
+async fn probe(state: &AppState) -> (Probe, QueueProbe) {
+    let mut cached = state.probes.0.lock().await;
+    if let Some((at, db, q)) = cached.as_ref() {
+        if at.elapsed() < PROBE_TTL {
+            return (db.clone(), q.clone());
+        }
+    }
     let timeout = state.settings.dependency_timeout;
     let db_probe = async {
         let t = Instant::now();
@@ -155,6 +172,12 @@ async fn health_inner(state: &AppState) -> Health {
         }
     };
     let (database, queue) = tokio::join!(db_probe, queue_probe);
+    *cached = Some((Instant::now(), database.clone(), queue.clone()));
+    (database, queue)
+}
+
+async fn health_inner(state: &AppState) -> Health {
+    let (database, queue) = probe(state).await;
     let f = &state.features;
     let fh = |feature: Feature| {
         let s = f.get(feature);
