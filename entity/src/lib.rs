@@ -10,7 +10,11 @@ pub mod entities;
 pub mod features;
 pub mod mail;
 pub mod plans;
+pub mod profile;
+pub mod roles;
 pub mod settings;
+pub mod subscription;
+pub mod users;
 pub mod validate;
 pub mod waitlist;
 

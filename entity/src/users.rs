@@ -1,0 +1,236 @@
+//! Users seen through a verified session: the default rows every account gets
+//! on first sight (profile, FREE subscription, role) and the per-request
+//! [`UserContext`] the routes authorise with.
+//!
+//! Works the same on PostgreSQL and SQLite: the first-sight rows are written
+//! with `INSERT … ON CONFLICT DO NOTHING` inside one transaction, so two first
+//! requests racing each other end with exactly one row per table.
+
+use chrono::Utc;
+use sea_orm::{
+    sea_query::Expr, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set,
+    SqliteTransactionMode, TransactionOptions, TransactionSession, TransactionTrait,
+};
+use uuid::Uuid;
+
+use crate::{
+    entities::{
+        profiles,
+        subscriptions::{self, SubscriptionStatus},
+        user_roles::{self, Role},
+        users,
+    },
+    plans,
+};
+
+/// Who a verified session says the caller is: the JWT `sub` and, when the
+/// token carries one, its `email` claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The session subject (`sub`), the account id.
+    pub user_id: Uuid,
+    /// The `email` claim, if present.
+    pub email: Option<String>,
+}
+
+/// The caller of an authenticated request, as stored: id, email and role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserContext {
+    /// The account id (`users.id`, the JWT `sub`).
+    pub user_id: Uuid,
+    /// The token's email when it carried one, else the stored email.
+    pub email: Option<String>,
+    /// The role from `user_roles`.
+    pub role: Role,
+}
+
+impl UserContext {
+    /// Whether the caller holds the `admin` role.
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+}
+
+/// Returns the stored context of `id`, creating the account on first sight.
+///
+/// - Fast path (every authenticated request): one `SELECT users LEFT JOIN
+///   user_roles`; when both rows exist nothing is written, except that
+///   `users.email` is updated when the token carries an email different from
+///   the stored one.
+/// - First sight (no user row or no role row): one transaction inserts, each
+///   with `ON CONFLICT DO NOTHING` on the primary key, the `users` row, an empty
+///   `profiles` row, a `FREE` subscription (status `active`, not cancelling,
+///   no period) and a `user_roles` row. The role is `admin` when the token's
+///   email, lowercased, is in `admin_emails` (compared lowercased), else
+///   `member`. `ADMIN_EMAILS` applies only here, at first sight: an existing
+///   member is never promoted by a later configuration change.
+///
+/// Idempotent and race-safe: concurrent first requests of the same user end
+/// with exactly one row in each table (on PostgreSQL the second insert waits
+/// for the first transaction and then does nothing; on SQLite the transaction
+/// is `BEGIN IMMEDIATE`, so writers queue behind the busy timeout). Rows that
+/// are missing for another reason (e.g. a user row created elsewhere) are
+/// filled in the same way. The role returned is the one read back from the
+/// database, never the one merely computed.
+///
+/// Errors: only [`DbErr`] (connection, constraint or a role row still missing
+/// after the insert, reported as [`DbErr::RecordNotFound`]).
+pub async fn ensure_user<C>(
+    db: &C,
+    id: &Identity,
+    admin_emails: &[String],
+) -> Result<UserContext, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let found = users::Entity::find_by_id(id.user_id)
+        .find_also_related(user_roles::Entity)
+        .one(db)
+        .await?;
+    if let Some((user, Some(role))) = found {
+        let email = sync_email(db, &user, id.email.as_deref()).await?;
+        return Ok(UserContext {
+            user_id: user.id,
+            email,
+            role: role.role,
+        });
+    }
+    create_defaults(db, id, admin_emails).await
+}
+
+/// Whether `email` is in `admin_emails`, both compared trimmed and lowercased.
+pub fn is_admin_email(email: Option<&str>, admin_emails: &[String]) -> bool {
+    let Some(email) = email.map(|e| e.trim().to_lowercase()) else {
+        return false;
+    };
+    !email.is_empty()
+        && admin_emails
+            .iter()
+            .any(|a| a.trim().to_lowercase() == email)
+}
+
+/// The first-sight transaction of [`ensure_user`].
+async fn create_defaults<C>(
+    db: &C,
+    id: &Identity,
+    admin_emails: &[String],
+) -> Result<UserContext, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let now = Utc::now();
+    let uid = id.user_id;
+    let role = if is_admin_email(id.email.as_deref(), admin_emails) {
+        Role::Admin
+    } else {
+        Role::Member
+    };
+
+    let txn = begin_write(db).await?;
+    users::Entity::insert(users::ActiveModel {
+        id: Set(uid),
+        email: Set(id.email.clone()),
+        created_at: Set(now),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(&txn)
+    .await?;
+    profiles::Entity::insert(profiles::ActiveModel {
+        user_id: Set(uid),
+        full_name: Set(None),
+        avatar_path: Set(None),
+        avatar_url: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(&txn)
+    .await?;
+    subscriptions::Entity::insert(subscriptions::ActiveModel {
+        user_id: Set(uid),
+        plan: Set(plans::FREE.to_string()),
+        status: Set(SubscriptionStatus::Active),
+        cancel_at_period_end: Set(false),
+        current_period_start: Set(None),
+        current_period_end: Set(None),
+        canceled_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(&txn)
+    .await?;
+    user_roles::Entity::insert(user_roles::ActiveModel {
+        user_id: Set(uid),
+        role: Set(role),
+        created_at: Set(now),
+        updated_at: Set(now),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(&txn)
+    .await?;
+
+    // Read back: a concurrent request (or an earlier partial state) may have
+    // written the rows this transaction skipped.
+    let (user, role) = users::Entity::find_by_id(uid)
+        .find_also_related(user_roles::Entity)
+        .one(&txn)
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound(format!("user {uid} after insert")))?;
+    let role = role.ok_or_else(|| DbErr::RecordNotFound(format!("role of {uid} after insert")))?;
+    let email = sync_email(&txn, &user, id.email.as_deref()).await?;
+    txn.commit().await?;
+    Ok(UserContext {
+        user_id: uid,
+        email,
+        role: role.role,
+    })
+}
+
+/// Updates `users.email` when the token's email differs from the stored one;
+/// returns the email to report (the token's, else the stored one).
+async fn sync_email<C: ConnectionTrait>(
+    db: &C,
+    user: &users::Model,
+    token_email: Option<&str>,
+) -> Result<Option<String>, DbErr> {
+    match token_email {
+        Some(e) if user.email.as_deref() != Some(e) => {
+            users::Entity::update_many()
+                .col_expr(users::Column::Email, Expr::value(e))
+                .filter(users::Column::Id.eq(user.id))
+                .exec(db)
+                .await?;
+            Ok(Some(e.to_string()))
+        }
+        Some(e) => Ok(Some(e.to_string())),
+        None => Ok(user.email.clone()),
+    }
+}
+
+/// Starts a transaction meant to write: `BEGIN IMMEDIATE` on SQLite (the write
+/// lock is taken at once, so a read-then-write cannot fail with
+/// `SQLITE_BUSY` half-way; other writers wait for the busy timeout), a plain
+/// `BEGIN` elsewhere (PostgreSQL callers lock rows with `SELECT … FOR UPDATE`).
+pub(crate) async fn begin_write<C: TransactionTrait>(db: &C) -> Result<C::Transaction, DbErr> {
+    db.begin_with_options(TransactionOptions {
+        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+        ..Default::default()
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_emails_compare_lowercased() {
+        let admins = vec!["boss@example.com".to_string(), " Ops@Example.com ".into()];
+        assert!(is_admin_email(Some("Boss@Example.COM"), &admins));
+        assert!(is_admin_email(Some("ops@example.com"), &admins));
+        assert!(!is_admin_email(Some("other@example.com"), &admins));
+        assert!(!is_admin_email(None, &admins));
+        assert!(!is_admin_email(Some(""), &["".to_string()]));
+    }
+}
