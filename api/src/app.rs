@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     middleware::{BodyLimit, Observe},
     rate_limit::RateLimiter,
-    routes::{contact::ContactApi, health::HealthApi, waitlist::WaitlistApi},
+    routes::{
+        admin::AdminApi, contact::ContactApi, health::HealthApi, profile::ProfileApi,
+        subscription::SubscriptionApi, waitlist::WaitlistApi,
+    },
     state::AppState,
 };
 
@@ -24,7 +27,14 @@ use crate::{
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// Every API operation.
-pub type Apis = (ContactApi, WaitlistApi, HealthApi);
+pub type Apis = (
+    ContactApi,
+    WaitlistApi,
+    HealthApi,
+    SubscriptionApi,
+    ProfileApi,
+    AdminApi,
+);
 
 const DESCRIPTION: &str = "\
 JSON API of the subscription backend. Every error is RFC 9457 problem details \
@@ -41,7 +51,14 @@ off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 
 /// The OpenAPI service (also what `api openapi` prints).
 pub fn openapi() -> OpenApiService<Apis, ()> {
     OpenApiService::new(
-        (ContactApi, WaitlistApi, HealthApi),
+        (
+            ContactApi,
+            WaitlistApi,
+            HealthApi,
+            SubscriptionApi,
+            ProfileApi,
+            AdminApi,
+        ),
         "Subscription backend API",
         env!("CARGO_PKG_VERSION"),
     )
@@ -87,6 +104,7 @@ pub async fn build_state(
     let queues = worker::runtime::connect_queues(&settings, shutdown).await?;
     let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);
     Ok(AppState {
+        sessions: crate::session::SessionVerifier::from_settings(&settings),
         settings,
         features: Arc::new(features),
         plans: Arc::new(plans),

@@ -3,9 +3,11 @@
 //! and `worker` (the jobs).
 
 pub mod app;
+pub mod auth;
 pub mod middleware;
 pub mod payload;
 pub mod problem;
 pub mod rate_limit;
 pub mod routes;
+pub mod session;
 pub mod state;

@@ -22,6 +22,18 @@ enum Command {
     Serve,
     /// Print the OpenAPI document (what `openapi/openapi.json` holds).
     Openapi,
+    /// Mint an HS256 session token with `BACKEND_JWT_SECRET` (local use and tests).
+    Token {
+        /// The user id (`sub`, a UUID).
+        #[arg(long)]
+        sub: uuid::Uuid,
+        /// The `email` claim.
+        #[arg(long)]
+        email: Option<String>,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl_secs: u64,
+    },
 }
 
 #[tokio::main]
@@ -38,6 +50,23 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Token {
+        sub,
+        email,
+        ttl_secs,
+    }) = &cli.command
+    {
+        let Some(secret) = settings.backend_jwt_secret.as_deref() else {
+            eprintln!("api: BACKEND_JWT_SECRET is not set");
+            return ExitCode::from(2);
+        };
+        let ttl = std::time::Duration::from_secs(*ttl_secs);
+        println!(
+            "{}",
+            api::session::mint_hs256(secret, *sub, email.as_deref(), ttl)
+        );
+        return ExitCode::SUCCESS;
+    }
     worker::runtime::init_tracing(&settings);
     match api::app::serve(settings, cli.with_worker).await {
         Ok(()) => ExitCode::SUCCESS,

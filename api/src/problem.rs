@@ -112,6 +112,18 @@ pub enum ApiError {
     /// 400: the body as a whole is unusable.
     #[error("{0}")]
     BadRequest(String),
+    /// 400 with a code: a request that is well-formed but not allowed (`self_demotion`).
+    #[error("{1}")]
+    Invalid(&'static str, String),
+    /// 401 with a code (`missing_token`, `invalid_token`, `token_expired`, …).
+    #[error("{1}")]
+    Unauthorized(&'static str, String),
+    /// 403: logged in, but not allowed.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 404 with a code.
+    #[error("{1}")]
+    NotFound(&'static str, String),
     /// 409 with a code.
     #[error("{1}")]
     Conflict(&'static str, String),
@@ -140,7 +152,12 @@ impl ApiError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::Field(_) | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Field(_) | ApiError::BadRequest(_) | ApiError::Invalid(..) => {
+                StatusCode::BAD_REQUEST
+            }
+            ApiError::Unauthorized(..) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(..) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -154,7 +171,11 @@ impl ApiError {
         match self {
             ApiError::Field(f) => Problem::new(status, f.code, f.message.clone(), Some(f.field)),
             ApiError::BadRequest(m) => Problem::new(status, "invalid_body", m.clone(), None),
-            ApiError::Conflict(code, m) => Problem::new(status, code, m.clone(), None),
+            ApiError::Unauthorized(code, m)
+            | ApiError::NotFound(code, m)
+            | ApiError::Conflict(code, m)
+            | ApiError::Invalid(code, m) => Problem::new(status, code, m.clone(), None),
+            ApiError::Forbidden(m) => Problem::new(status, "forbidden", m.clone(), None),
             ApiError::RateLimited(r) => Problem::new(
                 status,
                 "rate_limited",
@@ -247,6 +268,11 @@ pub fn from_poem_error(err: poem::Error) -> Response {
             None,
         ),
         StatusCode::NOT_FOUND => ("not_found", "no such route".to_string(), None),
+        StatusCode::UNAUTHORIZED => (
+            "missing_token",
+            "log in first: send Authorization: Bearer <session token>".to_string(),
+            None,
+        ),
         StatusCode::METHOD_NOT_ALLOWED => (
             "method_not_allowed",
             "method not allowed on this route".to_string(),

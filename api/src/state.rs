@@ -24,6 +24,8 @@ pub struct AppState {
     pub queues: Queues,
     /// Rate limiter.
     pub limiter: RateLimiter,
+    /// Session token verifier (HS256 secret and JWKS cache).
+    pub sessions: crate::session::SessionVerifier,
     /// Health probe results shared by concurrent health requests.
     pub probes: Arc<crate::routes::health::ProbeCache>,
 }
@@ -43,6 +45,19 @@ impl AppState {
             },
             detail: format!("{} is unavailable: {}", feature.key(), st.message),
         })
+    }
+
+    /// 503 unless server-side writes are armed (`BACKEND_SERVICE_ROLE_KEY`).
+    pub fn require_server_writes(&self) -> Result<(), ApiError> {
+        if self.features.backend_service_role {
+            Ok(())
+        } else {
+            Err(ApiError::Unavailable {
+                code: "not_configured",
+                detail: "server-side writes are not configured: set BACKEND_SERVICE_ROLE_KEY"
+                    .into(),
+            })
+        }
     }
 
     /// The client's IP: the socket peer, or the first `X-Forwarded-For` hop

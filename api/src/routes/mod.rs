@@ -2,15 +2,39 @@
 
 use poem_openapi::{Object, Tags};
 
+pub mod admin;
 pub mod contact;
 pub mod health;
+pub mod profile;
+pub mod subscription;
 pub mod waitlist;
+
+use crate::problem::ApiError;
 
 /// OpenAPI tags.
 #[derive(Tags)]
 pub enum ApiTags {
     /// No login needed: contact form, waitlist, health.
     Public,
+    /// Logged-in user (Bearer session token).
+    User,
+    /// Admins only.
+    Admin,
+}
+
+/// Maps a database error: unreachable → 503 `database_unavailable`, anything
+/// else → 500 (cause logged, not sent).
+pub fn db_error(what: &str, e: sea_orm::DbErr) -> ApiError {
+    match e {
+        sea_orm::DbErr::ConnectionAcquire(_) | sea_orm::DbErr::Conn(_) => {
+            tracing::error!(error = %e, "{what}: database unavailable");
+            ApiError::Unavailable {
+                code: "database_unavailable",
+                detail: "the database is unreachable; try again shortly".into(),
+            }
+        }
+        e => ApiError::internal(format!("{what}: {e}")),
+    }
 }
 
 /// `{ "success": true }`.

@@ -1,0 +1,131 @@
+//! `POST /api/admin/users/role`: an admin sets a user's role (audited).
+
+use entity::{
+    entities::user_roles::Role,
+    roles::{self, RoleError},
+    Feature,
+};
+use poem::{web::Data, Request};
+use poem_openapi::{payload::Json, Object, OpenApi};
+use uuid::Uuid;
+
+use super::ApiTags;
+use crate::{
+    auth::BearerAuth, middleware::RequestId, payload::JsonBody, problem::ApiError, state::AppState,
+};
+use entity::validate::FieldError;
+
+/// The role to set.
+#[derive(Debug, Clone, Object)]
+#[oai(deny_unknown_fields, example)]
+pub struct RoleRequest {
+    /// The user's id (UUID).
+    pub user_id: String,
+    /// `admin` or `member`.
+    pub role: String,
+}
+
+impl poem_openapi::types::Example for RoleRequest {
+    fn example() -> Self {
+        RoleRequest {
+            user_id: "7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11".into(),
+            role: "admin".into(),
+        }
+    }
+}
+
+/// The role now set (echo of the request).
+#[derive(Debug, Clone, Object)]
+pub struct RoleResult {
+    /// Always `true`.
+    pub success: bool,
+    /// The user's id.
+    pub user_id: String,
+    /// The role now held.
+    pub role: String,
+}
+
+crate::problem_responses!(
+    /// Errors of `POST /api/admin/users/role`.
+    RoleErrorResponse {
+        BadRequest = 400: "`user_id` is not a UUID, `role` is not `admin`/`member` (`field` names it), or an admin tried to demote their own account (`self_demotion`).",
+        Unauthorized = 401: "No valid session token.",
+        Forbidden = 403: "Logged in, but not an admin.",
+        NotFound = 404: "No user has this id (`unknown_user`).",
+        PayloadTooLarge = 413: "The body exceeds 64 KiB.",
+        InternalServerError = 500: "The change could not be saved.",
+        ServiceUnavailable = 503: "Admin is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`).",
+    }
+);
+
+/// Admin.
+pub struct AdminApi;
+
+#[OpenApi]
+impl AdminApi {
+    /// Set a user's role
+    ///
+    /// Admins only. Writes the change and one `audit_logs` row (actor,
+    /// target, old and new role, request id) in one transaction. Setting the
+    /// role a user already has succeeds and writes nothing. An admin cannot
+    /// demote their own account.
+    #[oai(
+        path = "/admin/users/role",
+        method = "post",
+        operation_id = "setUserRole",
+        tag = "ApiTags::Admin"
+    )]
+    async fn set_role(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        auth: BearerAuth,
+        body: JsonBody<RoleRequest>,
+    ) -> Result<Json<RoleResult>, RoleErrorResponse> {
+        let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+        Ok(Json(
+            set_role_inner(&state, &auth, body.0, request_id).await?,
+        ))
+    }
+}
+
+async fn set_role_inner(
+    state: &AppState,
+    auth: &BearerAuth,
+    body: RoleRequest,
+    request_id: Option<String>,
+) -> Result<RoleResult, ApiError> {
+    state.require(Feature::Admin)?;
+    let actor = state.authenticate(auth).await?;
+    if !actor.is_admin() {
+        return Err(ApiError::Forbidden("the admin role is required".into()));
+    }
+    let target = Uuid::parse_str(body.user_id.trim())
+        .map_err(|_| FieldError::new("user_id", "invalid_uuid", "user_id must be a UUID"))?;
+    let role = match body.role.trim() {
+        "admin" => Role::Admin,
+        "member" => Role::Member,
+        _ => {
+            return Err(
+                FieldError::new("role", "invalid_role", "role must be admin or member").into(),
+            )
+        }
+    };
+    match roles::set_role(&state.db, &actor, target, role, request_id).await {
+        Ok(change) => Ok(RoleResult {
+            success: true,
+            user_id: change.user_id.to_string(),
+            role: change.role.as_str().to_string(),
+        }),
+        Err(RoleError::Forbidden) => Err(ApiError::Forbidden("the admin role is required".into())),
+        Err(RoleError::SelfDemotion) => Err(ApiError::Invalid(
+            "self_demotion",
+            "an admin cannot demote their own account".into(),
+        )),
+        Err(RoleError::UnknownUser) => Err(ApiError::NotFound(
+            "unknown_user",
+            "no user has this id".into(),
+        )),
+        Err(RoleError::Db(e)) => Err(super::db_error("changing the role", e)),
+    }
+}

@@ -1,0 +1,102 @@
+//! `POST /api/subscription`: cancel or resume the caller's subscription.
+
+use entity::{
+    subscription::{self, SubscriptionAction, SubscriptionError},
+    Feature,
+};
+use poem::web::Data;
+use poem_openapi::{payload::Json, Object, OpenApi};
+
+use super::ApiTags;
+use crate::{auth::BearerAuth, payload::JsonBody, problem::ApiError, state::AppState};
+
+/// What to do with the subscription.
+#[derive(Debug, Clone, Object)]
+#[oai(deny_unknown_fields, example)]
+pub struct SubscriptionRequest {
+    /// `cancel` (stop at the end of the paid period) or `resume` (undo a cancel).
+    pub action: String,
+}
+
+impl poem_openapi::types::Example for SubscriptionRequest {
+    fn example() -> Self {
+        SubscriptionRequest {
+            action: "cancel".into(),
+        }
+    }
+}
+
+/// The subscription after the change.
+#[derive(Debug, Clone, Object)]
+pub struct SubscriptionResult {
+    /// Always `true`.
+    pub success: bool,
+    /// `cancel_at_period_end` after cancel, `active` after resume.
+    pub status: String,
+}
+
+crate::problem_responses!(
+    /// Errors of `POST /api/subscription`.
+    SubscriptionErrorResponse {
+        BadRequest = 400: "`action` is missing or not `cancel`/`resume` (`field` = `action`), or the body is not the expected JSON.",
+        Unauthorized = 401: "No valid session token.",
+        Conflict = 409: "Nothing to cancel or resume: the FREE plan (`free_plan`) or a subscription that is not active (`not_active`).",
+        PayloadTooLarge = 413: "The body exceeds 64 KiB.",
+        InternalServerError = 500: "The change could not be saved.",
+        ServiceUnavailable = 503: "Billing is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`).",
+    }
+);
+
+/// Subscription management.
+pub struct SubscriptionApi;
+
+#[OpenApi]
+impl SubscriptionApi {
+    /// Cancel or resume the subscription
+    ///
+    /// `cancel` keeps the plan until the end of the paid period
+    /// (`cancel_at_period_end`); `resume` undoes that. Repeating the same
+    /// action is harmless. The FREE plan has nothing to cancel: 409.
+    #[oai(
+        path = "/subscription",
+        method = "post",
+        operation_id = "changeSubscription",
+        tag = "ApiTags::User"
+    )]
+    async fn change(
+        &self,
+        state: Data<&AppState>,
+        auth: BearerAuth,
+        body: JsonBody<SubscriptionRequest>,
+    ) -> Result<Json<SubscriptionResult>, SubscriptionErrorResponse> {
+        Ok(Json(change_inner(&state, &auth, &body.action).await?))
+    }
+}
+
+async fn change_inner(
+    state: &AppState,
+    auth: &BearerAuth,
+    action: &str,
+) -> Result<SubscriptionResult, ApiError> {
+    state.require(Feature::Billing)?;
+    let user = state.authenticate(auth).await?;
+    let action = SubscriptionAction::parse(action)?;
+    match subscription::change(&state.db, user.user_id, action).await {
+        Ok(view) => Ok(SubscriptionResult {
+            success: true,
+            status: view.status.to_string(),
+        }),
+        Err(SubscriptionError::FreePlan) => Err(ApiError::Conflict(
+            "free_plan",
+            "the FREE plan has nothing to cancel or resume".into(),
+        )),
+        Err(e @ SubscriptionError::NotActive(_)) => {
+            Err(ApiError::Conflict("not_active", e.to_string()))
+        }
+        Err(SubscriptionError::NotFound) => Err(ApiError::Conflict(
+            "no_subscription",
+            "no subscription".into(),
+        )),
+        Err(SubscriptionError::Db(e)) => Err(super::db_error("changing the subscription", e)),
+    }
+}
