@@ -1,14 +1,20 @@
-//! `JsonBody<T>`: poem-openapi's JSON request payload, but its parse errors are
-//! problem details that name the field at fault.
+//! `JsonBody<T>`: poem-openapi's JSON request payload, but strict about JSON
+//! types and with parse errors as problem details that name the field at fault.
 //!
-//! poem-openapi's own `Json<T>` reports `{"email": 5}` as "failed to parse
-//! "string" … (occurred while parsing "WaitlistRequest")" without the field. On
-//! a failed parse this extractor re-checks the JSON against `T`'s OpenAPI
-//! schema (properties, required list, JSON types) to name the first bad field:
-//! `required` (missing or null), `unknown_field`, `invalid_type`, or
+//! poem-openapi's own `Json<T>` accepts `{"name": 5}` for a string field (it
+//! becomes `"5"`) and reports a bad field as "failed to parse "string" …
+//! (occurred while parsing "WaitlistRequest")" without naming it. This
+//! extractor first checks the JSON against `T`'s OpenAPI schema (properties,
+//! required list, JSON types; computed once per type) and names the first bad
+//! field: `required` (missing or null), `unknown_field`, `invalid_type`, or
 //! `invalid_body` when the body is not a JSON object at all.
 
-use std::ops::Deref;
+use std::{
+    any::TypeId,
+    collections::HashMap,
+    ops::Deref,
+    sync::{Arc, LazyLock, RwLock},
+};
 
 use poem::{http::StatusCode, FromRequest, Request, RequestBody, Result};
 use poem_openapi::{
@@ -67,64 +73,100 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-/// Names the first field of `value` that breaks `T`'s schema.
-fn diagnose<T: Type>(value: &Value, parser_message: &str) -> poem::Error {
-    let Value::Object(map) = value else {
-        return reject(
-            "invalid_body",
-            format!("the body must be a JSON object, got {}", json_type(value)),
-            None,
-        );
-    };
+/// The top level of an object schema: each property's JSON type and whether it is required.
+struct Shape {
+    /// `(name, OpenAPI type, required)`.
+    fields: Vec<(&'static str, &'static str, bool)>,
+}
+
+/// Shapes by request type, computed once per type from its OpenAPI schema.
+static SHAPES: LazyLock<RwLock<HashMap<TypeId, Option<Arc<Shape>>>>> =
+    LazyLock::new(Default::default);
+
+fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
+    let id = TypeId::of::<T>();
+    if let Some(s) = SHAPES.read().expect("shape cache poisoned").get(&id) {
+        return s.clone();
+    }
     let mut registry = Registry::new();
     T::register(&mut registry);
     let schema = match T::schema_ref() {
         MetaSchemaRef::Reference(name) => registry.schemas.get(&name).cloned(),
         MetaSchemaRef::Inline(s) => Some(*s),
     };
-    let Some(schema) = schema else {
-        return reject("invalid_body", parser_message.to_string(), None);
-    };
-    for key in map.keys() {
-        if !schema.properties.iter().any(|(name, _)| name == key) {
-            return reject(
-                "unknown_field",
-                format!("{key} is not a known field"),
-                Some(key),
-            );
-        }
-    }
-    for (name, prop) in &schema.properties {
-        let required = schema.required.contains(name);
-        match map.get(*name) {
-            None | Some(Value::Null) if required => {
-                return reject("required", format!("{name} is required"), Some(name));
-            }
-            None | Some(Value::Null) => {}
-            Some(v) => {
-                let expected = match prop {
+    let computed = schema.filter(|s| s.ty == "object").map(|schema| {
+        let fields = schema
+            .properties
+            .iter()
+            .map(|(name, prop)| {
+                let ty = match prop {
                     MetaSchemaRef::Inline(s) => s.ty,
                     MetaSchemaRef::Reference(r) => {
                         registry.schemas.get(r).map(|s| s.ty).unwrap_or("object")
                     }
                 };
+                (*name, ty, schema.required.contains(name))
+            })
+            .collect();
+        Arc::new(Shape { fields })
+    });
+    SHAPES
+        .write()
+        .expect("shape cache poisoned")
+        .insert(id, computed.clone());
+    computed
+}
+
+/// Checks `value` against `T`'s top-level schema strictly (poem-openapi itself
+/// turns `5` or `true` into `"5"`/`"true"` for a string field): the first
+/// unknown field, missing or null required field, or field of the wrong JSON
+/// type is a 400 naming it.
+fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
+    let Value::Object(map) = value else {
+        return Err(reject(
+            "invalid_body",
+            format!("the body must be a JSON object, got {}", json_type(value)),
+            None,
+        ));
+    };
+    let Some(shape) = shape::<T>() else {
+        return Ok(());
+    };
+    for key in map.keys() {
+        if !shape.fields.iter().any(|(name, _, _)| name == key) {
+            return Err(reject(
+                "unknown_field",
+                format!("{key} is not a known field"),
+                Some(key),
+            ));
+        }
+    }
+    for (name, expected, required) in &shape.fields {
+        match map.get(*name) {
+            None | Some(Value::Null) if *required => {
+                return Err(reject(
+                    "required",
+                    format!("{name} is required"),
+                    Some(name),
+                ));
+            }
+            None | Some(Value::Null) => {}
+            Some(v) => {
                 let actual = json_type(v);
-                let compatible =
-                    expected == actual || (expected == "number" && actual == "integer");
-                if !compatible {
-                    return reject(
+                if !(*expected == actual || (*expected == "number" && actual == "integer")) {
+                    return Err(reject(
                         "invalid_type",
                         format!("{name} must be a {expected}, got {actual}"),
                         Some(name),
-                    );
+                    ));
                 }
             }
         }
     }
-    reject("invalid_body", parser_message.to_string(), None)
+    Ok(())
 }
 
-impl<T: ParseFromJSON> ParsePayload for JsonBody<T> {
+impl<T: ParseFromJSON + 'static> ParsePayload for JsonBody<T> {
     const IS_REQUIRED: bool = true;
 
     async fn from_request(request: &Request, body: &mut RequestBody) -> Result<Self> {
@@ -143,11 +185,11 @@ impl<T: ParseFromJSON> ParsePayload for JsonBody<T> {
                 None,
             )
         })?;
-        match T::parse_from_json(Some(value.clone())) {
-            Ok(v) => Ok(JsonBody(v)),
-            Err(e) => Err(diagnose::<T>(&value, &e.into_message())),
-        }
+        check_shape::<T>(&value)?;
+        T::parse_from_json(Some(value))
+            .map(JsonBody)
+            .map_err(|e| reject("invalid_body", e.into_message(), None))
     }
 }
 
-poem_openapi::impl_apirequest_for_payload!(JsonBody<T>, T: ParseFromJSON);
+poem_openapi::impl_apirequest_for_payload!(JsonBody<T>, T: ParseFromJSON + 'static);

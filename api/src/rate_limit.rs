@@ -95,8 +95,14 @@ impl RateLimiter {
         }
     }
 
-    /// Counts one request of `subject` against `limit`.
-    pub async fn check(&self, limit: Limit, subject: &str) -> Decision {
+    /// Counts one request of `subject` against `limit`. The shared store is
+    /// given until `deadline`; past it (or on error) the request is allowed.
+    pub async fn check(
+        &self,
+        limit: Limit,
+        subject: &str,
+        deadline: std::time::Instant,
+    ) -> Decision {
         match self {
             RateLimiter::Redis { conn, prefix } => {
                 let window = limit.window.as_secs().max(1);
@@ -105,15 +111,17 @@ impl RateLimiter {
                 let reset = (index + 1) * window;
                 let key = format!("{prefix}:{}:{subject}:{index}", limit.name);
                 let mut c = conn.clone();
-                let count: Result<u64, _> = CHECK_SCRIPT
-                    .key(key)
-                    .arg(window + 1)
-                    .invoke_async(&mut c)
-                    .await;
-                let count = match count {
-                    Ok(n) => n,
-                    Err(e) => {
+                let mut invocation = CHECK_SCRIPT.key(key);
+                invocation.arg(window + 1);
+                let call = invocation.invoke_async::<u64>(&mut c);
+                let count = match tokio::time::timeout_at(deadline.into(), call).await {
+                    Ok(Ok(n)) => n,
+                    Ok(Err(e)) => {
                         tracing::warn!(error = %e, limit = limit.name, "rate-limit store unavailable; allowing");
+                        0
+                    }
+                    Err(_) => {
+                        tracing::warn!(limit = limit.name, "rate-limit store timed out; allowing");
                         0
                     }
                 };

@@ -70,6 +70,13 @@ where
     }
 }
 
+/// Prints a line on the real stderr, bypassing libtest's output capture, so
+/// timings of heavy tests show in every run (not only with `--nocapture`).
+pub fn report(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// The HTTP client of the tests: no proxy, 15 s overall timeout.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -325,16 +332,13 @@ impl RedisNs {
         let keys = self.keys("*").await;
         let mut c = self.conn().await;
         let mut total = 0u64;
-        for k in &keys {
-            let n: Option<u64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(k)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut c)
-                .await
-                .expect("MEMORY USAGE");
-            total += n.unwrap_or(0);
+        for chunk in keys.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for k in chunk {
+                pipe.cmd("MEMORY").arg("USAGE").arg(k).arg("SAMPLES").arg(0);
+            }
+            let sizes: Vec<Option<u64>> = pipe.query_async(&mut c).await.expect("MEMORY USAGE");
+            total += sizes.into_iter().flatten().sum::<u64>();
         }
         (total, keys.len())
     }
@@ -646,8 +650,13 @@ impl Proc {
 
     /// Sends SIGTERM.
     pub fn term(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `KILL`, …) with `kill(1)`.
+    pub fn signal(&self, name: &str) {
         let _ = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{name}"))
             .arg(self.child.id().to_string())
             .status();
     }
@@ -1204,6 +1213,10 @@ pub enum ProxyMode {
     /// Close live connections; accept new ones and never answer (a network
     /// black hole: only timeouts get the client out).
     Blackhole,
+    /// Live connections stay open but nothing passes any more (a partition:
+    /// requests in flight never get an answer); new ones hang as in
+    /// `Blackhole`. Frozen connections are closed when the mode changes again.
+    Freeze,
 }
 
 /// A TCP forwarder on `127.0.0.1:<free port>` to a target, switchable off and
@@ -1232,7 +1245,7 @@ impl TcpProxy {
                 let now = *rx.borrow_and_update();
                 match now {
                     ProxyMode::Refuse => drop(client),
-                    ProxyMode::Blackhole => {
+                    ProxyMode::Blackhole | ProxyMode::Freeze => {
                         tokio::spawn(async move {
                             // Hold the socket, read and discard, until the mode changes.
                             let mut buf = [0u8; 4096];
@@ -1255,9 +1268,14 @@ impl TcpProxy {
                             let _ = client.set_nodelay(true);
                             let _ = upstream.set_nodelay(true);
                             tokio::select! {
-                                _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                                _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => return,
                                 _ = rx.wait_for(|m| *m != ProxyMode::Forward) => {}
                             }
+                            if *rx.borrow() == ProxyMode::Freeze {
+                                // Keep both sockets open, pass nothing.
+                                let _ = rx.wait_for(|m| *m != ProxyMode::Freeze).await;
+                            }
+                            drop((client, upstream));
                         });
                     }
                 }
@@ -1266,7 +1284,8 @@ impl TcpProxy {
         TcpProxy { addr, mode, task }
     }
 
-    /// Switches the mode; leaving `Forward` closes every live connection.
+    /// Switches the mode; leaving `Forward` closes every live connection
+    /// (except for `Freeze`, which holds them silent).
     pub fn set(&self, mode: ProxyMode) {
         self.mode.send_replace(mode);
     }

@@ -197,6 +197,12 @@ impl Queues {
     /// `DEPENDENCY_TIMEOUT_MS`; on error nothing was enqueued or the caller
     /// cannot know, so it should answer 503 and let the client retry.
     pub async fn push(&self, job: Job) -> Result<String, QueueError> {
+        self.push_within(job, self.timeout).await
+    }
+
+    /// [`Queues::push`] bounded by `limit` instead of `DEPENDENCY_TIMEOUT_MS`
+    /// (for a request that already spent part of its time budget).
+    pub async fn push_within(&self, job: Job, limit: Duration) -> Result<String, QueueError> {
         let q = job.queue();
         let id = Ulid::new();
         let task = TaskBuilder::new(job)
@@ -218,7 +224,7 @@ impl Queues {
                 }
             }
         };
-        tokio::time::timeout(self.timeout, fut)
+        tokio::time::timeout(limit, fut)
             .await
             .map_err(|_| QueueError::Timeout)??;
         Ok(id.to_string())

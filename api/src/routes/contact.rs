@@ -1,6 +1,6 @@
 //! `POST /api/contact`: validate, rate limit, queue the email.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use entity::{contact::ContactMessage, Feature};
 use poem::{web::Data, Request};
@@ -95,7 +95,10 @@ async fn contact_inner(
         max: state.settings.rate_limit_public_per_hour,
         window: Duration::from_secs(3600),
     };
-    let decision = state.limiter.check(limit, ip).await;
+    // One time budget for the whole request: the limiter and the push share it,
+    // so an unreachable Redis costs at most DEPENDENCY_TIMEOUT_MS.
+    let deadline = Instant::now() + state.settings.dependency_timeout;
+    let decision = state.limiter.check(limit, ip, deadline).await;
     if !decision.allowed {
         return Err(ApiError::RateLimited(decision.info));
     }
@@ -110,7 +113,10 @@ async fn contact_inner(
         email: message.to_email(from, inbox),
         request_id,
     });
-    match state.queues.push(job).await {
+    let budget = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(50));
+    match state.queues.push_within(job, budget).await {
         Ok(job_id) => {
             tracing::info!(job_id, "contact message queued");
             Ok((Success::yes(), decision.info))

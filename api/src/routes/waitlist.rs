@@ -91,7 +91,8 @@ async fn waitlist_inner(
         max: state.settings.rate_limit_public_per_hour,
         window: Duration::from_secs(3600),
     };
-    let decision = state.limiter.check(limit, ip).await;
+    let deadline = std::time::Instant::now() + state.settings.dependency_timeout;
+    let decision = state.limiter.check(limit, ip, deadline).await;
     if !decision.allowed {
         return Err(ApiError::RateLimited(decision.info));
     }
