@@ -126,6 +126,16 @@ pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result
         tracing::info!(feature = feature.key(), enabled = status.enabled, message = %status.message, "feature");
     }
 
+    if state.sessions.jwks_url().is_some() {
+        // Fetch the auth platform's keys now, so the first RS256/ES256 request does not wait.
+        let sessions = state.sessions.clone();
+        tokio::spawn(async move {
+            if let Err(e) = sessions.refresh_keys().await {
+                tracing::warn!(error = %e, "could not fetch the JWKS yet; will retry on demand");
+            }
+        });
+    }
+
     let worker_task = with_worker.then(|| {
         let (s, t) = (settings.clone(), shutdown.clone());
         tokio::spawn(async move { worker::runtime::run(s, t).await })

@@ -25,6 +25,10 @@ use crate::{
     queue::{Queues, PROMOTE_EVERY},
 };
 
+/// Jobs in flight per apalis worker; `WORKER_CONCURRENCY` is split across
+/// `ceil(WORKER_CONCURRENCY / PER_WORKER)` workers per queue.
+pub const PER_WORKER: usize = 16;
+
 /// How often an idle worker polls its queue for new jobs.
 pub const POLL_EVERY: Duration = Duration::from_millis(50);
 
@@ -119,13 +123,21 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
 
     let mut set = JoinSet::new();
     for q in served.iter().copied() {
-        set.spawn(supervise(
-            queues.clone(),
-            q,
-            ctx.clone(),
-            settings.worker_concurrency,
-            shutdown.clone(),
-        ));
+        // One apalis worker runs its fetches, acknowledgements and heartbeats
+        // one after another; several per queue keep Redis round trips from
+        // capping throughput. Each takes up to PER_WORKER jobs in flight.
+        let mut left = settings.worker_concurrency;
+        while left > 0 {
+            let n = left.min(PER_WORKER);
+            left -= n;
+            set.spawn(supervise(
+                queues.clone(),
+                q,
+                ctx.clone(),
+                n,
+                shutdown.clone(),
+            ));
+        }
     }
     set.spawn(maintain(
         queues.clone(),
