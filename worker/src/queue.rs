@@ -7,7 +7,9 @@
 //!   (re)connecting `ConnectionManager` with bounded timeouts.
 //! * unset: apalis-sqlite in `<DATA_DIR>/queue.db`.
 //!
-//! Two apalis-redis 1.0 defects are neutralised here:
+//! Three apalis-redis 1.0 defects are neutralised here (the third, a
+//! per-job scan of the whole backlog when leasing, by `lock_tasks(false)` in
+//! [`redis_config`]):
 //! * its `fetch_next.lua` moves *all* due jobs from `{queue}:scheduled` to the
 //!   active list with one Lua `unpack`, which fails past ~8,000 ids and then
 //!   every fetch fails. [`Queues::promote_due`] moves due jobs in bounded
@@ -108,6 +110,14 @@ pub fn redis_config(name: &str) -> apalis_redis::Config {
         .heartbeat_interval(HEARTBEAT)
         .missed_heartbeats(MISSED_HEARTBEATS)
         .emit_events(false)
+        // apalis-redis 1.0's acquire_leases.lua runs `LREM {queue}:active` per
+        // task: a scan of the whole backlog for every job (~350 jobs/s with
+        // 150k waiting, and Redis so busy that heartbeats slip and jobs are
+        // re-queued as orphans). Leases only matter for jobs that outlive the
+        // orphan threshold (20 s); ours are bounded well below it
+        // (EMAIL_TIMEOUT_SECS ≤ 10 by default), and orphan recovery still works
+        // from each worker's in-flight set.
+        .lock_tasks(false)
 }
 
 impl Queues {
