@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 DUR=${DUR:-15s}
 CONN=${CONN:-64}
 THREADS=${THREADS:-2}
-PEER=127.0.0.1:9999
+PEER=127.0.0.1:${PEER_PORT:-19999}
 API_PORT=${API_PORT:-18080}
 DB=bench_$$
 PREFIX=bench$$
@@ -29,7 +29,9 @@ cleanup() {
 trap cleanup EXIT
 
 psql -h 127.0.0.1 -U postgres -qc "create database $DB"
+if curl -s -o /dev/null "http://$PEER/count"; then echo "port of $PEER is taken; set PEER_PORT" >&2; exit 1; fi
 "$BIN/examples/bench_peer" "$PEER" > "$OUT/peer.log" 2>&1 & PEER_PID=$!
+for _ in $(seq 1 50); do curl -s -o /dev/null "http://$PEER/count" && break; sleep 0.1; done
 
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" REDIS_URL=redis://127.0.0.1:6379 \
   QUEUE_PREFIX=$PREFIX TRUST_PROXY=true RATE_LIMIT_PUBLIC_PER_HOUR=100000000 \
