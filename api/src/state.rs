@@ -7,7 +7,10 @@ use poem::{web::RemoteAddr, Request};
 use sea_orm::DatabaseConnection;
 use worker::Queues;
 
-use crate::{problem::ApiError, rate_limit::RateLimiter};
+use crate::{
+    problem::{ApiError, RateInfo},
+    rate_limit::{Limit, RateLimiter},
+};
 
 /// Shared application state (cheap to clone).
 #[derive(Clone)]
@@ -45,6 +48,28 @@ impl AppState {
             },
             detail: format!("{} is unavailable: {}", feature.key(), st.message),
         })
+    }
+
+    /// Counts this request against the public per-IP limit `name`
+    /// (`RATE_LIMIT_PUBLIC_PER_HOUR` per hour); 429 when over. The shared
+    /// store is given until `deadline`.
+    pub async fn limit_public(
+        &self,
+        name: &'static str,
+        ip: &str,
+        deadline: std::time::Instant,
+    ) -> Result<RateInfo, ApiError> {
+        let limit = Limit {
+            name,
+            max: self.settings.rate_limit_public_per_hour,
+            window: std::time::Duration::from_secs(3600),
+        };
+        let decision = self.limiter.check(limit, ip, deadline).await;
+        if decision.allowed {
+            Ok(decision.info)
+        } else {
+            Err(ApiError::RateLimited(decision.info))
+        }
     }
 
     /// 503 unless server-side writes are armed (`BACKEND_SERVICE_ROLE_KEY`).

@@ -12,7 +12,6 @@ use crate::{
     middleware::RequestId,
     payload::JsonBody,
     problem::{ApiError, RateInfo},
-    rate_limit::Limit,
     state::AppState,
 };
 
@@ -90,18 +89,10 @@ async fn contact_inner(
     body: ContactRequest,
 ) -> Result<(Success, RateInfo), ApiError> {
     state.require(Feature::Contact)?;
-    let limit = Limit {
-        name: "contact",
-        max: state.settings.rate_limit_public_per_hour,
-        window: Duration::from_secs(3600),
-    };
     // One time budget for the whole request: the limiter and the push share it,
     // so an unreachable Redis costs at most DEPENDENCY_TIMEOUT_MS.
     let deadline = Instant::now() + state.settings.dependency_timeout;
-    let decision = state.limiter.check(limit, ip, deadline).await;
-    if !decision.allowed {
-        return Err(ApiError::RateLimited(decision.info));
-    }
+    let rate = state.limit_public("contact", ip, deadline).await?;
     let message = ContactMessage::new(&body.name, &body.email, &body.message)?;
     let (Some(from), Some(inbox)) = (
         state.settings.email_from.as_deref(),
@@ -119,7 +110,7 @@ async fn contact_inner(
     match state.queues.push_within(job, budget).await {
         Ok(job_id) => {
             tracing::info!(job_id, "contact message queued");
-            Ok((Success::yes(), decision.info))
+            Ok((Success::yes(), rate))
         }
         Err(e) => {
             tracing::error!(error = %e, "could not queue contact email");

@@ -1,7 +1,5 @@
 //! `POST /api/waitlist`: store a lead once per email.
 
-use std::time::Duration;
-
 use entity::{
     waitlist::{self, Lead, WaitlistError},
     Feature,
@@ -13,7 +11,6 @@ use super::{ApiTags, Success};
 use crate::{
     payload::JsonBody,
     problem::{ApiError, RateInfo},
-    rate_limit::Limit,
     state::AppState,
 };
 
@@ -86,16 +83,8 @@ async fn waitlist_inner(
     body: WaitlistRequest,
 ) -> Result<(Success, RateInfo), ApiError> {
     state.require(Feature::Waitlist)?;
-    let limit = Limit {
-        name: "waitlist",
-        max: state.settings.rate_limit_public_per_hour,
-        window: Duration::from_secs(3600),
-    };
     let deadline = std::time::Instant::now() + state.settings.dependency_timeout;
-    let decision = state.limiter.check(limit, ip, deadline).await;
-    if !decision.allowed {
-        return Err(ApiError::RateLimited(decision.info));
-    }
+    let rate = state.limit_public("waitlist", ip, deadline).await?;
     let lead = Lead::new(&body.email, body.name.as_deref())?;
     match tokio::time::timeout(
         state.settings.dependency_timeout,
@@ -103,7 +92,7 @@ async fn waitlist_inner(
     )
     .await
     {
-        Ok(Ok(())) => Ok((Success::yes(), decision.info)),
+        Ok(Ok(())) => Ok((Success::yes(), rate)),
         Ok(Err(WaitlistError::AlreadyRegistered)) => Err(ApiError::Conflict(
             "already_registered",
             "this email is already on the waitlist".into(),

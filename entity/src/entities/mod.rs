@@ -17,6 +17,49 @@
 //!
 //! The schema itself is created by the `migration` crate; keep both in step.
 
+/// Implements `ActiveModelBehavior` for the module's `ActiveModel`: on insert
+/// the creation column is set to now when left `NotSet`; with a second column,
+/// that one is set to now on every insert and update unless the caller set it.
+macro_rules! timestamps {
+    ($created:ident) => {
+        #[async_trait::async_trait]
+        impl sea_orm::ActiveModelBehavior for ActiveModel {
+            /// Fills the creation time on insert when not set.
+            async fn before_save<C: sea_orm::ConnectionTrait>(
+                mut self,
+                _db: &C,
+                insert: bool,
+            ) -> Result<Self, sea_orm::DbErr> {
+                if insert && self.$created.is_not_set() {
+                    self.$created = sea_orm::Set(chrono::Utc::now());
+                }
+                Ok(self)
+            }
+        }
+    };
+    ($created:ident, $updated:ident) => {
+        #[async_trait::async_trait]
+        impl sea_orm::ActiveModelBehavior for ActiveModel {
+            /// Fills the creation time on insert when not set, and the update
+            /// time on every save unless the caller set it.
+            async fn before_save<C: sea_orm::ConnectionTrait>(
+                mut self,
+                _db: &C,
+                insert: bool,
+            ) -> Result<Self, sea_orm::DbErr> {
+                let now = chrono::Utc::now();
+                if insert && self.$created.is_not_set() {
+                    self.$created = sea_orm::Set(now);
+                }
+                if !self.$updated.is_set() {
+                    self.$updated = sea_orm::Set(now);
+                }
+                Ok(self)
+            }
+        }
+    };
+}
+
 pub mod prelude;
 
 pub mod ai_usage;

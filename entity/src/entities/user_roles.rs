@@ -2,7 +2,6 @@
 //! (primary key = `users.id`, deleted with the user).
 
 use sea_orm::entity::prelude::*;
-use sea_orm::ActiveValue::Set;
 use serde::{Deserialize, Serialize};
 
 /// Authorization role, stored as text: `admin` or `member`.
@@ -64,22 +63,4 @@ impl Related<super::users::Entity> for Entity {
     }
 }
 
-#[async_trait::async_trait]
-impl ActiveModelBehavior for ActiveModel {
-    /// Fills `created_at`/`updated_at` on insert when not set, and sets
-    /// `updated_at` to now on update unless the caller set it.
-    async fn before_save<C: ConnectionTrait>(
-        mut self,
-        _db: &C,
-        insert: bool,
-    ) -> Result<Self, DbErr> {
-        let now = chrono::Utc::now();
-        if insert && self.created_at.is_not_set() {
-            self.created_at = Set(now);
-        }
-        if !self.updated_at.is_set() {
-            self.updated_at = Set(now);
-        }
-        Ok(self)
-    }
-}
+timestamps!(created_at, updated_at);

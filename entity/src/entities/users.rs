@@ -2,7 +2,6 @@
 //! every per-user table points here.
 
 use sea_orm::entity::prelude::*;
-use sea_orm::ActiveValue::Set;
 use serde::{Deserialize, Serialize};
 
 /// A user account.
@@ -70,17 +69,4 @@ impl Related<super::ai_usage::Entity> for Entity {
     }
 }
 
-#[async_trait::async_trait]
-impl ActiveModelBehavior for ActiveModel {
-    /// Fills `created_at` with the current time on insert when it is not set.
-    async fn before_save<C: ConnectionTrait>(
-        mut self,
-        _db: &C,
-        insert: bool,
-    ) -> Result<Self, DbErr> {
-        if insert && self.created_at.is_not_set() {
-            self.created_at = Set(chrono::Utc::now());
-        }
-        Ok(self)
-    }
-}
+timestamps!(created_at);

@@ -7,7 +7,6 @@
 //! `SqlErr::UniqueConstraintViolation`. Never insert an un-normalized address.
 
 use sea_orm::entity::prelude::*;
-use sea_orm::ActiveValue::Set;
 use serde::{Deserialize, Serialize};
 
 /// A waitlist sign-up.
@@ -31,17 +30,4 @@ pub struct Model {
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
 pub enum Relation {}
 
-#[async_trait::async_trait]
-impl ActiveModelBehavior for ActiveModel {
-    /// Fills `created_at` with the current time on insert when it is not set.
-    async fn before_save<C: ConnectionTrait>(
-        mut self,
-        _db: &C,
-        insert: bool,
-    ) -> Result<Self, DbErr> {
-        if insert && self.created_at.is_not_set() {
-            self.created_at = Set(chrono::Utc::now());
-        }
-        Ok(self)
-    }
-}
+timestamps!(created_at);

@@ -3,7 +3,6 @@
 //! (`dedupe_key` is unique) and unsettled events can be replayed.
 
 use sea_orm::entity::prelude::*;
-use sea_orm::ActiveValue::Set;
 use serde::{Deserialize, Serialize};
 
 /// A received provider webhook.
@@ -42,17 +41,4 @@ pub struct Model {
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
 pub enum Relation {}
 
-#[async_trait::async_trait]
-impl ActiveModelBehavior for ActiveModel {
-    /// Fills `received_at` with the current time on insert when it is not set.
-    async fn before_save<C: ConnectionTrait>(
-        mut self,
-        _db: &C,
-        insert: bool,
-    ) -> Result<Self, DbErr> {
-        if insert && self.received_at.is_not_set() {
-            self.received_at = Set(chrono::Utc::now());
-        }
-        Ok(self)
-    }
-}
+timestamps!(received_at);
