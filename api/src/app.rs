@@ -26,8 +26,19 @@ use crate::{
 /// Largest request body accepted on JSON routes, in bytes (64 KiB).
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-/// Every API operation.
-pub type Apis = (
+/// Declares the API set once: the `Apis` type and the value that builds it.
+macro_rules! api_set {
+    ($($api:ident),+ $(,)?) => {
+        /// Every API operation.
+        pub type Apis = ($($api,)+);
+
+        fn apis() -> Apis {
+            ($($api,)+)
+        }
+    };
+}
+
+api_set!(
     ContactApi,
     WaitlistApi,
     HealthApi,
@@ -51,14 +62,7 @@ off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 
 /// The OpenAPI service (also what `api openapi` prints).
 pub fn openapi() -> OpenApiService<Apis, ()> {
     OpenApiService::new(
-        (
-            ContactApi,
-            WaitlistApi,
-            HealthApi,
-            SubscriptionApi,
-            ProfileApi,
-            AdminApi,
-        ),
+        apis(),
         "Subscription backend API",
         env!("CARGO_PKG_VERSION"),
     )

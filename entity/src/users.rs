@@ -8,8 +8,9 @@
 
 use chrono::Utc;
 use sea_orm::{
-    sea_query::Expr, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, Set,
-    SqliteTransactionMode, TransactionOptions, TransactionSession, TransactionTrait,
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbErr, EntityTrait,
+    QueryFilter, Set, SqliteTransactionMode, TransactionOptions, TransactionSession,
+    TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -127,47 +128,51 @@ where
     };
 
     let txn = begin_write(db).await?;
-    users::Entity::insert(users::ActiveModel {
-        id: Set(uid),
-        email: Set(id.email.clone()),
-        created_at: Set(now),
-    })
-    .on_conflict_do_nothing()
-    .exec_without_returning(&txn)
+    insert_if_absent(
+        &txn,
+        users::ActiveModel {
+            id: Set(uid),
+            email: Set(id.email.clone()),
+            created_at: Set(now),
+        },
+    )
     .await?;
-    profiles::Entity::insert(profiles::ActiveModel {
-        user_id: Set(uid),
-        full_name: Set(None),
-        avatar_path: Set(None),
-        avatar_url: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    })
-    .on_conflict_do_nothing()
-    .exec_without_returning(&txn)
+    insert_if_absent(
+        &txn,
+        profiles::ActiveModel {
+            user_id: Set(uid),
+            full_name: Set(None),
+            avatar_path: Set(None),
+            avatar_url: Set(None),
+            created_at: Set(now),
+            updated_at: Set(now),
+        },
+    )
     .await?;
-    subscriptions::Entity::insert(subscriptions::ActiveModel {
-        user_id: Set(uid),
-        plan: Set(plans::FREE.to_string()),
-        status: Set(SubscriptionStatus::Active),
-        cancel_at_period_end: Set(false),
-        current_period_start: Set(None),
-        current_period_end: Set(None),
-        canceled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    })
-    .on_conflict_do_nothing()
-    .exec_without_returning(&txn)
+    insert_if_absent(
+        &txn,
+        subscriptions::ActiveModel {
+            user_id: Set(uid),
+            plan: Set(plans::FREE.to_string()),
+            status: Set(SubscriptionStatus::Active),
+            cancel_at_period_end: Set(false),
+            current_period_start: Set(None),
+            current_period_end: Set(None),
+            canceled_at: Set(None),
+            created_at: Set(now),
+            updated_at: Set(now),
+        },
+    )
     .await?;
-    user_roles::Entity::insert(user_roles::ActiveModel {
-        user_id: Set(uid),
-        role: Set(role),
-        created_at: Set(now),
-        updated_at: Set(now),
-    })
-    .on_conflict_do_nothing()
-    .exec_without_returning(&txn)
+    insert_if_absent(
+        &txn,
+        user_roles::ActiveModel {
+            user_id: Set(uid),
+            role: Set(role),
+            created_at: Set(now),
+            updated_at: Set(now),
+        },
+    )
     .await?;
 
     // Read back: a concurrent request (or an earlier partial state) may have
@@ -218,6 +223,20 @@ pub(crate) async fn begin_write<C: TransactionTrait>(db: &C) -> Result<C::Transa
         ..Default::default()
     })
     .await
+}
+
+/// `INSERT … ON CONFLICT (primary key) DO NOTHING`: first-sight rows that a
+/// concurrent request may have written already.
+async fn insert_if_absent<C, A>(db: &C, row: A) -> Result<(), DbErr>
+where
+    C: ConnectionTrait,
+    A: ActiveModelTrait + Send,
+{
+    <A::Entity as EntityTrait>::insert(row)
+        .on_conflict_do_nothing()
+        .exec_without_returning(db)
+        .await
+        .map(|_| ())
 }
 
 #[cfg(test)]
