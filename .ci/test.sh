@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: makes sure PostgreSQL and Redis run
-# (starting them, and installing them with apt-get when missing and we are root),
+# (starting them, and installing them with apt-get when missing and we are root)
+# and that s3s-fs (an S3 server) is installed (cargo install when missing),
 # builds the binaries, then runs every test. The SMTP sink and the fake
 # provider APIs are started by the tests themselves, one per test.
 #
@@ -51,8 +52,17 @@ ensure_redis() {
   redis-cli -h 127.0.0.1 -p 6379 ping
 }
 
+# A real S3 server that checks SigV4 signatures, for the object-store tests.
+ensure_s3s_fs() {
+  export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+  if have s3s-fs; then return 0; fi
+  log "installing s3s-fs (S3 server for the storage tests)"
+  cargo install --locked --quiet s3s-fs@0.14.1 --features binary
+}
+
 ensure_postgres
 ensure_redis
+ensure_s3s_fs
 
 log "building"
 cargo build --workspace --bins --quiet

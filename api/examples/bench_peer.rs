@@ -4,6 +4,14 @@
 //!
 //! `cargo run --release -p api --example bench_peer -- 127.0.0.1:9999`
 //! `GET /count` returns the number of emails received so far.
+//! `GET /auth/v1/.well-known/jwks.json` publishes a fixed ES256 key (kid
+//! `bench-es256`), as the auth platform does, for the session benchmarks.
+//!
+//! Token minting for wrk scripts (one token per line, distinct users):
+//! `bench_peer tokens HS256 <secret> 1000`, `bench_peer tokens ES256 - 1000`.
+//! Upload grants for the avatar benchmark:
+//! `bench_peer grants <BACKEND_SERVICE_ROLE_KEY> 16 <bytes>` prints
+//! `<user id> <token>` lines.
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
@@ -31,16 +39,102 @@ fn counted(count: Data<&Arc<AtomicU64>>) -> String {
     count.load(Ordering::Relaxed).to_string()
 }
 
+/// A P-256 key for the ES256 benchmark only (never used elsewhere).
+const EC_PRIVATE_PEM: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgknDYndBpxWONqTD8
+NPT9Gzjc/iTeC6FOteYdlxAnCsyhRANCAAQbo2lO0AwFycRWCcuJr4OCTGofaEZc
+eHt24j4awvQGo4qeBiA/zF6OyC1Z3X6GtuST/RE5C8T3X1Y/OmlJn5gh
+-----END PRIVATE KEY-----
+";
+const EC_X: &str = "G6NpTtAMBcnEVgnLia-DgkxqH2hGXHh7duI-GsL0BqM";
+const EC_Y: &str = "ip4GID_MXo7ILVndfoa25JP9ETkLxPdfVj86aUmfmCE";
+const KID: &str = "bench-es256";
+
+#[handler]
+fn jwks() -> poem::Response {
+    let body = format!(
+        r#"{{"keys":[{{"kty":"EC","kid":"{KID}","use":"sig","alg":"ES256","crv":"P-256","x":"{EC_X}","y":"{EC_Y}"}}]}}"#
+    );
+    poem::Response::builder()
+        .content_type("application/json")
+        .body(body)
+}
+
+/// Prints `n` session tokens of distinct users, valid for 2 hours.
+fn tokens(alg: &str, secret: &str, n: usize) {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    let (header, key) = match alg {
+        "HS256" => (
+            Header::new(Algorithm::HS256),
+            EncodingKey::from_secret(secret.as_bytes()),
+        ),
+        "ES256" => {
+            let mut h = Header::new(Algorithm::ES256);
+            h.kid = Some(KID.into());
+            (
+                h,
+                EncodingKey::from_ec_pem(EC_PRIVATE_PEM.as_bytes()).expect("EC key"),
+            )
+        }
+        other => panic!("unknown alg {other}: HS256 or ES256"),
+    };
+    let now = chrono::Utc::now().timestamp();
+    for i in 0..n {
+        let claims = serde_json::json!({
+            "sub": uuid::Uuid::now_v7().to_string(),
+            "email": format!("bench{i}@example.com"),
+            "aud": "authenticated",
+            "role": "authenticated",
+            "iat": now,
+            "exp": now + 7200,
+        });
+        println!(
+            "{}",
+            jsonwebtoken::encode(&header, &claims, &key).expect("sign")
+        );
+    }
+}
+
+/// Prints `n` lines `<user id> <upload token>` granting `size` bytes of PNG.
+fn grants(key: &str, n: usize, size: i64) {
+    use entity::avatar::{UploadGrant, UploadRequest};
+    for _ in 0..n {
+        let user = uuid::Uuid::now_v7();
+        let req = UploadRequest::new(size, "image/png").expect("valid grant request");
+        let token = UploadGrant::new(user, req, chrono::Utc::now()).sign(key);
+        println!("{user} {token}");
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
+    match arg(1).as_str() {
+        "tokens" => {
+            tokens(&arg(2), &arg(3), arg(4).parse().unwrap_or(1000));
+            return Ok(());
+        }
+        "grants" => {
+            grants(
+                &arg(2),
+                arg(3).parse().unwrap_or(16),
+                arg(4).parse().unwrap_or(2 * 1024 * 1024),
+            );
+            return Ok(());
+        }
+        _ => {}
+    }
+    let addr = args
+        .get(1)
+        .cloned()
         .unwrap_or_else(|| "127.0.0.1:9999".into());
     let count = Arc::new(AtomicU64::new(0));
     let app = Route::new()
         .at("/bare", get(bare))
         .at("/emails", post(emails))
         .at("/count", get(counted))
+        .at("/auth/v1/.well-known/jwks.json", get(jwks))
         .data(count);
     println!("bench peer on http://{addr}");
     Server::new(TcpListener::bind(addr)).run(app).await

@@ -17,8 +17,9 @@ use crate::{
     middleware::{BodyLimit, Observe},
     rate_limit::RateLimiter,
     routes::{
-        admin::AdminApi, contact::ContactApi, health::HealthApi, profile::ProfileApi,
-        subscription::SubscriptionApi, waitlist::WaitlistApi,
+        admin::AdminApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
+        profile::ProfileApi, storage::StorageApi, subscription::SubscriptionApi,
+        waitlist::WaitlistApi,
     },
     state::AppState,
 };
@@ -44,14 +45,20 @@ api_set!(
     HealthApi,
     SubscriptionApi,
     ProfileApi,
+    AvatarApi,
     AdminApi,
+    StorageApi,
 );
 
 const DESCRIPTION: &str = "\
 JSON API of the subscription backend. Every error is RFC 9457 problem details \
 (`application/problem+json`) with a stable `code`, an `error` string equal to `detail`, \
 and `field` naming the request field at fault. Every answer carries `x-request-id` \
-(the client's own when it sent a sane one). Request bodies above 64 KiB get 413. \
+(the client's own when it sent a sane one). Request bodies under `/api` above 64 KiB \
+get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
+`POST /api/profile/avatar` grants a signed upload, the file goes to \
+`PUT /storage/v1/object/upload/sign/avatars/{user_id}/avatar?token=…` (at most 2 MiB, \
+JPEG, PNG, WebP or GIF) and is served by `GET /storage/v1/object/public/avatars/{user_id}/avatar`. \
 Unknown JSON fields are rejected (400 `unknown_field`). Rate-limited routes answer with \
 `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch seconds), \
 and `Retry-After` (seconds) on 429; the client IP is the socket peer, or the first \
@@ -67,7 +74,6 @@ pub fn openapi() -> OpenApiService<Apis, ()> {
         env!("CARGO_PKG_VERSION"),
     )
     .description(DESCRIPTION)
-    .server("/api")
 }
 
 /// The whole HTTP application: `/api/*`, `/api/openapi.json`, `/api/docs`.
@@ -76,8 +82,13 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let spec = service.spec_endpoint();
     let docs = service.scalar();
     let swagger = service.swagger_ui();
+    let endpoint = Arc::new(service.into_endpoint());
     Route::new()
-        .nest("/api", service.into_endpoint().with(BodyLimit(BODY_LIMIT)))
+        // One service, two mounts: JSON routes under /api with the body
+        // limit, the storage routes (uploads stream and bound their own size)
+        // under /storage.
+        .nest_no_strip("/api", endpoint.clone().with(BodyLimit(BODY_LIMIT)))
+        .nest_no_strip("/storage", endpoint)
         .at("/api/openapi.json", spec)
         .nest("/api/docs", docs)
         .nest("/api/swagger", swagger)
@@ -106,6 +117,7 @@ pub async fn build_state(
             .context("applying migrations")?;
     }
     let queues = worker::runtime::connect_queues(&settings, shutdown).await?;
+    let storage = worker::storage::Storage::open(&settings.storage_url)?;
     let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);
     Ok(AppState {
         sessions: crate::session::SessionVerifier::from_settings(&settings),
@@ -116,6 +128,7 @@ pub async fn build_state(
         queues,
         limiter,
         probes: Default::default(),
+        storage,
     })
 }
 

@@ -118,15 +118,18 @@ pub enum ApiError {
     /// 401 with a code (`missing_token`, `invalid_token`, `token_expired`, …).
     #[error("{1}")]
     Unauthorized(&'static str, String),
-    /// 403: logged in, but not allowed.
-    #[error("{0}")]
-    Forbidden(String),
+    /// 403 with a code: logged in (or holding a token), but not allowed.
+    #[error("{1}")]
+    Forbidden(&'static str, String),
     /// 404 with a code.
     #[error("{1}")]
     NotFound(&'static str, String),
     /// 409 with a code.
     #[error("{1}")]
     Conflict(&'static str, String),
+    /// 413: the body is larger than allowed.
+    #[error("{0}")]
+    TooLarge(String),
     /// 429 with the limit state.
     #[error("rate limit exceeded")]
     RateLimited(RateInfo),
@@ -156,7 +159,8 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::Unauthorized(..) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(..) => StatusCode::FORBIDDEN,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotFound(..) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -174,8 +178,9 @@ impl ApiError {
             ApiError::Unauthorized(code, m)
             | ApiError::NotFound(code, m)
             | ApiError::Conflict(code, m)
-            | ApiError::Invalid(code, m) => Problem::new(status, code, m.clone(), None),
-            ApiError::Forbidden(m) => Problem::new(status, "forbidden", m.clone(), None),
+            | ApiError::Invalid(code, m)
+            | ApiError::Forbidden(code, m) => Problem::new(status, code, m.clone(), None),
+            ApiError::TooLarge(m) => Problem::new(status, "payload_too_large", m.clone(), None),
             ApiError::RateLimited(r) => Problem::new(
                 status,
                 "rate_limited",

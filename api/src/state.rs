@@ -29,6 +29,8 @@ pub struct AppState {
     pub limiter: RateLimiter,
     /// Session token verifier (HS256 secret and JWKS cache).
     pub sessions: crate::session::SessionVerifier,
+    /// The object store (avatars).
+    pub storage: worker::storage::Storage,
     /// Health probe results shared by concurrent health requests.
     pub probes: Arc<crate::routes::health::ProbeCache>,
 }
@@ -83,6 +85,16 @@ impl AppState {
                     .into(),
             })
         }
+    }
+
+    /// The key that signs and checks avatar upload tokens
+    /// (`BACKEND_SERVICE_ROLE_KEY`); 503 `not_configured` without it.
+    pub fn upload_signing_key(&self) -> Result<&str, ApiError> {
+        self.require_server_writes()?;
+        self.settings
+            .backend_service_role_key
+            .as_deref()
+            .ok_or_else(|| ApiError::internal("server-side writes ready without a key"))
     }
 
     /// The client's IP: the socket peer, or the first `X-Forwarded-For` hop

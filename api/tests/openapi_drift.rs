@@ -18,9 +18,12 @@ fn every_operation_documents_its_errors_and_an_example() {
     let spec: serde_json::Value = serde_json::from_str(&api::app::openapi().spec()).unwrap();
     let paths = spec["paths"].as_object().unwrap();
     assert!(
-        paths.contains_key("/contact")
-            && paths.contains_key("/waitlist")
-            && paths.contains_key("/health")
+        paths.contains_key("/api/contact")
+            && paths.contains_key("/api/waitlist")
+            && paths.contains_key("/api/health")
+            && paths.contains_key("/api/profile/avatar")
+            && paths.contains_key("/storage/v1/object/upload/sign/avatars/{user_id}/avatar")
+            && paths.contains_key("/storage/v1/object/public/avatars/{user_id}/avatar")
     );
     for (path, ops) in paths {
         for (method, op) in ops.as_object().unwrap() {
@@ -38,7 +41,7 @@ fn every_operation_documents_its_errors_and_an_example() {
                     "{method} {path} has no JSON request body"
                 );
             }
-            if method == "post" && (path == "/contact" || path == "/waitlist") {
+            if method == "post" && (path == "/api/contact" || path == "/api/waitlist") {
                 assert!(
                     responses.contains_key("429"),
                     "{method} {path} is rate limited but documents no 429"
@@ -60,9 +63,10 @@ fn every_operation_documents_its_errors_and_an_example() {
     }
     let schemas = spec["components"]["schemas"].as_object().unwrap();
     for (path, op) in [
-        ("/subscription", "post"),
-        ("/profile", "post"),
-        ("/admin/users/role", "post"),
+        ("/api/subscription", "post"),
+        ("/api/profile", "post"),
+        ("/api/profile/avatar", "post"),
+        ("/api/admin/users/role", "post"),
     ] {
         let o = &spec["paths"][path][op];
         assert!(
@@ -81,7 +85,16 @@ fn every_operation_documents_its_errors_and_an_example() {
         "SubscriptionRequest",
         "ProfileRequest",
         "RoleRequest",
+        "AvatarUploadRequest",
     ] {
         assert!(!schemas[name]["example"].is_null(), "{name} has no example");
+    }
+    // The signed upload answers every refusal the route makes.
+    let upload = &spec["paths"]["/storage/v1/object/upload/sign/avatars/{user_id}/avatar"]["put"];
+    for status in ["400", "401", "403", "413", "503"] {
+        assert!(
+            upload["responses"].get(status).is_some(),
+            "the signed upload documents no {status}"
+        );
     }
 }

@@ -6,6 +6,7 @@ pub mod jobs;
 pub mod mailer;
 pub mod queue;
 pub mod runtime;
+pub mod storage;
 
 pub use jobs::{Job, QueueName};
 pub use queue::{Producer, Queues};

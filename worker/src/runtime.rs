@@ -103,7 +103,13 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     }
     let db = connect_db(&settings, &shutdown).await?;
     let queues = connect_queues(&settings, &shutdown).await?;
-    let ctx = JobContext { db, mailer };
+    let storage = crate::storage::Storage::open(&settings.storage_url)
+        .context("object store (STORAGE_URL)")?;
+    let ctx = JobContext {
+        db,
+        mailer,
+        storage,
+    };
 
     // Guard the Redis backlog before the first fetch (see queue.rs).
     for q in &served {

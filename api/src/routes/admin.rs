@@ -61,7 +61,7 @@ crate::problem_responses!(
 /// Admin.
 pub struct AdminApi;
 
-#[OpenApi]
+#[OpenApi(prefix_path = "/api")]
 impl AdminApi {
     /// Set a user's role
     ///
@@ -98,7 +98,10 @@ async fn set_role_inner(
     state.require(Feature::Admin)?;
     let actor = state.authenticate(auth).await?;
     if !actor.is_admin() {
-        return Err(ApiError::Forbidden("the admin role is required".into()));
+        return Err(ApiError::Forbidden(
+            "forbidden",
+            "the admin role is required".into(),
+        ));
     }
     let target = Uuid::parse_str(body.user_id.trim())
         .map_err(|_| FieldError::new("user_id", "invalid_uuid", "user_id must be a UUID"))?;
@@ -117,7 +120,10 @@ async fn set_role_inner(
             user_id: change.user_id.to_string(),
             role: change.role.as_str().to_string(),
         }),
-        Err(RoleError::Forbidden) => Err(ApiError::Forbidden("the admin role is required".into())),
+        Err(RoleError::Forbidden) => Err(ApiError::Forbidden(
+            "forbidden",
+            "the admin role is required".into(),
+        )),
         Err(RoleError::SelfDemotion) => Err(ApiError::Invalid(
             "self_demotion",
             "an admin cannot demote their own account".into(),

@@ -55,7 +55,7 @@ crate::problem_responses!(
 /// Contact form.
 pub struct ContactApi;
 
-#[OpenApi]
+#[OpenApi(prefix_path = "/api")]
 impl ContactApi {
     /// Send a contact message
     ///

@@ -105,7 +105,7 @@ pub enum HealthResponse {
 /// Health.
 pub struct HealthApi;
 
-#[OpenApi]
+#[OpenApi(prefix_path = "/api")]
 impl HealthApi {
     /// Report readiness
     ///

@@ -3,9 +3,11 @@
 use poem_openapi::{Object, Tags};
 
 pub mod admin;
+pub mod avatar;
 pub mod contact;
 pub mod health;
 pub mod profile;
+pub mod storage;
 pub mod subscription;
 pub mod waitlist;
 
@@ -20,6 +22,8 @@ pub enum ApiTags {
     User,
     /// Admins only.
     Admin,
+    /// File storage: signed uploads and public files (the `avatars` bucket).
+    Storage,
 }
 
 /// Maps a database error: unreachable → 503 `database_unavailable`, anything

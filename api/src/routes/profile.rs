@@ -1,11 +1,15 @@
 //! `POST /api/profile`: save the caller's name and avatar references.
 
 use entity::profile::{self, ProfileInput};
-use poem::web::Data;
+use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Object, OpenApi};
 
 use super::ApiTags;
-use crate::{auth::BearerAuth, payload::JsonBody, problem::ApiError, state::AppState};
+use worker::jobs::{DeleteAvatar, Job};
+
+use crate::{
+    auth::BearerAuth, middleware::RequestId, payload::JsonBody, problem::ApiError, state::AppState,
+};
 
 /// Profile fields to save. A field left out keeps its stored value; an empty
 /// string clears it.
@@ -66,12 +70,15 @@ crate::problem_responses!(
 /// Profile.
 pub struct ProfileApi;
 
-#[OpenApi]
+#[OpenApi(prefix_path = "/api")]
 impl ProfileApi {
     /// Save the profile
     ///
     /// Saves the caller's full name and avatar references and answers the
-    /// saved profile.
+    /// saved profile. When the save removes the stored `avatar_path`, or
+    /// replaces another object key of the caller with `<user id>/avatar`, an
+    /// avatar-cleanup job deletes the old object (unless it is uploaded again
+    /// meanwhile).
     #[oai(
         path = "/profile",
         method = "post",
@@ -81,16 +88,19 @@ impl ProfileApi {
     async fn save(
         &self,
         state: Data<&AppState>,
+        req: &Request,
         auth: BearerAuth,
         body: JsonBody<ProfileRequest>,
     ) -> Result<Json<ProfileResult>, ProfileErrorResponse> {
-        Ok(Json(save_inner(&state, &auth, body.0).await?))
+        let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+        Ok(Json(save_inner(&state, &auth, request_id, body.0).await?))
     }
 }
 
 async fn save_inner(
     state: &AppState,
     auth: &BearerAuth,
+    request_id: Option<String>,
     body: ProfileRequest,
 ) -> Result<ProfileResult, ApiError> {
     state.require_server_writes()?;
@@ -104,9 +114,25 @@ async fn save_inner(
     let saved = profile::save(&state.db, user.user_id, input)
         .await
         .map_err(|e| super::db_error("saving the profile", e))?;
-    if let Some(old) = &saved.replaced_object {
-        // The avatar-cleanup job arrives with the object store (issue 3, avatars).
-        tracing::info!(object = %old, "avatar reference replaced");
+    if let Some(old) = saved.replaced_object {
+        // The profile is saved; a failed push leaves at worst one stray object
+        // of this user (logged), which the next upload to the key replaces.
+        let job = Job::DeleteAvatar(DeleteAvatar {
+            user_id: user.user_id,
+            path: old.clone(),
+            unreferenced_at: saved.profile.updated_at,
+            request_id,
+        });
+        match state
+            .queues
+            .push_within(job, state.settings.dependency_timeout)
+            .await
+        {
+            Ok(job_id) => tracing::info!(job_id, object = %old, "avatar cleanup queued"),
+            Err(e) => {
+                tracing::error!(error = %e, object = %old, "could not queue the avatar cleanup")
+            }
+        }
     }
     let p = saved.profile;
     Ok(ProfileResult {

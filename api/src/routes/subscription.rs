@@ -50,7 +50,7 @@ crate::problem_responses!(
 /// Subscription management.
 pub struct SubscriptionApi;
 
-#[OpenApi]
+#[OpenApi(prefix_path = "/api")]
 impl SubscriptionApi {
     /// Cancel or resume the subscription
     ///

@@ -53,7 +53,7 @@ crate::problem_responses!(
 /// Waitlist.
 pub struct WaitlistApi;
 
-#[OpenApi]
+#[OpenApi(prefix_path = "/api")]
 impl WaitlistApi {
     /// Join the waitlist
     ///

@@ -6,11 +6,13 @@ use std::{fmt, str::FromStr, sync::Arc};
 use apalis::prelude::{AbortError, BoxDynError};
 use serde::{Deserialize, Serialize};
 
+pub mod avatar_cleanup;
 pub mod email;
 
+pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
 
-use crate::mailer::Mailer;
+use crate::{mailer::Mailer, storage::Storage};
 
 /// A queue: one apalis storage (Redis key space `<QUEUE_PREFIX>:<name>:*`, or
 /// SQLite `job_type`), served by its own worker loop.
@@ -18,16 +20,19 @@ use crate::mailer::Mailer;
 pub enum QueueName {
     /// Outgoing email (`email`).
     Email,
+    /// Object-store housekeeping: avatar cleanup (`storage`).
+    Storage,
 }
 
 impl QueueName {
     /// Every queue, in start order.
-    pub const ALL: [QueueName; 1] = [QueueName::Email];
+    pub const ALL: [QueueName; 2] = [QueueName::Email, QueueName::Storage];
 
     /// The base name, before the `QUEUE_PREFIX`.
     pub fn as_str(self) -> &'static str {
         match self {
             QueueName::Email => "email",
+            QueueName::Storage => "storage",
         }
     }
 }
@@ -58,6 +63,8 @@ impl FromStr for QueueName {
 pub enum Job {
     /// Send one email (contact form, later notifications).
     SendEmail(SendEmail),
+    /// Delete an avatar object a profile save left unreferenced.
+    DeleteAvatar(DeleteAvatar),
 }
 
 impl Job {
@@ -65,6 +72,7 @@ impl Job {
     pub fn queue(&self) -> QueueName {
         match self {
             Job::SendEmail(_) => QueueName::Email,
+            Job::DeleteAvatar(_) => QueueName::Storage,
         }
     }
 
@@ -72,6 +80,7 @@ impl Job {
     pub fn kind(&self) -> &'static str {
         match self {
             Job::SendEmail(_) => "send_email",
+            Job::DeleteAvatar(_) => "delete_avatar",
         }
     }
 }
@@ -83,6 +92,8 @@ pub struct JobContext {
     pub db: sea_orm::DatabaseConnection,
     /// The email transport (absent when none is configured).
     pub mailer: Option<Arc<Mailer>>,
+    /// The object store (`STORAGE_URL`).
+    pub storage: Storage,
 }
 
 /// How a job attempt ended when it did not succeed.
@@ -117,5 +128,6 @@ pub async fn handle(
 ) -> Result<(), JobError> {
     match job {
         Job::SendEmail(j) => email::handle(j, task_id, attempt, ctx).await,
+        Job::DeleteAvatar(j) => avatar_cleanup::handle(j, task_id, attempt, ctx).await,
     }
 }

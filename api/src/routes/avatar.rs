@@ -1,0 +1,115 @@
+//! `POST /api/profile/avatar`: a signed upload for the caller's avatar.
+
+use chrono::Utc;
+use entity::{
+    avatar::{self, UploadGrant, UploadRequest},
+    Feature,
+};
+use poem::web::Data;
+use poem_openapi::{payload::Json, Object, OpenApi};
+
+use super::ApiTags;
+use crate::{auth::BearerAuth, payload::JsonBody, problem::ApiError, state::AppState};
+
+/// The file the client is about to upload.
+#[derive(Debug, Clone, Object)]
+#[oai(deny_unknown_fields, example)]
+pub struct AvatarUploadRequest {
+    /// Size of the file in bytes: 1 to 2,097,152 (2 MiB). The upload may not
+    /// send more bytes than this.
+    #[oai(rename = "fileSize")]
+    pub file_size: i64,
+    /// MIME type of the file: `image/jpeg`, `image/png`, `image/webp` or
+    /// `image/gif`. The upload must be of this type (checked by magic bytes).
+    #[oai(rename = "fileType")]
+    pub file_type: String,
+}
+
+impl poem_openapi::types::Example for AvatarUploadRequest {
+    fn example() -> Self {
+        AvatarUploadRequest {
+            file_size: 48_213,
+            file_type: "image/png".into(),
+        }
+    }
+}
+
+/// A signed upload: where to put the file and the token that allows it.
+#[derive(Debug, Clone, Object)]
+pub struct SignedUpload {
+    /// The storage bucket: `avatars`.
+    pub bucket: String,
+    /// The object path inside the bucket: `<user id>/avatar`.
+    pub path: String,
+    /// The signed-upload token (valid 2 hours, for this path, size and type only).
+    pub token: String,
+    /// The full upload URL: `PUT` the file's bytes here
+    /// (`{APP_URL}/storage/v1/object/upload/sign/avatars/<user id>/avatar?token=…`).
+    #[oai(rename = "signedUrl")]
+    pub signed_url: String,
+}
+
+crate::problem_responses!(
+    /// Errors of `POST /api/profile/avatar`.
+    AvatarUploadErrorResponse {
+        BadRequest = 400: "`fileSize` above 2 MB or below 1 (`file_too_large` / `invalid_size`), `fileType` not a supported image type (`unsupported_type`), or the body is not the expected JSON; `field` names the field.",
+        Unauthorized = 401: "No valid session token.",
+        PayloadTooLarge = 413: "The body exceeds 64 KiB.",
+        InternalServerError = 500: "The signed upload could not be created.",
+        ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or not configured, or server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`).",
+    }
+);
+
+/// Avatar uploads.
+pub struct AvatarApi;
+
+#[OpenApi(prefix_path = "/api")]
+impl AvatarApi {
+    /// Create a signed avatar upload
+    ///
+    /// Checks the declared size and type and answers a token, signed with
+    /// `BACKEND_SERVICE_ROLE_KEY` and valid for 2 hours, that allows one
+    /// object: `avatars/<your user id>/avatar`, at most `fileSize` bytes of
+    /// type `fileType`. Upload the bytes with
+    /// `PUT /storage/v1/object/upload/sign/avatars/<user id>/avatar?token=…`
+    /// (`signedUrl`), then save `avatar_path` = `path` with `POST /api/profile`.
+    #[oai(
+        path = "/profile/avatar",
+        method = "post",
+        operation_id = "createAvatarUpload",
+        tag = "ApiTags::User"
+    )]
+    async fn create(
+        &self,
+        state: Data<&AppState>,
+        auth: BearerAuth,
+        body: JsonBody<AvatarUploadRequest>,
+    ) -> Result<Json<SignedUpload>, AvatarUploadErrorResponse> {
+        Ok(Json(create_inner(&state, &auth, body.0).await?))
+    }
+}
+
+async fn create_inner(
+    state: &AppState,
+    auth: &BearerAuth,
+    body: AvatarUploadRequest,
+) -> Result<SignedUpload, ApiError> {
+    state.require(Feature::Auth)?;
+    let key = state.upload_signing_key()?;
+    let user = state.authenticate(auth).await?;
+    let request = UploadRequest::new(body.file_size, &body.file_type)?;
+    let grant = UploadGrant::new(user.user_id, request, Utc::now());
+    let token = grant.sign(key);
+    let signed_url = format!(
+        "{}/storage/v1/object/upload/sign/{}/{}?token={token}",
+        state.settings.app_url.trim_end_matches('/'),
+        avatar::BUCKET,
+        grant.path,
+    );
+    Ok(SignedUpload {
+        bucket: grant.bucket,
+        path: grant.path,
+        token,
+        signed_url,
+    })
+}

@@ -1,0 +1,482 @@
+//! The storage routes of the `avatars` bucket, on the paths the auth
+//! platform's storage clients use:
+//!
+//! * `PUT /storage/v1/object/upload/sign/avatars/{user_id}/avatar?token=…`:
+//!   upload to a signed URL (the token from `POST /api/profile/avatar`);
+//! * `GET /storage/v1/object/public/avatars/{user_id}/avatar`: the public file.
+
+use entity::{
+    avatar::{self, GrantError, ImageType, UploadGrant},
+    Feature,
+};
+use futures::{stream, StreamExt, TryStreamExt};
+use poem::{
+    http::{header, StatusCode},
+    web::Data,
+    Body, IntoResponse, Request, Response,
+};
+use poem_openapi::{
+    param::{Path, Query},
+    payload::{Binary, Json},
+    registry::{MetaHeader, MetaMediaType, MetaResponse, MetaResponses, MetaSchema, Registry},
+    types::Type,
+    ApiResponse, Object, OpenApi,
+};
+use uuid::Uuid;
+use worker::storage::{Fetched, UploadError};
+
+use super::ApiTags;
+use crate::{problem::ApiError, state::AppState};
+
+/// Slack allowed on a multipart body's declared length over the file's own
+/// limit (boundaries, part headers, the `cacheControl` field).
+const MULTIPART_OVERHEAD: u64 = 64 * 1024;
+
+/// The stored object.
+#[derive(Debug, Clone, Object)]
+pub struct UploadedObject {
+    /// The object's key: `avatars/<user id>/avatar`.
+    #[oai(rename = "Key")]
+    pub key: String,
+    /// The path inside the bucket: `<user id>/avatar`.
+    pub path: String,
+    /// Bytes written.
+    pub size: u64,
+}
+
+crate::problem_responses!(
+    /// Errors of the signed upload.
+    UploadErrorResponse {
+        BadRequest = 400: "The body's type is not the granted one (`type_mismatch`), its bytes are not an image of that type (`invalid_image`), it is empty (`empty_body`), or it could not be read (`invalid_body`).",
+        Unauthorized = 401: "No token (`missing_token`), a bad one (`invalid_token`) or an expired one (`token_expired`).",
+        Forbidden = 403: "The token is for another object (`token_path_mismatch`).",
+        PayloadTooLarge = 413: "The body is larger than the granted size (declared by `Content-Length`, or counted).",
+        InternalServerError = 500: "The object could not be stored.",
+        ServiceUnavailable = 503: "Auth is switched off or server-side writes are not configured, or the object store is unreachable.",
+    }
+);
+
+crate::problem_responses!(
+    /// Errors of serving an object.
+    ServeErrorResponse {
+        NotFound = 404: "No such object (`not_found`).",
+        InternalServerError = 500: "The object could not be read.",
+        ServiceUnavailable = 503: "The object store is unreachable.",
+    }
+);
+
+/// The avatar file, or "not modified".
+pub enum AvatarFile {
+    /// 200: the bytes, typed by their magic number.
+    Image {
+        /// Content type.
+        mime: &'static str,
+        /// Size in bytes.
+        size: u64,
+        /// The object's ETag, when the store has one.
+        etag: Option<String>,
+        /// The bytes.
+        body: Body,
+    },
+    /// 304: the client's `If-None-Match` is the current ETag.
+    NotModified,
+}
+
+impl IntoResponse for AvatarFile {
+    fn into_response(self) -> Response {
+        match self {
+            AvatarFile::Image {
+                mime,
+                size,
+                etag,
+                body,
+            } => {
+                let mut r = Response::builder()
+                    .status(StatusCode::OK)
+                    .content_type(mime)
+                    .header(header::CONTENT_LENGTH, size)
+                    .header(header::CACHE_CONTROL, "no-cache")
+                    .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+                if let Some(etag) = etag {
+                    r = r.header(header::ETAG, etag);
+                }
+                r.body(body)
+            }
+            AvatarFile::NotModified => Response::builder()
+                .status(StatusCode::NOT_MODIFIED)
+                .finish(),
+        }
+    }
+}
+
+impl ApiResponse for AvatarFile {
+    fn meta() -> MetaResponses {
+        let string = || String::schema_ref();
+        let header = |name: &str, description: &str| MetaHeader {
+            name: name.to_string(),
+            description: Some(description.to_string()),
+            required: false,
+            deprecated: false,
+            schema: string(),
+        };
+        let binary = || {
+            poem_openapi::registry::MetaSchemaRef::Inline(Box::new(MetaSchema {
+                format: Some("binary"),
+                ..MetaSchema::new("string")
+            }))
+        };
+        MetaResponses {
+            responses: vec![
+                MetaResponse {
+                    description: "The image; `Content-Type` is the type its bytes show. `Cache-Control: no-cache` with an `ETag`: clients revalidate and get 304 while it is unchanged.",
+                    status: Some(200),
+                    status_range: None,
+                    content: ImageType::ALL
+                        .iter()
+                        .map(|t| MetaMediaType {
+                            content_type: t.mime(),
+                            schema: binary(),
+                        })
+                        .collect(),
+                    headers: vec![
+                        header("ETag", "The object's entity tag."),
+                        header("Cache-Control", "`no-cache`."),
+                    ],
+                },
+                MetaResponse {
+                    description: "Not modified: `If-None-Match` names the current ETag.",
+                    status: Some(304),
+                    status_range: None,
+                    content: vec![],
+                    headers: vec![],
+                },
+            ],
+        }
+    }
+
+    fn register(_registry: &mut Registry) {}
+}
+
+/// Storage routes.
+pub struct StorageApi;
+
+#[OpenApi(prefix_path = "/storage/v1")]
+impl StorageApi {
+    /// Upload an avatar to a signed URL
+    ///
+    /// The body is the file: either its raw bytes with `Content-Type` equal
+    /// to the granted type, or `multipart/form-data` with the file as its
+    /// one file part (what storage clients send for a browser `File`; a part
+    /// typed `application/octet-stream` or untyped is judged by its bytes).
+    /// The token (query `token`, from `POST /api/profile/avatar`) must be
+    /// valid, unexpired and for this path; the body may not exceed the granted
+    /// size (declared `Content-Length` and counted bytes) and its leading
+    /// bytes must be an image of the granted type. The file streams to the
+    /// object store and replaces the previous avatar only once complete; on
+    /// any refusal nothing is written.
+    #[oai(
+        path = "/object/upload/sign/avatars/:user_id/avatar",
+        method = "put",
+        operation_id = "uploadToSignedUrl",
+        tag = "ApiTags::Storage"
+    )]
+    async fn upload(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        /// The uploading user's id.
+        user_id: Path<String>,
+        /// The signed-upload token.
+        token: Query<Option<String>>,
+        body: Binary<Body>,
+    ) -> Result<Json<UploadedObject>, UploadErrorResponse> {
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let upload = Upload {
+            user_id: &user_id.0,
+            token: token.0.as_deref(),
+            content_type,
+            declared,
+        };
+        Ok(Json(upload_inner(&state, upload, body.0).await?))
+    }
+
+    /// Get a public avatar
+    ///
+    /// Serves `avatars/<user_id>/avatar` with the content type its bytes show.
+    #[oai(
+        path = "/object/public/avatars/:user_id/avatar",
+        method = "get",
+        operation_id = "getPublicAvatar",
+        tag = "ApiTags::Storage"
+    )]
+    async fn serve(
+        &self,
+        state: Data<&AppState>,
+        /// The user's id.
+        user_id: Path<String>,
+        /// An ETag from an earlier answer.
+        #[oai(name = "If-None-Match")]
+        if_none_match: poem_openapi::param::Header<Option<String>>,
+    ) -> Result<AvatarFile, ServeErrorResponse> {
+        Ok(serve_inner(&state, &user_id.0, if_none_match.0).await?)
+    }
+}
+
+/// The request facts the upload checks.
+struct Upload<'a> {
+    user_id: &'a str,
+    token: Option<&'a str>,
+    content_type: &'a str,
+    declared: Option<u64>,
+}
+
+fn bad(code: &'static str, detail: impl Into<String>) -> ApiError {
+    ApiError::Invalid(code, detail.into())
+}
+
+fn too_large(max: u64) -> ApiError {
+    ApiError::TooLarge(format!(
+        "the file exceeds the {max} bytes granted by the upload token"
+    ))
+}
+
+async fn upload_inner(
+    state: &AppState,
+    upload: Upload<'_>,
+    body: Body,
+) -> Result<UploadedObject, ApiError> {
+    state.require(Feature::Auth)?;
+    let key = state.upload_signing_key()?;
+    let token = upload.token.filter(|t| !t.is_empty()).ok_or_else(|| {
+        ApiError::Unauthorized(
+            "missing_token",
+            "the upload needs the signed token: ?token=…".into(),
+        )
+    })?;
+    let path = format!("{}/avatar", upload.user_id);
+    let grant = UploadGrant::verify(key, token, avatar::BUCKET, &path).map_err(|e| match e {
+        GrantError::Expired => ApiError::Unauthorized("token_expired", e.to_string()),
+        GrantError::Invalid => ApiError::Unauthorized("invalid_token", e.to_string()),
+        GrantError::WrongObject => ApiError::Forbidden("token_path_mismatch", e.to_string()),
+    })?;
+    let granted = grant.content_type;
+    let max = grant.max_size;
+    let object_key = avatar::object_key(grant.sub);
+    let check_head = |head: &[u8]| -> Result<(), String> {
+        if head.is_empty() {
+            return Err("the body is empty".into());
+        }
+        match ImageType::sniff(head) {
+            Some(t) if t == granted => Ok(()),
+            _ => Err(format!(
+                "the file is not an image of type {}",
+                granted.mime()
+            )),
+        }
+    };
+
+    let mime: Option<mime::Mime> = upload.content_type.parse().ok();
+    let is_multipart = mime
+        .as_ref()
+        .is_some_and(|m| m.type_() == mime::MULTIPART && m.subtype() == mime::FORM_DATA);
+    let written = if is_multipart {
+        if upload
+            .declared
+            .is_some_and(|n| n > max + MULTIPART_OVERHEAD)
+        {
+            return Err(too_large(max));
+        }
+        let boundary = multer::parse_boundary(upload.content_type)
+            .map_err(|e| bad("invalid_body", format!("multipart body: {e}")))?;
+        let mut form = multer::Multipart::with_constraints(
+            body.into_bytes_stream(),
+            boundary,
+            multer::Constraints::new()
+                .size_limit(multer::SizeLimit::new().whole_stream(max + MULTIPART_OVERHEAD)),
+        );
+        let field = loop {
+            let field = form
+                .next_field()
+                .await
+                .map_err(|e| multipart_error(e, max))?
+                .ok_or_else(|| bad("empty_body", "the multipart body has no file part"))?;
+            if field.file_name().is_some() || field.content_type().is_some() {
+                break field;
+            }
+        };
+        if let Some(t) = field.content_type() {
+            let generic = t.essence_str() == "application/octet-stream";
+            if !generic && ImageType::from_mime(t.essence_str()) != Some(granted) {
+                return Err(type_mismatch(granted, t.essence_str()));
+            }
+        }
+        let field = field.map_err(|e| multipart_error(e, max));
+        put(
+            state,
+            &object_key,
+            granted,
+            Box::pin(field),
+            max,
+            check_head,
+        )
+        .await?
+    } else {
+        if ImageType::from_mime(upload.content_type) != Some(granted) {
+            return Err(type_mismatch(granted, upload.content_type));
+        }
+        if upload.declared.is_some_and(|n| n > max) {
+            return Err(too_large(max));
+        }
+        let stream = body
+            .into_bytes_stream()
+            .map_err(|e| ApiError::BadRequest(format!("reading the body failed: {e}")));
+        put(
+            state,
+            &object_key,
+            granted,
+            Box::pin(stream),
+            max,
+            check_head,
+        )
+        .await?
+    };
+    tracing::info!(key = %object_key, bytes = written, "avatar uploaded");
+    Ok(UploadedObject {
+        key: object_key,
+        path: grant.path,
+        size: written,
+    })
+}
+
+fn type_mismatch(granted: ImageType, got: &str) -> ApiError {
+    bad(
+        "type_mismatch",
+        format!(
+            "the upload token allows {} only; the body is {:?}",
+            granted.mime(),
+            got
+        ),
+    )
+}
+
+fn multipart_error(e: multer::Error, max: u64) -> ApiError {
+    match e {
+        multer::Error::StreamSizeExceeded { .. } | multer::Error::FieldSizeExceeded { .. } => {
+            too_large(max)
+        }
+        e => bad("invalid_body", format!("multipart body: {e}")),
+    }
+}
+
+/// Streams `body` into the store under the upload's limits and maps the outcome.
+async fn put<S>(
+    state: &AppState,
+    key: &str,
+    granted: ImageType,
+    body: S,
+    max: u64,
+    check_head: impl FnOnce(&[u8]) -> Result<(), String>,
+) -> Result<u64, ApiError>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, ApiError>> + Unpin,
+{
+    // The body stream reports its own failures as ApiError; keep the first one.
+    let mut failure: Option<ApiError> = None;
+    let body = body.map(|r| {
+        r.map_err(|e| {
+            let text = e.to_string();
+            failure.get_or_insert(e);
+            text
+        })
+    });
+    let result = state
+        .storage
+        .put_bounded(
+            key,
+            granted.mime(),
+            body,
+            max,
+            avatar::SNIFF_LEN,
+            check_head,
+        )
+        .await;
+    match result {
+        Ok(n) => Ok(n),
+        Err(UploadError::TooLarge { max }) => Err(too_large(max)),
+        Err(UploadError::Rejected(reason)) if reason == "the body is empty" => {
+            Err(bad("empty_body", reason))
+        }
+        Err(UploadError::Rejected(reason)) => Err(bad("invalid_image", reason)),
+        Err(UploadError::Body(reason)) => Err(failure.unwrap_or(ApiError::BadRequest(reason))),
+        Err(UploadError::Store(e)) => Err(store_error("storing the avatar", e)),
+    }
+}
+
+/// Maps an object-store failure: unreachable → 503, anything else → 500.
+fn store_error(what: &str, e: object_store::Error) -> ApiError {
+    tracing::error!(error = %e, "{what}: object store failed");
+    match e {
+        object_store::Error::Generic { .. } => ApiError::Unavailable {
+            code: "storage_unavailable",
+            detail: "the object store is unreachable; try again shortly".into(),
+        },
+        e => ApiError::internal(format!("{what}: {e}")),
+    }
+}
+
+async fn serve_inner(
+    state: &AppState,
+    user_id: &str,
+    if_none_match: Option<String>,
+) -> Result<AvatarFile, ApiError> {
+    let not_found = || ApiError::NotFound("not_found", "no such object".into());
+    let user = Uuid::parse_str(user_id).map_err(|_| not_found())?;
+    let key = avatar::object_key(user);
+    let found = match state.storage.get(&key, if_none_match).await {
+        Ok(Fetched::Found(r)) => r,
+        Ok(Fetched::NotModified) => return Ok(AvatarFile::NotModified),
+        Ok(Fetched::Missing) => return Err(not_found()),
+        Err(e) => return Err(store_error("reading the avatar", e)),
+    };
+    let size = found.meta.size;
+    let etag = found.meta.e_tag.clone();
+    let mut chunks = found.into_stream();
+    // Read enough of the head to name the type, then stream the rest.
+    let mut head: Vec<bytes::Bytes> = Vec::new();
+    let mut head_len = 0;
+    while head_len < avatar::SNIFF_LEN {
+        match chunks.next().await {
+            Some(Ok(c)) => {
+                head_len += c.len();
+                head.push(c);
+            }
+            Some(Err(e)) => return Err(store_error("reading the avatar", e)),
+            None => break,
+        }
+    }
+    let joined: Vec<u8> = head
+        .iter()
+        .flat_map(|c| c.iter().copied())
+        .take(avatar::SNIFF_LEN)
+        .collect();
+    let mime = ImageType::sniff(&joined)
+        .map(ImageType::mime)
+        .unwrap_or("application/octet-stream");
+    let rest = chunks.map_err(std::io::Error::other);
+    let body = stream::iter(head.into_iter().map(Ok)).chain(rest);
+    Ok(AvatarFile::Image {
+        mime,
+        size,
+        etag,
+        body: Body::from_bytes_stream(body),
+    })
+}

@@ -1,0 +1,274 @@
+//! The object store of uploaded files (avatars), on `object_store`.
+//!
+//! `STORAGE_URL` picks the store:
+//! * `file:///abs/dir` (default `file://<DATA_DIR>/storage`): the local
+//!   filesystem; an object `avatars/<user>/avatar` is the file
+//!   `<dir>/avatars/<user>/avatar`. Writes go to a staging file renamed into
+//!   place when complete, so a reader never sees half an object.
+//! * `s3://bucket[/prefix]`: any S3-compatible store, configured by the usual
+//!   `AWS_*` variables as `object_store` reads them (`AWS_ACCESS_KEY_ID`,
+//!   `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL` for a non-AWS
+//!   endpoint, `AWS_ALLOW_HTTP=true` for a plain-http one,
+//!   `AWS_VIRTUAL_HOSTED_STYLE_REQUEST`). Requests time out after 30 s and are
+//!   retried with backoff for up to 30 s.
+//!
+//! Used by the api (signed uploads, serving) and by the worker (avatar cleanup).
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use object_store::{
+    aws::AmazonS3Builder, local::LocalFileSystem, path::Path, prefix::PrefixStore, Attribute,
+    Attributes, ClientOptions, GetOptions, GetResult, ObjectMeta, ObjectStore, ObjectStoreExt,
+    PutMultipartOptions, RetryConfig, WriteMultipart,
+};
+
+/// Part size for the local filesystem: each part is written to the staging
+/// file as it arrives, so an upload holds about this much in memory.
+const FS_PART: usize = 64 * 1024;
+/// S3's smallest part but the last (5 MiB): an avatar (≤ 2 MiB) is one part.
+const S3_PART: usize = 5 * 1024 * 1024;
+/// Parts in flight per upload.
+const PARTS_IN_FLIGHT: usize = 2;
+
+/// Why a bounded upload did not complete. Nothing is written in any case.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// More bytes arrived than allowed.
+    #[error("the body exceeds {max} bytes")]
+    TooLarge {
+        /// The limit, in bytes.
+        max: u64,
+    },
+    /// The leading bytes were refused by the caller's check (the reason).
+    #[error("{0}")]
+    Rejected(String),
+    /// Reading the request body failed (client gone, malformed framing).
+    #[error("reading the body failed: {0}")]
+    Body(String),
+    /// The store failed.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+}
+
+/// What [`Storage::get`] found.
+#[derive(Debug)]
+pub enum Fetched {
+    /// The object: metadata and a body stream.
+    Found(GetResult),
+    /// The object still has the ETag the client named.
+    NotModified,
+    /// No such object.
+    Missing,
+}
+
+/// A handle on the configured object store (cheap to clone).
+#[derive(Clone)]
+pub struct Storage {
+    store: Arc<dyn ObjectStore>,
+    part_size: usize,
+    /// The local filesystem store keeps no attributes (content type).
+    keeps_attributes: bool,
+    url: String,
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Storage").field("url", &self.url).finish()
+    }
+}
+
+impl Storage {
+    /// Opens the store of `STORAGE_URL` (`file://…` or `s3://bucket[/prefix]`);
+    /// creates the local directory when missing. Errors name the problem
+    /// (bad URL, missing S3 settings).
+    pub fn open(storage_url: &str) -> anyhow::Result<Self> {
+        let url = url::Url::parse(storage_url)
+            .map_err(|e| anyhow::anyhow!("STORAGE_URL {storage_url:?}: {e}"))?;
+        match url.scheme() {
+            "file" => {
+                let dir = url.to_file_path().map_err(|_| {
+                    anyhow::anyhow!("STORAGE_URL {storage_url:?}: not a local path")
+                })?;
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    anyhow::anyhow!("STORAGE_URL: cannot create {}: {e}", dir.display())
+                })?;
+                let store = LocalFileSystem::new_with_prefix(&dir)?.with_automatic_cleanup(true);
+                Ok(Storage {
+                    store: Arc::new(store),
+                    part_size: FS_PART,
+                    keeps_attributes: false,
+                    url: storage_url.to_string(),
+                })
+            }
+            "s3" => {
+                let bucket = url.host_str().unwrap_or_default();
+                if bucket.is_empty() {
+                    anyhow::bail!("STORAGE_URL {storage_url:?}: s3://<bucket>[/prefix] expected");
+                }
+                let s3 = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_client_options(
+                        ClientOptions::new()
+                            .with_timeout(Duration::from_secs(30))
+                            .with_connect_timeout(Duration::from_secs(5)),
+                    )
+                    .with_retry(RetryConfig {
+                        max_retries: 5,
+                        retry_timeout: Duration::from_secs(30),
+                        ..Default::default()
+                    })
+                    .build()
+                    .map_err(|e| anyhow::anyhow!("STORAGE_URL {storage_url:?}: {e}"))?;
+                let prefix = url.path().trim_matches('/');
+                let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+                    Arc::new(s3)
+                } else {
+                    Arc::new(PrefixStore::new(s3, prefix))
+                };
+                Ok(Storage {
+                    store,
+                    part_size: S3_PART,
+                    keeps_attributes: true,
+                    url: storage_url.to_string(),
+                })
+            }
+            other => anyhow::bail!("STORAGE_URL: unsupported scheme {other:?} (file or s3)"),
+        }
+    }
+
+    /// The `STORAGE_URL` this store was opened from.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Writes the byte stream `body` to `key`, replacing any object there only
+    /// once the whole body has arrived and passed the checks; on any failure
+    /// nothing is written and the previous object stays.
+    ///
+    /// * At most `max` bytes are accepted: one more and the upload is aborted
+    ///   with [`UploadError::TooLarge`].
+    /// * `check_head` sees the first `head_len` bytes (fewer when the body is
+    ///   shorter) before anything is written; its `Err(reason)` aborts with
+    ///   [`UploadError::Rejected`].
+    ///
+    /// Memory: about one part (64 KiB on the local filesystem; on S3 the whole
+    /// object, at most `max`, since S3 parts but the last are ≥ 5 MiB).
+    /// Returns the number of bytes written.
+    pub async fn put_bounded<S, E>(
+        &self,
+        key: &str,
+        content_type: &str,
+        body: S,
+        max: u64,
+        head_len: usize,
+        check_head: impl FnOnce(&[u8]) -> Result<(), String>,
+    ) -> Result<u64, UploadError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: fmt::Display,
+    {
+        let mut body = body;
+        let mut total: u64 = 0;
+        let mut head: Vec<Bytes> = Vec::new();
+        let mut head_bytes = Vec::with_capacity(head_len);
+        // Read until the head is complete (or the body ends) before writing.
+        while head_bytes.len() < head_len {
+            let Some(chunk) = body.next().await else {
+                break;
+            };
+            let chunk = chunk.map_err(|e| UploadError::Body(e.to_string()))?;
+            total += chunk.len() as u64;
+            if total > max {
+                return Err(UploadError::TooLarge { max });
+            }
+            let want = head_len - head_bytes.len();
+            head_bytes.extend_from_slice(&chunk[..want.min(chunk.len())]);
+            head.push(chunk);
+        }
+        check_head(&head_bytes).map_err(UploadError::Rejected)?;
+
+        let mut opts = PutMultipartOptions::default();
+        if self.keeps_attributes {
+            let mut attributes = Attributes::new();
+            attributes.insert(Attribute::ContentType, content_type.to_string().into());
+            opts.attributes = attributes;
+        }
+        let location = Path::from(key);
+        let upload = self.store.put_multipart_opts(&location, opts).await?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
+        for chunk in head {
+            writer.put(chunk);
+        }
+        let streamed: Result<(), UploadError> = async {
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| UploadError::Body(e.to_string()))?;
+                total += chunk.len() as u64;
+                if total > max {
+                    return Err(UploadError::TooLarge { max });
+                }
+                writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                writer.put(chunk);
+            }
+            Ok(())
+        }
+        .await;
+        match streamed {
+            Ok(()) => {
+                writer.finish().await?;
+                Ok(total)
+            }
+            Err(e) => {
+                if let Err(abort) = writer.abort().await {
+                    tracing::warn!(key, error = %abort, "aborting a failed upload failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens `key` for reading. With `if_none_match` (an ETag the client
+    /// holds) an unchanged object answers [`Fetched::NotModified`].
+    pub async fn get(
+        &self,
+        key: &str,
+        if_none_match: Option<String>,
+    ) -> Result<Fetched, object_store::Error> {
+        let opts = GetOptions {
+            if_none_match,
+            ..Default::default()
+        };
+        match self.store.get_opts(&Path::from(key), opts).await {
+            Ok(r) => Ok(Fetched::Found(r)),
+            Err(object_store::Error::NotFound { .. }) => Ok(Fetched::Missing),
+            Err(object_store::Error::NotModified { .. }) => Ok(Fetched::NotModified),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The metadata of `key`, `None` when it does not exist.
+    pub async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, object_store::Error> {
+        match self.store.head(&Path::from(key)).await {
+            Ok(m) => Ok(Some(m)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes `key`; a missing object is not an error (deletes are idempotent).
+    pub async fn delete(&self, key: &str) -> Result<(), object_store::Error> {
+        match self.store.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `bytes` to `key` in one request (tests, imports).
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), object_store::Error> {
+        self.store
+            .put(&Path::from(key), bytes.into())
+            .await
+            .map(|_| ())
+    }
+}
