@@ -2,8 +2,10 @@
 # Load figures for BENCHMARKS.md: release api + worker against local PostgreSQL
 # and Redis, wrk on loopback, a bare poem route measured in the same run.
 #
-#   bash bench/run.sh            # needs wrk (apt-get install wrk)
+#   bash bench/run.sh            # everything; needs wrk (apt-get install wrk)
+#   bash bench/run.sh profile jwks upload   # only these sections
 #
+# Sections: bare health contact waitlist drain (issue 2), profile jwks upload (issue 3).
 # Every request loop is bounded (wrk -d); all traffic stays on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,8 @@ mkdir -p "$OUT"
 
 cargo build --release -q -p api -p worker --bins --example bench_peer
 BIN=target/release
+SECTIONS=${*:-bare health contact waitlist drain profile jwks upload}
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 cleanup() {
   kill "${API_PID:-}" "${WORKER_PID:-}" "${PEER_PID:-}" 2>/dev/null || true
@@ -37,7 +41,10 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" REDIS_URL=redis://1
   QUEUE_PREFIX=$PREFIX TRUST_PROXY=true RATE_LIMIT_PUBLIC_PER_HOUR=100000000 \
   EMAIL_PROVIDER_API_KEY=bench EMAIL_PROVIDER_BASE_URL=http://$PEER EMAIL_FROM=site@example.com \
   PLANS_FILE=config/plans.toml RUST_LOG=${RUST_LOG:-warn} HOST=127.0.0.1 PORT=$API_PORT \
-  WORKER_CONCURRENCY=${WORKER_CONCURRENCY:-64} DB_MAX_CONNECTIONS=${DB_MAX_CONNECTIONS:-32}
+  WORKER_CONCURRENCY=${WORKER_CONCURRENCY:-64} DB_MAX_CONNECTIONS=${DB_MAX_CONNECTIONS:-32} \
+  NEXT_PUBLIC_BACKEND_URL=http://$PEER NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY=pk_bench \
+  BACKEND_JWT_SECRET=bench-jwt-secret-0123456789abcdef0123 BACKEND_SERVICE_ROLE_KEY=bench-service-role \
+  STORAGE_URL=file://$PWD/$OUT/storage
 
 "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
 for _ in $(seq 1 50); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
@@ -50,12 +57,39 @@ run() { # name, wrk args...
   wrk -t"$THREADS" -c"$CONN" -d"$DUR" --latency "$@" | tee "$OUT/$name.txt" | grep -E "Requests/sec|Latency|99%|Non-2xx|Socket errors" || true
 }
 
-run bare http://$PEER/bare
-run health "$BASE/api/health"
-run contact -s bench/contact.lua "$BASE/api/contact"
-run waitlist -s bench/waitlist.lua "$BASE/api/waitlist"
+want bare && run bare http://$PEER/bare
+want health && run health "$BASE/api/health"
+want contact && run contact -s bench/contact.lua "$BASE/api/contact"
+want waitlist && run waitlist -s bench/waitlist.lua "$BASE/api/waitlist"
+
+# Authenticated profile saves: 1,000 distinct users per token kind. A 5 s pass
+# first creates the users (first sight), then the measured run.
+session_run() { # name, alg
+  "$BIN/examples/bench_peer" tokens "$2" "$BACKEND_JWT_SECRET" 1000 > "$OUT/$1.tokens"
+  TOKENS="$OUT/$1.tokens" wrk -t"$THREADS" -c"$CONN" -d5s -s bench/profile.lua "$BASE/api/profile" > /dev/null
+  TOKENS="$OUT/$1.tokens" run "$1" -s bench/profile.lua "$BASE/api/profile"
+}
+want profile && session_run profile HS256
+want jwks && session_run jwks ES256
 echo "api RSS: $(rss $API_PID)"
 
+# Avatar uploads: 16 in parallel, 2 MiB each, to the filesystem store. The
+# resting RSS is read before the first upload and the peak RSS is reset
+# (clear_refs 5) then, so the figure is all the growth uploads cause.
+if want upload; then
+  size=$((2 * 1024 * 1024))
+  python3 -c "import sys,os; sys.stdout.buffer.write(b'\x89PNG\r\n\x1a\n\0\0\0\rIHDR' + os.urandom($size - 16))" > "$OUT/avatar.png"
+  "$BIN/examples/bench_peer" grants "$BACKEND_SERVICE_ROLE_KEY" 16 "$size" > "$OUT/grants.txt"
+  rest=$(awk '/VmRSS/ {print $2}' "/proc/$API_PID/status")
+  echo 5 > "/proc/$API_PID/clear_refs"
+  AVATAR_FILE="$OUT/avatar.png" GRANTS="$OUT/grants.txt" wrk -t2 -c16 -d3s -s bench/upload.lua "$BASE" > /dev/null
+  AVATAR_FILE="$OUT/avatar.png" GRANTS="$OUT/grants.txt" CONN=16 \
+    run upload -s bench/upload.lua "$BASE"
+  peak=$(awk '/VmHWM/ {print $2}' "/proc/$API_PID/status")
+  echo "upload: api RSS before any upload $((rest / 1024)) MiB, peak during the uploads $((peak / 1024)) MiB, growth $(( (peak - rest) / 1024 )) MiB"
+fi
+
+want drain || exit 0
 # Drain: the contact run queued jobs while no worker ran; now start one.
 backlog() { echo $(( $(redis-cli llen "$PREFIX:email:active") + $(redis-cli zcard "$PREFIX:email:scheduled") )); }
 queued=$(backlog)

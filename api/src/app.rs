@@ -162,6 +162,7 @@ pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result
         .into_acceptor()
         .await
         .with_context(|| format!("cannot listen on {}:{}", settings.host, settings.port))?;
+    let acceptor = crate::listener::CappedReads::new(acceptor, crate::listener::READ_CAP);
     let addr = acceptor
         .local_addr()
         .first()

@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod listener;
 pub mod middleware;
 pub mod payload;
 pub mod problem;

@@ -19,9 +19,12 @@ use std::{fmt, sync::Arc, time::Duration};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use object_store::{
-    aws::AmazonS3Builder, local::LocalFileSystem, path::Path, prefix::PrefixStore, Attribute,
-    Attributes, ClientOptions, GetOptions, GetResult, ObjectMeta, ObjectStore, ObjectStoreExt,
-    PutMultipartOptions, RetryConfig, WriteMultipart,
+    aws::{AmazonS3Builder, AmazonS3ConfigKey},
+    local::LocalFileSystem,
+    path::Path,
+    prefix::PrefixStore,
+    Attribute, Attributes, ClientConfigKey, GetOptions, GetResult, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMultipartOptions, RetryConfig, WriteMultipart,
 };
 
 /// Part size for the local filesystem: each part is written to the staging
@@ -29,8 +32,10 @@ use object_store::{
 const FS_PART: usize = 64 * 1024;
 /// S3's smallest part but the last (5 MiB): an avatar (≤ 2 MiB) is one part.
 const S3_PART: usize = 5 * 1024 * 1024;
-/// Parts in flight per upload.
-const PARTS_IN_FLIGHT: usize = 2;
+/// Parts in flight per upload: one, so an upload holds at most two parts and
+/// keeps at most one blocking write (local filesystem) busy; the request body
+/// arrives no faster than a part is written anyway.
+const PARTS_IN_FLIGHT: usize = 1;
 
 /// Why a bounded upload did not complete. Nothing is written in any case.
 #[derive(Debug, thiserror::Error)]
@@ -50,17 +55,6 @@ pub enum UploadError {
     /// The store failed.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
-}
-
-/// What [`Storage::get`] found.
-#[derive(Debug)]
-pub enum Fetched {
-    /// The object: metadata and a body stream.
-    Found(GetResult),
-    /// The object still has the ETag the client named.
-    NotModified,
-    /// No such object.
-    Missing,
 }
 
 /// A handle on the configured object store (cheap to clone).
@@ -107,12 +101,14 @@ impl Storage {
                 if bucket.is_empty() {
                     anyhow::bail!("STORAGE_URL {storage_url:?}: s3://<bucket>[/prefix] expected");
                 }
+                // Timeouts through `with_config`, so the client settings read
+                // from the environment (AWS_ALLOW_HTTP, proxies) stay in force.
                 let s3 = AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
-                    .with_client_options(
-                        ClientOptions::new()
-                            .with_timeout(Duration::from_secs(30))
-                            .with_connect_timeout(Duration::from_secs(5)),
+                    .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "30s")
+                    .with_config(
+                        AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                        "5s",
                     )
                     .with_retry(RetryConfig {
                         max_retries: 5,
@@ -198,8 +194,11 @@ impl Storage {
         let location = Path::from(key);
         let upload = self.store.put_multipart_opts(&location, opts).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
+        // `write` copies into the part buffer, so the request's own buffers
+        // (hyper reads up to ~400 KiB at a time) are released at once
+        // instead of being kept alive by slices of them.
         for chunk in head {
-            writer.put(chunk);
+            writer.write(&chunk);
         }
         let streamed: Result<(), UploadError> = async {
             while let Some(chunk) = body.next().await {
@@ -209,7 +208,7 @@ impl Storage {
                     return Err(UploadError::TooLarge { max });
                 }
                 writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
-                writer.put(chunk);
+                writer.write(&chunk);
             }
             Ok(())
         }
@@ -228,21 +227,15 @@ impl Storage {
         }
     }
 
-    /// Opens `key` for reading. With `if_none_match` (an ETag the client
-    /// holds) an unchanged object answers [`Fetched::NotModified`].
-    pub async fn get(
-        &self,
-        key: &str,
-        if_none_match: Option<String>,
-    ) -> Result<Fetched, object_store::Error> {
-        let opts = GetOptions {
-            if_none_match,
-            ..Default::default()
-        };
-        match self.store.get_opts(&Path::from(key), opts).await {
-            Ok(r) => Ok(Fetched::Found(r)),
-            Err(object_store::Error::NotFound { .. }) => Ok(Fetched::Missing),
-            Err(object_store::Error::NotModified { .. }) => Ok(Fetched::NotModified),
+    /// Opens `key` for reading; `None` when there is no such object.
+    pub async fn get(&self, key: &str) -> Result<Option<GetResult>, object_store::Error> {
+        match self
+            .store
+            .get_opts(&Path::from(key), GetOptions::default())
+            .await
+        {
+            Ok(r) => Ok(Some(r)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }

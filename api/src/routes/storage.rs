@@ -17,13 +17,13 @@ use poem::{
 };
 use poem_openapi::{
     param::{Path, Query},
-    payload::{Binary, Json},
+    payload::Json,
     registry::{MetaHeader, MetaMediaType, MetaResponse, MetaResponses, MetaSchema, Registry},
     types::Type,
     ApiResponse, Object, OpenApi,
 };
 use uuid::Uuid;
-use worker::storage::{Fetched, UploadError};
+use worker::storage::UploadError;
 
 use super::ApiTags;
 use crate::{problem::ApiError, state::AppState};
@@ -64,6 +64,14 @@ crate::problem_responses!(
         ServiceUnavailable = 503: "The object store is unreachable.",
     }
 );
+
+/// The OpenAPI schema of raw file bytes.
+fn binary() -> poem_openapi::registry::MetaSchemaRef {
+    poem_openapi::registry::MetaSchemaRef::Inline(Box::new(MetaSchema {
+        format: Some("binary"),
+        ..MetaSchema::new("string")
+    }))
+}
 
 /// The avatar file, or "not modified".
 pub enum AvatarFile {
@@ -119,12 +127,6 @@ impl ApiResponse for AvatarFile {
             deprecated: false,
             schema: string(),
         };
-        let binary = || {
-            poem_openapi::registry::MetaSchemaRef::Inline(Box::new(MetaSchema {
-                format: Some("binary"),
-                ..MetaSchema::new("string")
-            }))
-        };
         MetaResponses {
             responses: vec![
                 MetaResponse {
@@ -155,6 +157,48 @@ impl ApiResponse for AvatarFile {
     }
 
     fn register(_registry: &mut Registry) {}
+}
+
+/// The body of a signed upload, taken as a stream whatever its content type
+/// (the route itself judges the type against the token, so a missing or
+/// wrong `Content-Type` is its `type_mismatch`, not a generic 415).
+pub struct UploadBody(pub Body);
+
+impl<'a> poem_openapi::ApiExtractor<'a> for UploadBody {
+    const TYPES: &'static [poem_openapi::ApiExtractorType] =
+        &[poem_openapi::ApiExtractorType::RequestObject];
+
+    type ParamType = ();
+    type ParamRawType = ();
+
+    fn request_meta() -> Option<poem_openapi::registry::MetaRequest> {
+        let mut content: Vec<MetaMediaType> = ImageType::ALL
+            .iter()
+            .map(|t| MetaMediaType {
+                content_type: t.mime(),
+                schema: binary(),
+            })
+            .collect();
+        content.push(MetaMediaType {
+            content_type: "multipart/form-data",
+            schema: binary(),
+        });
+        Some(poem_openapi::registry::MetaRequest {
+            description: Some(
+                "The file: raw bytes typed with the granted type, or multipart/form-data with one file part.",
+            ),
+            content,
+            required: true,
+        })
+    }
+
+    async fn from_request(
+        _request: &'a Request,
+        body: &mut poem::RequestBody,
+        _param_opts: poem_openapi::ExtractParamOptions<Self::ParamType>,
+    ) -> poem::Result<Self> {
+        Ok(UploadBody(body.take()?))
+    }
 }
 
 /// Storage routes.
@@ -188,7 +232,7 @@ impl StorageApi {
         user_id: Path<String>,
         /// The signed-upload token.
         token: Query<Option<String>>,
-        body: Binary<Body>,
+        body: UploadBody,
     ) -> Result<Json<UploadedObject>, UploadErrorResponse> {
         let content_type = req
             .headers()
@@ -433,6 +477,16 @@ fn store_error(what: &str, e: object_store::Error) -> ApiError {
     }
 }
 
+/// `If-None-Match` (RFC 9110 §13.1.2): `*`, or a list of entity tags
+/// compared weakly (a `W/` prefix ignored) with the object's `etag`.
+fn etag_matches(header: &str, etag: &str) -> bool {
+    let bare = |t: &str| t.trim().trim_start_matches("W/").to_string();
+    let etag = bare(etag);
+    header
+        .split(',')
+        .any(|t| t.trim() == "*" || bare(t) == etag)
+}
+
 async fn serve_inner(
     state: &AppState,
     user_id: &str,
@@ -441,14 +495,18 @@ async fn serve_inner(
     let not_found = || ApiError::NotFound("not_found", "no such object".into());
     let user = Uuid::parse_str(user_id).map_err(|_| not_found())?;
     let key = avatar::object_key(user);
-    let found = match state.storage.get(&key, if_none_match).await {
-        Ok(Fetched::Found(r)) => r,
-        Ok(Fetched::NotModified) => return Ok(AvatarFile::NotModified),
-        Ok(Fetched::Missing) => return Err(not_found()),
+    let found = match state.storage.get(&key).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(not_found()),
         Err(e) => return Err(store_error("reading the avatar", e)),
     };
     let size = found.meta.size;
     let etag = found.meta.e_tag.clone();
+    if let (Some(etag), Some(header)) = (&etag, &if_none_match) {
+        if etag_matches(header, etag) {
+            return Ok(AvatarFile::NotModified);
+        }
+    }
     let mut chunks = found.into_stream();
     // Read enough of the head to name the type, then stream the rest.
     let mut head: Vec<bytes::Bytes> = Vec::new();
