@@ -62,12 +62,13 @@ want health && run health "$BASE/api/health"
 want contact && run contact -s bench/contact.lua "$BASE/api/contact"
 want waitlist && run waitlist -s bench/waitlist.lua "$BASE/api/waitlist"
 
-# Authenticated profile saves: 1,000 distinct users per token kind. A 5 s pass
-# first creates the users (first sight), then the measured run.
+# Authenticated profile saves: 1,000 distinct users per token kind, over
+# SESSION_CONN (default 16) connections. A 5 s pass first creates the users
+# (first sight), then the measured run.
 session_run() { # name, alg
   "$BIN/examples/bench_peer" tokens "$2" "$BACKEND_JWT_SECRET" 1000 > "$OUT/$1.tokens"
-  TOKENS="$OUT/$1.tokens" wrk -t"$THREADS" -c"$CONN" -d5s -s bench/profile.lua "$BASE/api/profile" > /dev/null
-  TOKENS="$OUT/$1.tokens" run "$1" -s bench/profile.lua "$BASE/api/profile"
+  TOKENS="$OUT/$1.tokens" wrk -t"$THREADS" -c"${SESSION_CONN:-16}" -d5s -s bench/profile.lua "$BASE/api/profile" > /dev/null
+  TOKENS="$OUT/$1.tokens" CONN="${SESSION_CONN:-16}" run "$1" -s bench/profile.lua "$BASE/api/profile"
 }
 want profile && session_run profile HS256
 want jwks && session_run jwks ES256

@@ -1,10 +1,10 @@
 //! Saving a user's profile (`POST /api/profile`): display name and avatar
 //! references, and which stored avatar object became unreferenced.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sea_orm::{
-    ActiveModelTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IntoActiveModel, QuerySelect,
-    Set, TransactionSession, TransactionTrait,
+    ActiveModelTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, FromQueryResult,
+    IntoActiveModel, QuerySelect, Set, Statement, TransactionSession, TransactionTrait, Value,
 };
 use uuid::Uuid;
 
@@ -181,11 +181,15 @@ pub struct SavedProfile {
     pub replaced_object: Option<String>,
 }
 
-/// Applies `input` to the profile of `user_id` in one transaction (row locked
-/// with `FOR UPDATE` on PostgreSQL, `BEGIN IMMEDIATE` on SQLite) and reports
-/// the avatar object the save left unreferenced.
+/// Applies `input` to the profile of `user_id` and reports the avatar object
+/// the save left unreferenced.
 ///
-/// A missing profile row is created (the user row must exist: foreign key).
+/// On PostgreSQL this is one statement: an `UPDATE … FROM (SELECT … FOR
+/// UPDATE)` that locks the row, writes the changed fields and returns the
+/// row together with its previous `avatar_path` (the common case, one round
+/// trip). Otherwise, and when the row is missing, one transaction (row locked
+/// with `FOR UPDATE` on PostgreSQL, `BEGIN IMMEDIATE` on SQLite) reads,
+/// updates or creates it (the user row must exist: foreign key).
 ///
 /// Errors: [`DbErr`] only; `DbErr::Custom` when `input` was validated for a
 /// different user than `user_id` (a programming error, never user input).
@@ -200,6 +204,75 @@ where
         )));
     }
     let now = Utc::now();
+    if db.get_database_backend() == DbBackend::Postgres {
+        if let Some(saved) = update_returning_previous(db, user_id, &input, now).await? {
+            return Ok(saved);
+        }
+    }
+    save_in_transaction(db, user_id, input, now).await
+}
+
+/// The object a save from `old` to `new` leaves unreferenced: the old path
+/// when it changed and lies inside the user's own `<user_id>/` prefix.
+fn unreferenced(user_id: Uuid, old: Option<String>, new: Option<&String>) -> Option<String> {
+    old.filter(|p| Some(p) != new)
+        .filter(|p| p.starts_with(&format!("{user_id}/")) && !p.contains(".."))
+}
+
+/// PostgreSQL's one-statement save; `None` when the profile row is missing.
+async fn update_returning_previous<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    input: &ProfileInput,
+    now: DateTime<Utc>,
+) -> Result<Option<SavedProfile>, DbErr> {
+    let mut values: Vec<Value> = vec![user_id.into(), now.into()];
+    let mut sets = vec!["updated_at = $2".to_string()];
+    for (column, change) in [
+        ("full_name", &input.full_name),
+        ("avatar_path", &input.avatar_path),
+        ("avatar_url", &input.avatar_url),
+    ] {
+        match change {
+            FieldChange::Keep => {}
+            FieldChange::Clear => sets.push(format!("{column} = NULL")),
+            FieldChange::Set(v) => {
+                values.push(v.clone().into());
+                sets.push(format!("{column} = ${}", values.len()));
+            }
+        }
+    }
+    let sql = format!(
+        "UPDATE profiles AS p SET {} \
+         FROM (SELECT user_id, avatar_path FROM profiles WHERE user_id = $1 FOR UPDATE) AS old \
+         WHERE p.user_id = old.user_id \
+         RETURNING p.user_id, p.full_name, p.avatar_path, p.avatar_url, p.created_at, \
+         p.updated_at, old.avatar_path AS previous_avatar_path",
+        sets.join(", ")
+    );
+    let stmt = Statement::from_sql_and_values(DbBackend::Postgres, sql, values);
+    let Some(row) = db.query_one_raw(stmt).await? else {
+        return Ok(None);
+    };
+    let profile = profiles::Model::from_query_result(&row, "")?;
+    let previous: Option<String> = row.try_get("", "previous_avatar_path")?;
+    let replaced_object = unreferenced(user_id, previous, profile.avatar_path.as_ref());
+    Ok(Some(SavedProfile {
+        profile,
+        replaced_object,
+    }))
+}
+
+/// The portable save: read (locked), then update or insert, in one transaction.
+async fn save_in_transaction<C>(
+    db: &C,
+    user_id: Uuid,
+    input: ProfileInput,
+    now: DateTime<Utc>,
+) -> Result<SavedProfile, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
     let txn = begin_write(db).await?;
     let mut select = profiles::Entity::find_by_id(user_id);
     if txn.get_database_backend() == DbBackend::Postgres {
@@ -210,11 +283,7 @@ where
     let (profile, replaced_object) = match old {
         Some(old) => {
             let new_path = input.avatar_path.apply(old.avatar_path.clone());
-            let replaced = old
-                .avatar_path
-                .clone()
-                .filter(|p| Some(p) != new_path.as_ref())
-                .filter(|p| p.starts_with(&format!("{user_id}/")) && !p.contains(".."));
+            let replaced = unreferenced(user_id, old.avatar_path.clone(), new_path.as_ref());
             let full_name = input.full_name.apply(old.full_name.clone());
             let avatar_url = input.avatar_url.apply(old.avatar_url.clone());
             let mut am = old.into_active_model();
