@@ -14,7 +14,7 @@ use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    middleware::{BodyLimit, Observe},
+    middleware::{BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
     routes::{
         admin::AdminApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
@@ -88,7 +88,13 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         // limit, the storage routes (uploads stream and bound their own size)
         // under /storage.
         .nest_no_strip("/api", endpoint.clone().with(BodyLimit(BODY_LIMIT)))
-        .nest_no_strip("/storage", endpoint)
+        .nest_no_strip(
+            "/storage",
+            endpoint.with(DrainBody {
+                max_bytes: entity::avatar::MAX_BYTES + crate::routes::storage::MULTIPART_OVERHEAD,
+                max_time: Duration::from_secs(10),
+            }),
+        )
         .at("/api/openapi.json", spec)
         .nest("/api/docs", docs)
         .nest("/api/swagger", swagger)

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use futures::StreamExt;
+use futures::StreamExt as _;
 use poem::{
     http::{header, HeaderValue},
     Body, Endpoint, IntoResponse, Middleware, Request, Response, Result,
@@ -131,5 +131,95 @@ impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
             req.set_body(Body::from(buf));
         }
         Ok(self.inner.call(req).await?.into_response())
+    }
+}
+
+/// Reads and discards what is left of a request body after a refusal, up to
+/// `max_bytes` within `max_time`, before the answer goes out.
+///
+/// A route that refuses an upload early (bad token, declared size too large,
+/// wrong magic bytes) answers before reading the body. Closing an HTTP/1.1
+/// connection with unread data makes the kernel reset it, and a client still
+/// sending gets a connection error instead of the 4xx. Draining a bounded
+/// amount lets every upload within the hard limit see its answer; a body
+/// beyond the limit still gets the answer with `Connection: close`.
+pub struct DrainBody {
+    /// Most bytes read and discarded after a refusal.
+    pub max_bytes: u64,
+    /// Longest time spent discarding.
+    pub max_time: std::time::Duration,
+}
+
+impl<E: Endpoint> Middleware<E> for DrainBody {
+    type Output = DrainBodyEndpoint<E>;
+    fn transform(&self, ep: E) -> Self::Output {
+        DrainBodyEndpoint {
+            inner: ep,
+            max_bytes: self.max_bytes,
+            max_time: self.max_time,
+        }
+    }
+}
+
+/// See [`DrainBody`].
+pub struct DrainBodyEndpoint<E> {
+    inner: E,
+    max_bytes: u64,
+    max_time: std::time::Duration,
+}
+
+type SharedBody = std::sync::Arc<
+    std::sync::Mutex<futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>>,
+>;
+
+/// The request body as handed to the route: it reads from the shared stream,
+/// so what the route leaves unread is still there for the drain.
+struct SharedBodyStream(SharedBody);
+
+impl futures::Stream for SharedBodyStream {
+    type Item = std::io::Result<bytes::Bytes>;
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let mut inner = self.0.lock().expect("body stream lock poisoned");
+        inner.poll_next_unpin(cx)
+    }
+}
+
+impl<E: Endpoint> Endpoint for DrainBodyEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, mut req: Request) -> Result<Self::Output> {
+        let shared: SharedBody = std::sync::Arc::new(std::sync::Mutex::new(
+            req.take_body().into_bytes_stream().boxed(),
+        ));
+        req.set_body(Body::from_bytes_stream(SharedBodyStream(shared.clone())));
+        let mut resp = match self.inner.call(req).await {
+            Ok(r) => r.into_response(),
+            Err(e) if e.is_from_response() => e.into_response(),
+            Err(e) => crate::problem::from_poem_error(e),
+        };
+        if !resp.status().is_success() {
+            let mut rest = SharedBodyStream(shared);
+            let mut read: u64 = 0;
+            let drained = tokio::time::timeout(self.max_time, async {
+                while let Some(chunk) = rest.next().await {
+                    let Ok(chunk) = chunk else { return false };
+                    read += chunk.len() as u64;
+                    if read > self.max_bytes {
+                        return false;
+                    }
+                }
+                true
+            })
+            .await
+            .unwrap_or(false);
+            if !drained {
+                resp.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+        }
+        Ok(resp)
     }
 }

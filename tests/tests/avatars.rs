@@ -11,14 +11,17 @@
 
 use std::{
     path::{Path, PathBuf},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use reqwest::{header::HeaderMap, StatusCode};
 use sea_orm::sqlx;
 use serde_json::{json, Value};
-use tests::{client, EnvMap, Proc, Reply, S3Server, Stack};
+use tests::{
+    client, hs256_token as hs256_with, session_claims as claims, tail, tamper_signature,
+    unix_now as now, EnvMap, Proc, Reply, S3Server, Stack,
+};
 use uuid::Uuid;
 use worker::{QueueName, Queues};
 
@@ -33,65 +36,13 @@ const MAX_BYTES: usize = 2 * 1024 * 1024;
 // Environment, session tokens (as in sessions.rs)
 // ---------------------------------------------------------------------------
 
-fn now() -> i64 {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    i64::try_from(secs).expect("seconds fit i64")
-}
-
-/// The base environment with every logged-in route ready: HS256 secret,
-/// server-side writes, payments (provider_b) and admin on.
 fn session_env(stack: &Stack) -> EnvMap {
-    stack
-        .env()
-        .with("NEXT_PUBLIC_BACKEND_URL", "http://127.0.0.1:9")
-        .with("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY", "pk_test_dummy")
-        .with("BACKEND_SERVICE_ROLE_KEY", SERVICE_KEY)
-        .with("BACKEND_JWT_SECRET", SECRET)
-        .with("PAYMENT_PROVIDER", "provider_b")
-        .with("PROVIDER_B_CLIENT_ID", "client-test")
-        .with("PROVIDER_B_SECRET_KEY", "secret-test")
-}
-
-/// Valid claims for `sub` (any string, so malformed ones can be built too).
-fn claims(sub: &str, email: Option<&str>) -> Value {
-    let t = now();
-    let mut c = json!({
-        "sub": sub,
-        "aud": "authenticated",
-        "role": "authenticated",
-        "iat": t,
-        "exp": t + 3600,
-    });
-    if let Some(e) = email {
-        c["email"] = json!(e);
-    }
-    c
-}
-
-fn hs256_with(secret: &[u8], claims: &Value) -> String {
-    jsonwebtoken::encode(
-        &Header::new(Algorithm::HS256),
-        claims,
-        &EncodingKey::from_secret(secret),
-    )
-    .expect("sign token")
+    stack.session_env(SECRET, SERVICE_KEY)
 }
 
 /// A valid HS256 session token of `user`.
 fn token(user: Uuid, email: &str) -> String {
     hs256_with(SECRET.as_bytes(), &claims(&user.to_string(), Some(email)))
-}
-
-/// `token` with one character in the middle of its signature changed.
-fn tamper_signature(token: &str) -> String {
-    let dot = token.rfind('.').expect("three parts");
-    let mut bytes = token.as_bytes().to_vec();
-    let i = dot + 1 + (token.len() - dot - 1) / 2;
-    bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
-    String::from_utf8(bytes).expect("ascii")
 }
 
 /// Upload-grant claims as the api signs them, issued at `iat`.
@@ -392,15 +343,6 @@ async fn upload(api: &Proc, user: Uuid, mime: &'static str, bytes: &[u8]) {
         r.json,
         json!({"Key": format!("avatars/{user}/avatar"), "path": format!("{user}/avatar"), "size": bytes.len()})
     );
-}
-
-/// The last `n` bytes (about) of `s`, for failure messages.
-fn tail(s: &str, n: usize) -> &str {
-    let start = s.len().saturating_sub(n);
-    let start = (start..s.len())
-        .find(|i| s.is_char_boundary(*i))
-        .unwrap_or(s.len());
-    &s[start..]
 }
 
 /// An answer with its raw body.

@@ -15,7 +15,7 @@ use std::{
 
 use entity::mail::OutgoingEmail;
 use futures::StreamExt;
-use tests::Stack;
+use tests::{tail, Stack};
 use wiremock::{
     matchers::{method, path},
     Mock, MockServer, Request, Respond, ResponseTemplate,
@@ -196,12 +196,4 @@ async fn heavy_backlog_of_50k_jobs_drains_and_memory_is_vacuumed() {
         "prefix memory did not return near its start: {mem_end} B now, {mem_start} B at start, {mem_peak} B at peak; keys: {:?}",
         stack.redis.keys("*").await
     );
-}
-
-fn tail(s: &str, n: usize) -> &str {
-    let start = s.len().saturating_sub(n);
-    let start = (start..s.len())
-        .find(|i| s.is_char_boundary(*i))
-        .unwrap_or(s.len());
-    &s[start..]
 }

@@ -4,11 +4,7 @@
 //! cancel/resume, profile save, admin role changes with their audit row, the
 //! `ADMIN_EMAILS` bootstrap and the 503 readiness gates.
 
-use std::{
-    path::Path,
-    process::Command,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use futures::future::join_all;
@@ -18,7 +14,9 @@ use jsonwebtoken::{
 };
 use sea_orm::sqlx::{self, PgPool};
 use serde_json::{json, Value};
-use tests::{client, EnvMap, Proc, Reply, Stack};
+use tests::{
+    client, session_claims as claims, tamper_signature, unix_now as now, EnvMap, Proc, Reply, Stack,
+};
 use uuid::Uuid;
 use wiremock::{
     matchers::{method, path},
@@ -35,48 +33,14 @@ const ROLE: &str = "/api/admin/users/role";
 // Environment, tokens, requests
 // ---------------------------------------------------------------------------
 
-fn now() -> i64 {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
-    i64::try_from(secs).expect("seconds fit i64")
-}
-
-/// The base environment with every logged-in route ready: HS256 secret,
-/// server-side writes, payments (provider_b) and admin on.
-fn session_env(stack: &Stack) -> EnvMap {
-    stack
-        .env()
-        .with("NEXT_PUBLIC_BACKEND_URL", "http://127.0.0.1:9")
-        .with("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY", "pk_test_dummy")
-        .with("BACKEND_SERVICE_ROLE_KEY", "service-role-test-key")
-        .with("BACKEND_JWT_SECRET", SECRET)
-        .with("PAYMENT_PROVIDER", "provider_b")
-        .with("PROVIDER_B_CLIENT_ID", "client-test")
-        .with("PROVIDER_B_SECRET_KEY", "secret-test")
-}
-
-/// Valid claims for `sub` (any string, so malformed ones can be built too).
-fn claims(sub: &str, email: Option<&str>) -> Value {
-    let t = now();
-    let mut c = json!({
-        "sub": sub,
-        "aud": "authenticated",
-        "role": "authenticated",
-        "iat": t,
-        "exp": t + 3600,
-    });
-    if let Some(e) = email {
-        c["email"] = json!(e);
-    }
-    c
-}
-
 fn sign(alg: Algorithm, key: &EncodingKey, kid: Option<&str>, claims: &Value) -> String {
     let mut header = Header::new(alg);
     header.kid = kid.map(str::to_string);
     jsonwebtoken::encode(&header, claims, key).expect("sign token")
+}
+
+fn session_env(stack: &Stack) -> EnvMap {
+    stack.session_env(SECRET, "service-role-test-key")
 }
 
 fn hs256_with(secret: &[u8], claims: &Value) -> String {
@@ -99,15 +63,6 @@ fn token(user: Uuid, email: &str) -> String {
 
 fn b64(v: &Value) -> String {
     URL_SAFE_NO_PAD.encode(v.to_string())
-}
-
-/// `token` with one character in the middle of its signature changed.
-fn tamper_signature(token: &str) -> String {
-    let dot = token.rfind('.').expect("three parts");
-    let mut bytes = token.as_bytes().to_vec();
-    let i = dot + 1 + (token.len() - dot - 1) / 2;
-    bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
-    String::from_utf8(bytes).expect("ascii")
 }
 
 /// `POST route` with a JSON body and an optional raw `Authorization` value.

@@ -30,7 +30,7 @@ use crate::{problem::ApiError, state::AppState};
 
 /// Slack allowed on a multipart body's declared length over the file's own
 /// limit (boundaries, part headers, the `cacheControl` field).
-const MULTIPART_OVERHEAD: u64 = 64 * 1024;
+pub const MULTIPART_OVERHEAD: u64 = 64 * 1024;
 
 /// The stored object.
 #[derive(Debug, Clone, Object)]
