@@ -46,9 +46,14 @@ pub enum UploadError {
         /// The limit, in bytes.
         max: u64,
     },
-    /// The leading bytes were refused by the caller's check (the reason).
-    #[error("{0}")]
-    Rejected(String),
+    /// The leading bytes were refused by the caller's check.
+    #[error("{reason}")]
+    Rejected {
+        /// The check's stable code (e.g. `invalid_image`).
+        code: &'static str,
+        /// Why, for humans.
+        reason: String,
+    },
     /// Reading the request body failed (client gone, malformed framing).
     #[error("reading the body failed: {0}")]
     Body(String),
@@ -146,8 +151,8 @@ impl Storage {
     /// * At most `max` bytes are accepted: one more and the upload is aborted
     ///   with [`UploadError::TooLarge`].
     /// * `check_head` sees the first `head_len` bytes (fewer when the body is
-    ///   shorter) before anything is written; its `Err(reason)` aborts with
-    ///   [`UploadError::Rejected`].
+    ///   shorter) before anything is written; its `Err((code, reason))` aborts
+    ///   with [`UploadError::Rejected`].
     ///
     /// Memory: about one part (64 KiB on the local filesystem; on S3 the whole
     /// object, at most `max`, since S3 parts but the last are ≥ 5 MiB).
@@ -159,7 +164,7 @@ impl Storage {
         body: S,
         max: u64,
         head_len: usize,
-        check_head: impl FnOnce(&[u8]) -> Result<(), String>,
+        check_head: impl FnOnce(&[u8]) -> Result<(), (&'static str, String)>,
     ) -> Result<u64, UploadError>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
@@ -183,7 +188,7 @@ impl Storage {
             head_bytes.extend_from_slice(&chunk[..want.min(chunk.len())]);
             head.push(chunk);
         }
-        check_head(&head_bytes).map_err(UploadError::Rejected)?;
+        check_head(&head_bytes).map_err(|(code, reason)| UploadError::Rejected { code, reason })?;
 
         let mut opts = PutMultipartOptions::default();
         if self.keeps_attributes {

@@ -315,15 +315,15 @@ async fn upload_inner(
     let granted = grant.content_type;
     let max = grant.max_size;
     let object_key = avatar::object_key(grant.sub);
-    let check_head = |head: &[u8]| -> Result<(), String> {
+    let check_head = |head: &[u8]| -> Result<(), (&'static str, String)> {
         if head.is_empty() {
-            return Err("the body is empty".into());
+            return Err(("empty_body", "the body is empty".into()));
         }
         match ImageType::sniff(head) {
             Some(t) if t == granted => Ok(()),
-            _ => Err(format!(
-                "the file is not an image of type {}",
-                granted.mime()
+            _ => Err((
+                "invalid_image",
+                format!("the file is not an image of type {}", granted.mime()),
             )),
         }
     };
@@ -428,7 +428,7 @@ async fn put<S>(
     granted: ImageType,
     body: S,
     max: u64,
-    check_head: impl FnOnce(&[u8]) -> Result<(), String>,
+    check_head: impl FnOnce(&[u8]) -> Result<(), (&'static str, String)>,
 ) -> Result<u64, ApiError>
 where
     S: futures::Stream<Item = Result<bytes::Bytes, ApiError>> + Unpin,
@@ -456,10 +456,7 @@ where
     match result {
         Ok(n) => Ok(n),
         Err(UploadError::TooLarge { max }) => Err(too_large(max)),
-        Err(UploadError::Rejected(reason)) if reason == "the body is empty" => {
-            Err(bad("empty_body", reason))
-        }
-        Err(UploadError::Rejected(reason)) => Err(bad("invalid_image", reason)),
+        Err(UploadError::Rejected { code, reason }) => Err(bad(code, reason)),
         Err(UploadError::Body(reason)) => Err(failure.unwrap_or(ApiError::BadRequest(reason))),
         Err(UploadError::Store(e)) => Err(store_error("storing the avatar", e)),
     }
