@@ -118,3 +118,33 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CappedIo<T> {
         self.inner.is_write_vectored()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::CappedIo;
+
+    #[tokio::test]
+    async fn reads_are_capped_and_nothing_is_lost() {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        client.write_all(&data).await.unwrap();
+        drop(client);
+        let mut io = CappedIo {
+            inner: server,
+            cap: 1000,
+        };
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = io.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            assert!(n <= 1000, "a read returned {n} bytes");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, data);
+    }
+}

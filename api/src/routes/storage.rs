@@ -535,3 +535,18 @@ async fn serve_inner(
         body: Body::from_bytes_stream(body),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::etag_matches;
+
+    #[test]
+    fn if_none_match_compares_weakly_and_accepts_lists_and_star() {
+        assert!(etag_matches("\"abc\"", "\"abc\""));
+        assert!(etag_matches("W/\"abc\"", "\"abc\""));
+        assert!(etag_matches("\"x\", \"abc\"", "\"abc\""));
+        assert!(etag_matches("*", "\"abc\""));
+        assert!(!etag_matches("\"abd\"", "\"abc\""));
+        assert!(!etag_matches("", "\"abc\""));
+    }
+}
