@@ -76,7 +76,8 @@ pub fn openapi() -> OpenApiService<Apis, ()> {
     .description(DESCRIPTION)
 }
 
-/// The whole HTTP application: `/api/*`, `/api/openapi.json`, `/api/docs`.
+/// The whole HTTP application: `/api/*` (JSON routes), `/storage/v1/*` (avatar
+/// uploads and files), `/api/openapi.json`, `/api/docs`, `/api/swagger`.
 pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let service = openapi();
     let spec = service.spec_endpoint();
