@@ -139,11 +139,6 @@ impl Storage {
         }
     }
 
-    /// The `STORAGE_URL` this store was opened from.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     /// Writes the byte stream `body` to `key`, replacing any object there only
     /// once the whole body has arrived and passed the checks; on any failure
     /// nothing is written and the previous object stays.
@@ -199,9 +194,8 @@ impl Storage {
         let location = Path::from(key);
         let upload = self.store.put_multipart_opts(&location, opts).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
-        // `write` copies into the part buffer, so the request's own buffers
-        // (hyper reads up to ~400 KiB at a time) are released at once
-        // instead of being kept alive by slices of them.
+        // `write` copies into the part buffer, so the request's read buffers
+        // are released at once instead of being kept alive by slices of them.
         for chunk in head {
             writer.write(&chunk);
         }
@@ -260,13 +254,5 @@ impl Storage {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }
-    }
-
-    /// Writes `bytes` to `key` in one request (tests, imports).
-    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), object_store::Error> {
-        self.store
-            .put(&Path::from(key), bytes.into())
-            .await
-            .map(|_| ())
     }
 }
