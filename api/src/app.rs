@@ -115,7 +115,8 @@ pub async fn build_state(
     settings: Arc<Settings>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<AppState> {
-    let plans = Catalogue::load(&settings.plans_file).context("PLANS_FILE")?;
+    let plans =
+        Catalogue::load_or_built_in(settings.plans_file.as_deref()).context("PLANS_FILE")?;
     let features = Features::compute(&settings);
     let db = worker::runtime::connect_db(&settings, shutdown).await?;
     if settings.migrate_on_start {

@@ -10,6 +10,7 @@ pub mod db;
 pub mod entities;
 pub mod features;
 pub mod mail;
+pub mod payment;
 pub mod plans;
 pub mod profile;
 pub mod roles;

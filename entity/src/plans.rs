@@ -55,7 +55,20 @@ pub enum CatalogueError {
     Invalid(String),
 }
 
+/// The catalogue compiled into the binaries: `config/plans.toml` of the source
+/// tree (decisions.md, "Plans"), so an installed binary runs from any directory.
+pub const BUILT_IN: &str = include_str!("../../config/plans.toml");
+
 impl Catalogue {
+    /// The built-in catalogue ([`BUILT_IN`]), or the file at `path` when one is
+    /// given (`PLANS_FILE`). Errors name what was wrong with the file.
+    pub fn load_or_built_in(path: Option<&Path>) -> Result<Self, CatalogueError> {
+        match path {
+            Some(p) => Self::load(p),
+            None => Self::parse(BUILT_IN),
+        }
+    }
+
     /// Reads and validates the catalogue at `path`.
     pub fn load(path: &Path) -> Result<Self, CatalogueError> {
         let text = std::fs::read_to_string(path).map_err(|source| CatalogueError::Read {
@@ -143,6 +156,23 @@ mod tests {
         assert!(c.purchasable(FREE).is_none());
         assert_eq!(c.get("ULTIMATE").unwrap().ai_tokens_per_month, None);
         assert_eq!(c.get(FREE).unwrap().ai_tokens_per_month, Some(20_000));
+    }
+
+    #[test]
+    fn the_built_in_catalogue_is_the_shipped_file() {
+        let shipped = Catalogue::load(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../config/plans.toml"
+        )))
+        .unwrap();
+        assert_eq!(Catalogue::load_or_built_in(None).unwrap(), shipped);
+    }
+
+    #[test]
+    fn a_missing_override_file_is_an_error_naming_it() {
+        let e =
+            Catalogue::load_or_built_in(Some(Path::new("/nonexistent/plans.toml"))).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/plans.toml"), "{e}");
     }
 
     #[test]

@@ -104,8 +104,9 @@ pub struct Settings {
     pub db_max_connections: u32,
     /// `LOG_FORMAT`: `json` (default) or `pretty`.
     pub log_format: LogFormat,
-    /// `PLANS_FILE`: the plan catalogue (default `config/plans.toml`).
-    pub plans_file: PathBuf,
+    /// `PLANS_FILE`: a plan catalogue replacing the one compiled into the
+    /// binaries (`config/plans.toml` of the source tree); `None` = the built-in one.
+    pub plans_file: Option<PathBuf>,
     /// `RATE_LIMIT_PUBLIC_PER_HOUR`: requests per hour per IP on contact and waitlist (default 5).
     pub rate_limit_public_per_hour: u32,
     /// The six feature toggles.
@@ -405,10 +406,7 @@ impl Settings {
             )?),
             db_max_connections: r.num_or("DB_MAX_CONNECTIONS", 20u32, 1, 1000)?,
             log_format,
-            plans_file: PathBuf::from(
-                r.opt("PLANS_FILE")
-                    .unwrap_or_else(|| "config/plans.toml".into()),
-            ),
+            plans_file: r.opt("PLANS_FILE").map(PathBuf::from),
             rate_limit_public_per_hour: r.num_or(
                 "RATE_LIMIT_PUBLIC_PER_HOUR",
                 5u32,
