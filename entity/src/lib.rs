@@ -15,6 +15,7 @@ pub mod plans;
 pub mod profile;
 pub mod roles;
 pub mod settings;
+pub mod settlement;
 pub mod subscription;
 pub mod users;
 pub mod validate;

@@ -1,0 +1,326 @@
+//! Settlement: what a recorded provider event (or a status check of the
+//! provider) does to a payment and its user's subscription, exactly once.
+//!
+//! Everything happens in one transaction with the rows locked (`SELECT … FOR
+//! UPDATE` on PostgreSQL; `BEGIN IMMEDIATE` serialises writers on SQLite):
+//! the event, the payment, and (on the move into `PAID`) the subscription.
+//! The state machine of [`crate::payment::transition`] decides what may
+//! change; a refused move marks the event settled with the reason, so it is
+//! not retried forever. Settling an event twice changes nothing the second
+//! time ([`Settled::AlreadySettled`]).
+
+use chrono::{DateTime, Utc};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IntoActiveModel,
+    QueryFilter, QuerySelect, Set, TransactionSession, TransactionTrait,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::{
+    entities::{
+        audit_logs, payments,
+        subscriptions::{self, SubscriptionStatus},
+        webhook_events,
+    },
+    payment::{self, CurrentPlan, PaymentStatus, Transition},
+    plans::FREE,
+    users::begin_write,
+};
+
+/// `audit_logs.target_type` of a payment.
+pub const TARGET_TYPE_PAYMENT: &str = "payment";
+/// `audit_logs.action` when a paid subscription lapses back to FREE.
+pub const ACTION_SUBSCRIPTION_EXPIRE: &str = "subscription.expire";
+/// `audit_logs.target_type` of a subscription.
+pub const TARGET_TYPE_SUBSCRIPTION: &str = "subscription";
+
+/// Why settlement could not run (the job retries these).
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbErr),
+}
+
+/// What one settlement did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// The payment moved `from` → `to`; `period_end` is set when the move
+    /// into `PAID` activated or extended the subscription.
+    Moved {
+        /// The order.
+        order_id: String,
+        /// Status before.
+        from: PaymentStatus,
+        /// Status now.
+        to: PaymentStatus,
+        /// End of the subscription's paid period after a move into `PAID`.
+        period_end: Option<DateTime<Utc>>,
+    },
+    /// The payment already had the reported status: nothing changed.
+    Unchanged,
+    /// The state machine refused the move (late or out-of-order event); the
+    /// payment kept its status and the event records the reason.
+    Refused(&'static str),
+    /// The event had been settled before: nothing done (a repeated job).
+    AlreadySettled,
+    /// No event has this id (a permanent failure of the job).
+    UnknownEvent,
+    /// The event names an order we do not have, or a status its provider's
+    /// protocol does not define: settled with that reason, nothing changed.
+    Invalid(&'static str),
+}
+
+/// The payment status an event reports, from its provider, the provider's
+/// status text and the payload (provider_a's `fraud_status`).
+pub fn reported_status(
+    provider: &str,
+    provider_status: &str,
+    payload: &serde_json::Value,
+) -> Option<PaymentStatus> {
+    match provider {
+        payments::PROVIDER_A => {
+            payment::provider_a_status(provider_status, payload["fraud_status"].as_str())
+        }
+        payments::PROVIDER_B => Some(payment::provider_b_status(provider_status)),
+        _ => None,
+    }
+}
+
+/// Settles the recorded event `event_id` (see the module docs). `request_id`
+/// goes into the audit row (the job's id).
+pub async fn settle_event<C>(
+    db: &C,
+    event_id: Uuid,
+    request_id: Option<String>,
+) -> Result<Settled, SettleError>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let txn = begin_write(db).await?;
+    let mut find = webhook_events::Entity::find_by_id(event_id);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        find = find.lock_exclusive();
+    }
+    let Some(event) = find.one(&txn).await? else {
+        return Ok(Settled::UnknownEvent);
+    };
+    if event.settled_at.is_some() {
+        return Ok(Settled::AlreadySettled);
+    }
+    let reported = reported_status(&event.provider, &event.provider_status, &event.payload);
+    let outcome = match reported {
+        None => Settled::Invalid("the event reports a status its provider does not define"),
+        Some(reported) => {
+            apply(
+                &txn,
+                &event.order_id,
+                reported,
+                "webhook",
+                request_id.clone(),
+            )
+            .await?
+        }
+    };
+    let error = match &outcome {
+        Settled::Refused(r) | Settled::Invalid(r) => Some(r.to_string()),
+        _ => None,
+    };
+    let mut am = event.into_active_model();
+    am.settled_at = Set(Some(Utc::now()));
+    am.settlement_error = Set(error);
+    am.update(&txn).await?;
+    txn.commit().await?;
+    Ok(outcome)
+}
+
+/// Settles what a status check of the provider reported for `order_id`
+/// (reconciliation of a payment whose webhook never came): the same state
+/// machine and audit trail as an event, with `source` `status_check`.
+pub async fn settle_status_check<C>(
+    db: &C,
+    order_id: &str,
+    reported: PaymentStatus,
+    request_id: Option<String>,
+) -> Result<Settled, SettleError>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let txn = begin_write(db).await?;
+    let outcome = apply(&txn, order_id, reported, "status_check", request_id).await?;
+    txn.commit().await?;
+    Ok(outcome)
+}
+
+/// The core: locks the payment, applies the state machine, activates the
+/// subscription on the move into `PAID`, writes the audit row.
+async fn apply<T: ConnectionTrait>(
+    txn: &T,
+    order_id: &str,
+    reported: PaymentStatus,
+    source: &str,
+    request_id: Option<String>,
+) -> Result<Settled, DbErr> {
+    let postgres = txn.get_database_backend() == DbBackend::Postgres;
+    let mut find = payments::Entity::find().filter(payments::Column::OrderId.eq(order_id));
+    if postgres {
+        find = find.lock_exclusive();
+    }
+    let Some(pay) = find.one(txn).await? else {
+        return Ok(Settled::Invalid("no payment has this order id"));
+    };
+    let (from, to) = match payment::transition(pay.status, reported) {
+        Transition::Unchanged => return Ok(Settled::Unchanged),
+        Transition::Refused(reason) => return Ok(Settled::Refused(reason)),
+        Transition::Apply { from, to } => (from, to),
+    };
+    let now = Utc::now();
+    let mut period_end = None;
+    if to == PaymentStatus::Paid {
+        let mut find = subscriptions::Entity::find_by_id(pay.user_id);
+        if postgres {
+            find = find.lock_exclusive();
+        }
+        let sub = find.one(txn).await?;
+        let current = sub.as_ref().map_or(
+            CurrentPlan {
+                plan: FREE,
+                active: false,
+                period_end: None,
+            },
+            |s| CurrentPlan {
+                plan: &s.plan,
+                active: s.status == SubscriptionStatus::Active,
+                period_end: s.current_period_end,
+            },
+        );
+        let (start, end) = payment::paid_period(current, &pay.plan, now);
+        period_end = Some(end);
+        match sub {
+            Some(s) => {
+                let mut am = s.into_active_model();
+                am.plan = Set(pay.plan.clone());
+                am.status = Set(SubscriptionStatus::Active);
+                am.cancel_at_period_end = Set(false);
+                am.current_period_start = Set(Some(start));
+                am.current_period_end = Set(Some(end));
+                am.canceled_at = Set(None);
+                am.updated_at = Set(now);
+                am.update(txn).await?;
+            }
+            None => {
+                subscriptions::ActiveModel {
+                    user_id: Set(pay.user_id),
+                    plan: Set(pay.plan.clone()),
+                    status: Set(SubscriptionStatus::Active),
+                    cancel_at_period_end: Set(false),
+                    current_period_start: Set(Some(start)),
+                    current_period_end: Set(Some(end)),
+                    canceled_at: Set(None),
+                    created_at: Set(now),
+                    updated_at: Set(now),
+                }
+                .insert(txn)
+                .await?;
+            }
+        }
+    }
+    let user_id = pay.user_id;
+    let plan = pay.plan.clone();
+    let mut am = pay.into_active_model();
+    am.status = Set(to);
+    if to == PaymentStatus::Paid {
+        am.paid_at = Set(Some(now));
+    }
+    am.updated_at = Set(now);
+    am.update(txn).await?;
+    audit_logs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        actor_id: Set(None),
+        action: Set(audit_logs::ACTION_PAYMENT_SETTLE.to_string()),
+        target_type: Set(TARGET_TYPE_PAYMENT.to_string()),
+        target_id: Set(order_id.to_string()),
+        old_value: Set(Some(json!({ "status": from.as_str() }))),
+        new_value: Set(Some(json!({
+            "status": to.as_str(),
+            "source": source,
+            "user_id": user_id,
+            "plan": plan,
+            "period_end": period_end,
+        }))),
+        request_id: Set(request_id),
+        created_at: Set(now),
+    }
+    .insert(txn)
+    .await?;
+    Ok(Settled::Moved {
+        order_id: order_id.to_string(),
+        from,
+        to,
+        period_end,
+    })
+}
+
+/// Moves every paid subscription whose period ended before `now` back to
+/// FREE (active, no period), one transaction and one audit row per
+/// subscription; answers how many moved. Safe to run concurrently: each row
+/// is re-checked under its lock.
+pub async fn expire_subscriptions<C>(db: &C, now: DateTime<Utc>, limit: u64) -> Result<usize, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let due: Vec<Uuid> = subscriptions::Entity::find()
+        .select_only()
+        .column(subscriptions::Column::UserId)
+        .filter(subscriptions::Column::Plan.ne(FREE))
+        .filter(subscriptions::Column::CurrentPeriodEnd.lt(now))
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await?;
+    let mut moved = 0;
+    for user_id in due {
+        let txn = begin_write(db).await?;
+        let mut find = subscriptions::Entity::find_by_id(user_id);
+        if txn.get_database_backend() == DbBackend::Postgres {
+            find = find.lock_exclusive();
+        }
+        let Some(sub) = find.one(&txn).await? else {
+            continue;
+        };
+        let lapsed = sub.plan != FREE && sub.current_period_end.is_some_and(|end| end < now);
+        if !lapsed {
+            continue;
+        }
+        let old = json!({
+            "plan": sub.plan,
+            "status": sub.status.as_str(),
+            "period_end": sub.current_period_end,
+        });
+        let mut am = sub.into_active_model();
+        am.plan = Set(FREE.to_string());
+        am.status = Set(SubscriptionStatus::Active);
+        am.cancel_at_period_end = Set(false);
+        am.current_period_start = Set(None);
+        am.current_period_end = Set(None);
+        am.updated_at = Set(Utc::now());
+        am.update(&txn).await?;
+        audit_logs::ActiveModel {
+            id: Set(Uuid::now_v7()),
+            actor_id: Set(None),
+            action: Set(ACTION_SUBSCRIPTION_EXPIRE.to_string()),
+            target_type: Set(TARGET_TYPE_SUBSCRIPTION.to_string()),
+            target_id: Set(user_id.to_string()),
+            old_value: Set(Some(old)),
+            new_value: Set(Some(json!({ "plan": FREE, "status": "active" }))),
+            request_id: Set(None),
+            created_at: Set(Utc::now()),
+        }
+        .insert(&txn)
+        .await?;
+        txn.commit().await?;
+        moved += 1;
+    }
+    Ok(moved)
+}

@@ -1,0 +1,326 @@
+//! The settlement rules of `entity::settlement` on PostgreSQL, on a schema made
+//! by the migrations: exactly-once effects under concurrency (row locks), the
+//! state machine refusing late events, renewals and expiry.
+
+use chrono::{Duration as Span, Utc};
+use entity::{
+    entities::{
+        audit_logs,
+        payments::{self, PaymentStatus},
+        subscriptions::{self, SubscriptionStatus},
+        users, webhook_events,
+    },
+    settlement::{self, Settled},
+};
+use migration::MigratorTrait;
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, Database, DatabaseConnection, EntityTrait, PaginatorTrait,
+    QueryFilter, Set,
+};
+use serde_json::json;
+use tests::TestDb;
+use uuid::Uuid;
+
+/// A scratch database with the production schema.
+async fn migrated() -> (TestDb, DatabaseConnection) {
+    let tdb = TestDb::create().await;
+    let db = Database::connect(&tdb.url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {}: {e}", tdb.url));
+    migration::Migrator::up(&db, None)
+        .await
+        .expect("migrations apply on PostgreSQL");
+    (tdb, db)
+}
+
+/// A user on FREE, as first sight leaves them.
+async fn user(db: &DatabaseConnection) -> Uuid {
+    let id = Uuid::new_v4();
+    let now = Utc::now();
+    users::ActiveModel {
+        id: Set(id),
+        email: Set(Some(format!("{id}@example.com"))),
+        created_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .expect("user");
+    subscriptions::ActiveModel {
+        user_id: Set(id),
+        plan: Set("FREE".into()),
+        status: Set(SubscriptionStatus::Active),
+        cancel_at_period_end: Set(false),
+        current_period_start: Set(None),
+        current_period_end: Set(None),
+        canceled_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .expect("subscription");
+    id
+}
+
+/// A PENDING payment of `plan` for `user`; answers its order id.
+async fn pending(db: &DatabaseConnection, user: Uuid, plan: &str, provider: &str) -> String {
+    let order_id = entity::payment::new_order_id("ORD", Utc::now());
+    let now = Utc::now();
+    payments::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        order_id: Set(order_id.clone()),
+        user_id: Set(user),
+        plan: Set(plan.into()),
+        amount: Set(99_000),
+        currency: Set("IDR".into()),
+        provider: Set(provider.into()),
+        status: Set(PaymentStatus::Pending),
+        checkout_token: Set(None),
+        payment_url: Set(None),
+        provider_reference: Set(None),
+        paid_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .expect("payment");
+    order_id
+}
+
+/// A recorded, unsettled event reporting `status` for `order_id`.
+async fn event(
+    db: &DatabaseConnection,
+    provider: &str,
+    order_id: &str,
+    status: &str,
+    payload: serde_json::Value,
+) -> Uuid {
+    let id = Uuid::new_v4();
+    webhook_events::ActiveModel {
+        id: Set(id),
+        provider: Set(provider.into()),
+        dedupe_key: Set(format!("{order_id}:{status}:{id}")),
+        order_id: Set(order_id.into()),
+        provider_status: Set(status.into()),
+        payload: Set(payload),
+        received_at: Set(Utc::now()),
+        settled_at: Set(None),
+        settlement_error: Set(None),
+    }
+    .insert(db)
+    .await
+    .expect("event");
+    id
+}
+
+async fn payment(db: &DatabaseConnection, order_id: &str) -> payments::Model {
+    payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(order_id))
+        .one(db)
+        .await
+        .unwrap()
+        .expect("payment row")
+}
+
+async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
+    subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription row")
+}
+
+async fn audit_rows(db: &DatabaseConnection, target: &str) -> u64 {
+    audit_logs::Entity::find()
+        .filter(audit_logs::Column::TargetId.eq(target))
+        .count(db)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_settlement_event_pays_and_activates_once_even_when_settled_concurrently() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let order = pending(&db, u, "PRO", "provider_a").await;
+    let ev = event(&db, "provider_a", &order, "settlement", json!({})).await;
+
+    let runs = (0..20).map(|_| {
+        let db = db.clone();
+        tokio::spawn(async move { settlement::settle_event(&db, ev, Some("job".into())).await })
+    });
+    let outcomes: Vec<Settled> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    let moved = outcomes
+        .iter()
+        .filter(|o| matches!(o, Settled::Moved { .. }))
+        .count();
+    assert_eq!(moved, 1, "{outcomes:?}");
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, Settled::Moved { .. } | Settled::AlreadySettled)));
+
+    let p = payment(&db, &order).await;
+    assert_eq!(p.status, PaymentStatus::Paid);
+    assert!(p.paid_at.is_some());
+    let s = subscription(&db, u).await;
+    assert_eq!(s.plan, "PRO");
+    assert_eq!(s.status, SubscriptionStatus::Active);
+    assert!(!s.cancel_at_period_end);
+    let (start, end) = (
+        s.current_period_start.unwrap(),
+        s.current_period_end.unwrap(),
+    );
+    assert!(end - start >= Span::days(28) && end - start <= Span::days(31));
+    assert_eq!(audit_rows(&db, &order).await, 1);
+    let e = webhook_events::Entity::find_by_id(ev)
+        .one(&db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(e.settled_at.is_some());
+    assert_eq!(e.settlement_error, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let order = pending(&db, u, "PRO", "provider_b").await;
+    let paid = event(&db, "provider_b", &order, "SUCCESS", json!({})).await;
+    assert!(matches!(
+        settlement::settle_event(&db, paid, None).await.unwrap(),
+        Settled::Moved {
+            to: PaymentStatus::Paid,
+            ..
+        }
+    ));
+
+    // A `pending` delivered late: refused, recorded with the reason, retried never.
+    let late = event(&db, "provider_b", &order, "PENDING", json!({})).await;
+    let r = settlement::settle_event(&db, late, None).await.unwrap();
+    assert!(matches!(r, Settled::Refused(_)), "{r:?}");
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Paid);
+    let e = webhook_events::Entity::find_by_id(late)
+        .one(&db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(e.settled_at.is_some());
+    assert!(e.settlement_error.unwrap().contains("PENDING"));
+
+    // FAILED after PAID is refused too; REFUND moves it.
+    let failed = event(&db, "provider_b", &order, "FAILED", json!({})).await;
+    assert!(matches!(
+        settlement::settle_event(&db, failed, None).await.unwrap(),
+        Settled::Refused(_)
+    ));
+    let refund = event(&db, "provider_b", &order, "REFUNDED", json!({})).await;
+    assert!(matches!(
+        settlement::settle_event(&db, refund, None).await.unwrap(),
+        Settled::Moved {
+            from: PaymentStatus::Paid,
+            to: PaymentStatus::Refunded,
+            ..
+        }
+    ));
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Refunded);
+    assert_eq!(audit_rows(&db, &order).await, 2, "paid + refunded");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let order = pending(&db, u, "BASIC", "provider_a").await;
+    let challenged = event(
+        &db,
+        "provider_a",
+        &order,
+        "capture",
+        json!({"fraud_status": "challenge"}),
+    )
+    .await;
+    assert_eq!(
+        settlement::settle_event(&db, challenged, None)
+            .await
+            .unwrap(),
+        Settled::Unchanged
+    );
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
+    assert_eq!(subscription(&db, u).await.plan, "FREE");
+
+    let odd = event(&db, "provider_a", &order, "teleported", json!({})).await;
+    assert!(matches!(
+        settlement::settle_event(&db, odd, None).await.unwrap(),
+        Settled::Invalid(_)
+    ));
+    assert_eq!(
+        settlement::settle_event(&db, Uuid::new_v4(), None)
+            .await
+            .unwrap(),
+        Settled::UnknownEvent
+    );
+    assert_eq!(audit_rows(&db, &order).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let first = pending(&db, u, "PRO", "provider_a").await;
+    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    let end1 = subscription(&db, u).await.current_period_end.unwrap();
+
+    let second = pending(&db, u, "PRO", "provider_a").await;
+    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    let s = subscription(&db, u).await;
+    assert_eq!(s.current_period_start.unwrap(), end1);
+    assert!(s.current_period_end.unwrap() - end1 >= Span::days(28));
+
+    // Another plan starts now.
+    let other = pending(&db, u, "ULTIMATE", "provider_a").await;
+    settlement::settle_status_check(&db, &other, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    let s = subscription(&db, u).await;
+    assert_eq!(s.plan, "ULTIMATE");
+    assert!(s.current_period_start.unwrap() < end1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lapsed_paid_subscription_falls_back_to_free_once() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let order = pending(&db, u, "PRO", "provider_b").await;
+    settlement::settle_status_check(&db, &order, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    let end = subscription(&db, u).await.current_period_end.unwrap();
+
+    assert_eq!(
+        settlement::expire_subscriptions(&db, end - Span::seconds(1), 100)
+            .await
+            .unwrap(),
+        0,
+        "not yet due"
+    );
+    let later = end + Span::seconds(1);
+    let (a, b) = tokio::join!(
+        settlement::expire_subscriptions(&db, later, 100),
+        settlement::expire_subscriptions(&db, later, 100)
+    );
+    assert_eq!(a.unwrap() + b.unwrap(), 1, "two schedulers expire it once");
+    let s = subscription(&db, u).await;
+    assert_eq!(s.plan, "FREE");
+    assert_eq!(s.current_period_end, None);
+    assert_eq!(audit_rows(&db, &u.to_string()).await, 1);
+}
