@@ -20,6 +20,7 @@ pub mod subscription;
 pub mod users;
 pub mod validate;
 pub mod waitlist;
+pub mod webhook;
 
 pub use features::{Feature, FeatureStatus, Features};
 pub use settings::Settings;
