@@ -721,29 +721,34 @@ impl Reply {
             .send()
             .await
             .unwrap_or_else(|e| panic!("request failed: {e}"));
-        Self::read(resp, t).await
+        Self::read(resp, t)
+            .await
+            .unwrap_or_else(|e| panic!("reading the answer's body failed: {e}"))
     }
 
-    /// Like [`Reply::send`] but a transport error (timeout, reset) is returned.
+    /// Like [`Reply::send`] but a transport error (timeout, reset, also while
+    /// reading the body) is returned.
     pub async fn try_send(req: reqwest::RequestBuilder) -> Result<Reply, reqwest::Error> {
         let t = Instant::now();
         let resp = req.send().await?;
-        Ok(Self::read(resp, t).await)
+        Self::read(resp, t).await
     }
 
-    async fn read(resp: reqwest::Response, t: Instant) -> Reply {
+    /// Reads the whole answer; a failed body read is an error, never an
+    /// empty body (so "nothing answered" cannot pass vacuously).
+    async fn read(resp: reqwest::Response, t: Instant) -> Result<Reply, reqwest::Error> {
         let status = resp.status();
         let headers = resp.headers().clone();
-        let bytes = resp.bytes().await.unwrap_or_default();
+        let bytes = resp.bytes().await?;
         let text = String::from_utf8_lossy(&bytes).to_string();
         let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Reply {
+        Ok(Reply {
             status,
             headers,
             text,
             json,
             elapsed: t.elapsed(),
-        }
+        })
     }
 
     /// A header as text.

@@ -620,8 +620,23 @@ async fn avatar_routes_answer_503_when_auth_is_off_or_not_configured() {
         );
     }
 
-    // Configured: the same token works.
+    // Configured: the same token works (once the account exists, as it does
+    // for every token the grant route signs).
     let api = stack.api(&store.env).await;
+    let r = put(
+        &upload_url(&api, user, Some(&upload_token)),
+        Payload::Raw(Some("image/png"), bytes.clone()),
+    )
+    .await;
+    r.assert_problem(403, Some("unknown_user"), None);
+    assert_eq!(
+        store.listing(user),
+        Vec::<String>::new(),
+        "written: {}",
+        r.text
+    );
+    let r = save_profile(&api, &tok, &json!({"full_name": "Ann"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
     let r = put(
         &upload_url(&api, user, Some(&upload_token)),
         Payload::Raw(Some("image/png"), bytes.clone()),

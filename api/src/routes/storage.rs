@@ -49,7 +49,7 @@ crate::problem_responses!(
     UploadErrorResponse {
         BadRequest = 400: "The body's type is not the granted one (`type_mismatch`), its bytes are not an image of that type (`invalid_image`), it is empty (`empty_body`), or it could not be read (`invalid_body`).",
         Unauthorized = 401: "No token (`missing_token`), a bad one (`invalid_token`) or an expired one (`token_expired`).",
-        Forbidden = 403: "The token is for another object (`token_path_mismatch`).",
+        Forbidden = 403: "The token is for another object (`token_path_mismatch`), or its account no longer exists (`unknown_user`).",
         PayloadTooLarge = 413: "The body is larger than the granted size (declared by `Content-Length`, or counted).",
         InternalServerError = 500: "The object could not be stored.",
         ServiceUnavailable = 503: "Auth is switched off or server-side writes are not configured, or the object store or the database is unreachable.",
@@ -472,6 +472,15 @@ where
         Ok(Ok(begun)) => begun,
         Ok(Err(e)) => {
             staged.abort().await;
+            if matches!(
+                e.sql_err(),
+                Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
+            ) {
+                return Err(ApiError::Forbidden(
+                    "unknown_user",
+                    "the account this upload token was issued to no longer exists".into(),
+                ));
+            }
             return Err(super::db_error("locking the profile", e));
         }
         Err(_) => {
