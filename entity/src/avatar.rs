@@ -1,9 +1,18 @@
 //! Avatar rules: the accepted image types and size, the signed-upload grant
-//! (`POST /api/profile/avatar` mints it, the upload route checks it), and the
-//! magic-byte check of uploaded bytes.
+//! (`POST /api/profile/avatar` mints it, the upload route checks it), the
+//! magic-byte check of uploaded bytes, the key rules, and the avatar
+//! generation that orders uploads and cleanups.
 //!
-//! Objects live in the bucket [`BUCKET`] at `<user_id>/avatar`; the object
-//! store key is `avatars/<user_id>/avatar`.
+//! Key rules, here only: objects live in the bucket [`BUCKET`] at
+//! `<user_id>/avatar` ([`path_of`]); the object store key is
+//! `avatars/<user_id>/avatar` ([`object_key`]).
+//!
+//! Generation: `profiles.avatar_generation` counts completed uploads. An
+//! upload puts its object in place under the profile row lock while bumping
+//! it ([`begin_upload`]); a profile save that drops a reference records it in
+//! the cleanup job; the cleanup locks the row and deletes only when the
+//! generation is unchanged and the object is unreferenced ([`begin_cleanup`],
+//! [`cleanup_decision`]).
 
 use std::time::Duration;
 
