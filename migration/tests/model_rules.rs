@@ -532,7 +532,8 @@ async fn avatar_cleanup_waits_for_an_upload_in_progress_on_postgres() {
             let row = db
                 .query_one_raw(sea_orm::Statement::from_string(
                     sea_orm::DbBackend::Postgres,
-                    "SELECT count(*) AS n FROM pg_locks WHERE NOT granted",
+                    "SELECT count(*) AS n FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
                 ))
                 .await
                 .unwrap()
