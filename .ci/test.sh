@@ -64,6 +64,9 @@ ensure_s3s_fs() {
 ensure_postgres
 ensure_redis
 ensure_s3s_fs
+# Every PostgreSQL test (model rules, migrations, black-box) makes its scratch
+# databases from this admin URL and fails, never skips, when it is unreachable.
+export TEST_DATABASE_ADMIN_URL="${TEST_DATABASE_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 
 log "building"
 cargo build --workspace --bins --quiet

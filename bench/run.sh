@@ -5,7 +5,7 @@
 #   bash bench/run.sh            # everything; needs wrk (apt-get install wrk)
 #   bash bench/run.sh profile jwks upload   # only these sections
 #
-# Sections: bare health contact waitlist drain (issue 2), profile jwks upload (issue 3).
+# Sections: bare health contact waitlist drain (issue 2), profile jwks upload verify (issue 3).
 # Every request loop is bounded (wrk -d); all traffic stays on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 
 cargo build --release -q -p api -p worker --bins --example bench_peer
 BIN=target/release
-SECTIONS=${*:-bare health contact waitlist drain profile jwks upload}
+SECTIONS=${*:-bare health contact waitlist drain profile jwks upload verify}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 cleanup() {
@@ -72,6 +72,10 @@ session_run() { # name, alg
 }
 want profile && session_run profile HS256
 want jwks && session_run jwks ES256
+# In-process session verification: first check, then repeats of the same token
+# (ES256: answered from the verified-token cache; HS256: decoded each time).
+want verify && "$BIN/examples/bench_peer" verify "http://$PEER/auth/v1/.well-known/jwks.json" \
+  "$BACKEND_JWT_SECRET" 20000 | tee "$OUT/verify.txt"
 echo "api RSS: $(rss $API_PID)"
 
 # Avatar uploads: 16 in parallel, 2 MiB each, to the filesystem store. The

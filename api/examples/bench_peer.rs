@@ -9,6 +9,8 @@
 //!
 //! Token minting for wrk scripts (one token per line, distinct users):
 //! `bench_peer tokens HS256 <secret> 1000`, `bench_peer tokens ES256 - 1000`.
+//! Session verification timing (first check, then the verified-token cache):
+//! `bench_peer verify <jwks url> <BACKEND_JWT_SECRET> 20000`.
 //! Upload grants for the avatar benchmark:
 //! `bench_peer grants <BACKEND_SERVICE_ROLE_KEY> 16 <bytes>` prints
 //! `<user id> <token>` lines.
@@ -60,8 +62,9 @@ fn jwks() -> poem::Response {
         .body(body)
 }
 
-/// Prints `n` session tokens of distinct users, valid for 2 hours.
-fn tokens(alg: &str, secret: &str, n: usize) {
+/// A session token of a new user (`alg` HS256 with `secret`, or ES256 with
+/// the bench key), valid for 2 hours.
+fn mint(alg: &str, secret: &str, i: usize) -> String {
     use jsonwebtoken::{Algorithm, EncodingKey, Header};
     let (header, key) = match alg {
         "HS256" => (
@@ -79,19 +82,42 @@ fn tokens(alg: &str, secret: &str, n: usize) {
         other => panic!("unknown alg {other}: HS256 or ES256"),
     };
     let now = chrono::Utc::now().timestamp();
+    let claims = serde_json::json!({
+        "sub": uuid::Uuid::now_v7().to_string(),
+        "email": format!("bench{i}@example.com"),
+        "aud": "authenticated",
+        "role": "authenticated",
+        "iat": now,
+        "exp": now + 7200,
+    });
+    jsonwebtoken::encode(&header, &claims, &key).expect("sign")
+}
+
+/// Prints `n` session tokens of distinct users, valid for 2 hours.
+fn tokens(alg: &str, secret: &str, n: usize) {
     for i in 0..n {
-        let claims = serde_json::json!({
-            "sub": uuid::Uuid::now_v7().to_string(),
-            "email": format!("bench{i}@example.com"),
-            "aud": "authenticated",
-            "role": "authenticated",
-            "iat": now,
-            "exp": now + 7200,
-        });
-        println!(
-            "{}",
-            jsonwebtoken::encode(&header, &claims, &key).expect("sign")
-        );
+        println!("{}", mint(alg, secret, i));
+    }
+}
+
+/// Times `SessionVerifier::verify` in process: the first verification of a
+/// token and the mean of `n` repeats of the same token. An ES256 token is
+/// checked against the JWKS at `jwks_url` once, then answered from the
+/// verified-token cache; HS256 is decoded every time. Prints one line per
+/// algorithm (the figure BENCHMARKS.md quotes; no pass/fail).
+async fn verify(jwks_url: &str, secret: &str, n: u32) {
+    let v = api::session::SessionVerifier::new(Some(secret.into()), Some(jwks_url.into()), None);
+    for alg in ["HS256", "ES256"] {
+        let token = mint(alg, secret, 0);
+        let t0 = std::time::Instant::now();
+        v.verify(&token).await.expect("first verification");
+        let first = t0.elapsed();
+        let t0 = std::time::Instant::now();
+        for _ in 0..n {
+            v.verify(&token).await.expect("repeated verification");
+        }
+        let per = t0.elapsed() / n.max(1);
+        println!("verify {alg}: first {first:?}, then {per:?} per verification ({n} repeats)");
     }
 }
 
@@ -113,6 +139,10 @@ async fn main() -> std::io::Result<()> {
     match arg(1).as_str() {
         "tokens" => {
             tokens(&arg(2), &arg(3), arg(4).parse().unwrap_or(1000));
+            return Ok(());
+        }
+        "verify" => {
+            verify(&arg(2), &arg(3), arg(4).parse().unwrap_or(20_000)).await;
             return Ok(());
         }
         "grants" => {

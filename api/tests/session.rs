@@ -827,27 +827,24 @@ async fn jwks_http_error_or_bad_body_gives_keys_unavailable() {
 // Hot path
 // ---------------------------------------------------------------------------
 
+/// A repeated token is answered again with the same claims, from the keys
+/// fetched once. How fast that is, is a benchmark, not a test:
+/// `bash bench/run.sh verify` (see BENCHMARKS.md).
 #[tokio::test]
-async fn verification_is_fast() {
+async fn repeated_tokens_verify_again_from_one_key_fetch() {
     let server = jwks_server(all_keys()).await;
     let v = SessionVerifier::new(Some(SECRET.into()), Some(jwks_url(&server)), None);
     let c = claims(Uuid::new_v4());
-    for (name, token, n) in [
-        ("HS256", hs256(&c), 20_000u32),
-        ("RS256", sign(Algorithm::RS256, Some("rsa-1"), &c), 20_000),
-        ("ES256", sign(Algorithm::ES256, Some("ec-1"), &c), 20_000),
-        ("EdDSA", sign(Algorithm::EdDSA, Some("ed-1"), &c), 20_000),
+    for (name, token) in [
+        ("HS256", hs256(&c)),
+        ("RS256", sign(Algorithm::RS256, Some("rsa-1"), &c)),
+        ("ES256", sign(Algorithm::ES256, Some("ec-1"), &c)),
+        ("EdDSA", sign(Algorithm::EdDSA, Some("ed-1"), &c)),
     ] {
-        let t0 = Instant::now();
-        v.verify(&token).await.unwrap();
-        let first = t0.elapsed();
-        let t0 = Instant::now();
-        for _ in 0..n {
-            v.verify(&token).await.unwrap();
+        let first = v.verify(&token).await.unwrap();
+        for _ in 0..100 {
+            assert_eq!(v.verify(&token).await.unwrap(), first, "{name}");
         }
-        let per = t0.elapsed() / n;
-        eprintln!("{name}: first {first:?}, then {per:?} per verification (this build's profile)");
-        assert!(per < Duration::from_micros(100), "{name} {per:?}");
     }
     assert_eq!(fetches(&server).await, 1);
 }

@@ -1,9 +1,18 @@
 //! Avatar rules: the accepted image types and size, the signed-upload grant
-//! (`POST /api/profile/avatar` mints it, the upload route checks it), and the
-//! magic-byte check of uploaded bytes.
+//! (`POST /api/profile/avatar` mints it, the upload route checks it), the
+//! magic-byte check of uploaded bytes, the key rules, and the avatar
+//! generation that orders uploads and cleanups.
 //!
-//! Objects live in the bucket [`BUCKET`] at `<user_id>/avatar`; the object
-//! store key is `avatars/<user_id>/avatar`.
+//! Key rules, here only: objects live in the bucket [`BUCKET`] at
+//! `<user_id>/avatar` ([`path_of`]); the object store key is
+//! `avatars/<user_id>/avatar` ([`object_key`]).
+//!
+//! Generation: `profiles.avatar_generation` counts completed uploads. An
+//! upload puts its object in place under the profile row lock while bumping
+//! it ([`begin_upload`]); a profile save that drops a reference records it in
+//! the cleanup job; the cleanup locks the row and deletes only when the
+//! generation is unchanged and the object is unreferenced ([`begin_cleanup`],
+//! [`cleanup_decision`]).
 
 use std::time::Duration;
 
@@ -12,7 +21,11 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::validate::FieldError;
+use sea_orm::{
+    ConnectionTrait, DbBackend, DbErr, EntityTrait, QuerySelect, Statement, TransactionTrait,
+};
+
+use crate::{entities::profiles, validate::FieldError};
 
 /// The storage bucket of avatars.
 pub const BUCKET: &str = "avatars";
@@ -84,14 +97,38 @@ impl ImageType {
 /// How many leading bytes [`ImageType::sniff`] needs to decide.
 pub const SNIFF_LEN: usize = 16;
 
-/// The object key of `user_id`'s avatar inside the store: `avatars/<user_id>/avatar`.
-pub fn object_key(user_id: Uuid) -> String {
-    format!("{BUCKET}/{}", crate::profile::avatar_path_of(user_id))
+/// The file name of every avatar inside its user's folder: `<user_id>/avatar`.
+pub const FILE_NAME: &str = "avatar";
+
+/// The only legal avatar path of `user_id` inside [`BUCKET`]: `<user_id>/avatar`
+/// (what the profile's `avatar_path` holds and the upload grant names).
+pub fn path_of(user_id: Uuid) -> String {
+    path_of_segment(&user_id.to_string())
 }
 
-/// The object key of a profile's `avatar_path` (`<user_id>/…`) inside the store.
+/// The avatar path named by the user segment of a URL, as sent (not parsed):
+/// `<segment>/avatar`. An upload grant matches it only when the segment is the
+/// grant's user id exactly.
+pub fn path_of_segment(user_segment: &str) -> String {
+    format!("{user_segment}/{FILE_NAME}")
+}
+
+/// The object key of `user_id`'s avatar inside the store: `avatars/<user_id>/avatar`.
+pub fn object_key(user_id: Uuid) -> String {
+    object_key_of_path(&path_of(user_id))
+}
+
+/// The object key of a profile's `avatar_path` (`<user_id>/…`) inside the store:
+/// `avatars/<avatar_path>`.
 pub fn object_key_of_path(avatar_path: &str) -> String {
     format!("{BUCKET}/{avatar_path}")
+}
+
+/// Whether `avatar_path` is an object of `user_id` that a cleanup may delete:
+/// inside the user's own `<user_id>/` prefix, with a name, and no `..`.
+pub fn is_own_path(user_id: Uuid, avatar_path: &str) -> bool {
+    let own = format!("{user_id}/");
+    avatar_path.starts_with(&own) && avatar_path.len() > own.len() && !avatar_path.contains("..")
 }
 
 /// A validated request for a signed upload: declared size and type.
@@ -180,7 +217,7 @@ impl UploadGrant {
         UploadGrant {
             sub: user_id,
             bucket: BUCKET.to_string(),
-            path: crate::profile::avatar_path_of(user_id),
+            path: path_of(user_id),
             max_size: req.size,
             content_type: req.image_type,
             aud: GRANT_AUDIENCE.to_string(),
@@ -216,7 +253,7 @@ impl UploadGrant {
             _ => GrantError::Invalid,
         })?;
         let g = data.claims;
-        if g.bucket != bucket || g.path != path || g.path != crate::profile::avatar_path_of(g.sub) {
+        if g.bucket != bucket || g.path != path || g.path != path_of(g.sub) {
             return Err(GrantError::WrongObject);
         }
         Ok(g)
@@ -231,35 +268,94 @@ pub enum Cleanup {
     Delete,
     /// Leave it: the profile references it again.
     KeepReferenced,
-    /// Leave it: it was written again at or after the moment it lost its
-    /// reference (a new upload to the same key, waiting for its profile save).
+    /// Leave it: an upload completed after the save that dropped the
+    /// reference (the profile's generation moved on), e.g. a new avatar
+    /// waiting for its profile save.
     KeepRewritten,
-    /// Nothing to do: the object is already gone.
-    Gone,
 }
 
-/// Decides the fate of `path` (a profile `avatar_path`), unreferenced at
-/// `unreferenced_at`, given the profile's current `avatar_path` and the
-/// object's last-modified time (`None`: no such object).
+/// Decides the fate of `path` (a profile `avatar_path`) that a profile save
+/// left unreferenced when the profile's avatar generation was
+/// `unreferenced_generation`, given the profile as it is now (locked):
+/// `current` = its `avatar_path` and `avatar_generation`, `None` when the
+/// profile is gone (the user was deleted).
 ///
-/// Times compare in whole seconds (S3 reports `Last-Modified` to the second),
-/// so an object rewritten within the second it lost its reference is kept:
-/// when in doubt the object stays, since a stray object at `<user>/avatar` is
-/// overwritten by the next upload while a deleted fresh upload is lost.
+/// Exact: the generation is a counter bumped under the profile row lock by
+/// every completed upload, so no clock is read and no interleaving of upload
+/// and cleanup deletes an upload that completed after the removal.
 pub fn cleanup_decision(
     path: &str,
-    current_reference: Option<&str>,
-    last_modified: Option<DateTime<Utc>>,
-    unreferenced_at: DateTime<Utc>,
+    unreferenced_generation: i64,
+    current: Option<(Option<&str>, i64)>,
 ) -> Cleanup {
-    if current_reference == Some(path) {
-        return Cleanup::KeepReferenced;
-    }
-    match last_modified {
-        None => Cleanup::Gone,
-        Some(t) if t.timestamp() >= unreferenced_at.timestamp() => Cleanup::KeepRewritten,
+    match current {
+        None => Cleanup::Delete,
+        Some((reference, _)) if reference == Some(path) => Cleanup::KeepReferenced,
+        Some((_, generation)) if generation != unreferenced_generation => Cleanup::KeepRewritten,
         Some(_) => Cleanup::Delete,
     }
+}
+
+/// Starts finalising an avatar upload of `user_id` whose bytes have fully
+/// arrived and passed every check: in a new write transaction (`BEGIN
+/// IMMEDIATE` on SQLite, which serialises writers), bumps the profile's
+/// `avatar_generation` with the row locked until the transaction ends (an
+/// upsert, so a missing profile row is created). Returns the open
+/// transaction and the new generation: put the object in place, then commit;
+/// drop the transaction (roll back) when that fails.
+///
+/// Errors: [`DbErr`] (a foreign-key violation when the user row is gone).
+pub async fn begin_upload<C>(db: &C, user_id: Uuid) -> Result<(C::Transaction, i64), DbErr>
+where
+    C: TransactionTrait,
+    C::Transaction: ConnectionTrait,
+{
+    let txn = crate::users::begin_write(db).await?;
+    let backend = txn.get_database_backend();
+    let sql = match backend {
+        DbBackend::Postgres => {
+            "INSERT INTO profiles (user_id, avatar_generation) VALUES ($1, 1) \
+             ON CONFLICT (user_id) DO UPDATE SET avatar_generation = profiles.avatar_generation + 1 \
+             RETURNING avatar_generation"
+        }
+        _ => {
+            "INSERT INTO profiles (user_id, avatar_generation) VALUES (?, 1) \
+             ON CONFLICT (user_id) DO UPDATE SET avatar_generation = profiles.avatar_generation + 1 \
+             RETURNING avatar_generation"
+        }
+    };
+    let row = txn
+        .query_one_raw(Statement::from_sql_and_values(
+            backend,
+            sql,
+            [user_id.into()],
+        ))
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("profile upsert returned no row".into()))?;
+    let generation: i64 = row.try_get("", "avatar_generation")?;
+    Ok((txn, generation))
+}
+
+/// Starts an avatar cleanup of `user_id`: in a new write transaction, locks
+/// the profile row (`SELECT … FOR UPDATE` on PostgreSQL; SQLite's `BEGIN
+/// IMMEDIATE` serialises writers) and returns it with the transaction (`None`:
+/// no profile). Decide with [`cleanup_decision`], delete the object while the
+/// transaction is open, then commit: an upload cannot complete in between.
+pub async fn begin_cleanup<C>(
+    db: &C,
+    user_id: Uuid,
+) -> Result<(C::Transaction, Option<profiles::Model>), DbErr>
+where
+    C: TransactionTrait,
+    C::Transaction: ConnectionTrait,
+{
+    let txn = crate::users::begin_write(db).await?;
+    let mut select = profiles::Entity::find_by_id(user_id);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        select = select.lock_exclusive();
+    }
+    let profile = select.one(&txn).await?;
+    Ok((txn, profile))
 }
 
 #[cfg(test)]
@@ -298,31 +394,43 @@ mod tests {
     }
 
     #[test]
-    fn cleanup_keeps_what_is_referenced_or_rewritten() {
-        let t = Utc::now();
-        let s = chrono::Duration::seconds(1);
+    fn cleanup_decides_from_the_generation_only() {
         let p = "u/avatar";
+        // Nothing uploaded since the removal: delete.
+        assert_eq!(cleanup_decision(p, 3, Some((None, 3))), Cleanup::Delete);
         assert_eq!(
-            cleanup_decision(p, None, Some(t - s * 5), t),
+            cleanup_decision(p, 3, Some((Some("u/other"), 3))),
             Cleanup::Delete
         );
+        // Referenced again: keep, whatever the generation.
         assert_eq!(
-            cleanup_decision(p, Some("u/other"), Some(t - s), t),
-            Cleanup::Delete
-        );
-        assert_eq!(
-            cleanup_decision(p, Some(p), Some(t - s * 5), t),
+            cleanup_decision(p, 3, Some((Some(p), 3))),
             Cleanup::KeepReferenced
         );
         assert_eq!(
-            cleanup_decision(p, None, Some(t + s), t),
-            Cleanup::KeepRewritten
+            cleanup_decision(p, 3, Some((Some(p), 4))),
+            Cleanup::KeepReferenced
         );
+        // An upload completed after the removal: keep.
         assert_eq!(
-            cleanup_decision(p, None, Some(t), t),
+            cleanup_decision(p, 3, Some((None, 4))),
             Cleanup::KeepRewritten
         );
-        assert_eq!(cleanup_decision(p, None, None, t), Cleanup::Gone);
+        // The profile is gone with its user: delete.
+        assert_eq!(cleanup_decision(p, 3, None), Cleanup::Delete);
+    }
+
+    #[test]
+    fn key_rules() {
+        let u = Uuid::parse_str("0191a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b").unwrap();
+        assert_eq!(path_of(u), format!("{u}/avatar"));
+        assert_eq!(object_key(u), format!("avatars/{u}/avatar"));
+        assert_eq!(path_of_segment("x"), "x/avatar");
+        assert!(is_own_path(u, &format!("{u}/avatar")));
+        assert!(is_own_path(u, &format!("{u}/legacy.png")));
+        assert!(!is_own_path(u, &format!("{u}/")));
+        assert!(!is_own_path(u, &format!("{u}/../x")));
+        assert!(!is_own_path(u, &format!("{}/avatar", Uuid::now_v7())));
     }
 
     #[test]
@@ -343,7 +451,7 @@ mod tests {
     #[test]
     fn grants_round_trip_and_refuse_tampering() {
         let user = Uuid::now_v7();
-        let path = crate::profile::avatar_path_of(user);
+        let path = path_of(user);
         let req = UploadRequest::new(100, "image/png").unwrap();
         let g = UploadGrant::new(user, req, Utc::now());
         let token = g.sign(KEY);
@@ -356,7 +464,7 @@ mod tests {
             UploadGrant::verify("other-key", &token, BUCKET, &path),
             Err(GrantError::Invalid)
         );
-        let other = crate::profile::avatar_path_of(Uuid::now_v7());
+        let other = path_of(Uuid::now_v7());
         assert_eq!(
             UploadGrant::verify(KEY, &token, BUCKET, &other),
             Err(GrantError::WrongObject)

@@ -15,11 +15,6 @@ pub const FULL_NAME_MAX: usize = 100;
 /// Longest accepted `avatar_url`, in characters (after trimming).
 pub const AVATAR_URL_MAX: usize = 2048;
 
-/// The only legal avatar object key of `user_id`: `<user_id>/avatar`.
-pub fn avatar_path_of(user_id: Uuid) -> String {
-    format!("{user_id}/avatar")
-}
-
 /// What a save does to one profile field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FieldChange {
@@ -63,7 +58,7 @@ impl ProfileInput {
     /// Errors ([`FieldError`], field / code):
     /// - `full_name` / `too_long`: more than [`FULL_NAME_MAX`] characters;
     /// - `avatar_path` / `invalid_avatar_path`: anything but exactly
-    ///   `<user_id>/avatar` (see [`avatar_path_of`]);
+    ///   `<user_id>/avatar` (see [`crate::avatar::path_of`]);
     /// - `avatar_url` / `too_long`: more than [`AVATAR_URL_MAX`] characters;
     /// - `avatar_url` / `invalid_url`: not an absolute `http` or `https` URL
     ///   with a host.
@@ -84,7 +79,7 @@ impl ProfileInput {
             Ok(v.to_string())
         })?;
         let avatar_path = change(avatar_path, |v| {
-            if v != avatar_path_of(user_id) {
+            if v != crate::avatar::path_of(user_id) {
                 return Err(FieldError::new(
                     "avatar_path",
                     "invalid_avatar_path",
@@ -167,7 +162,9 @@ pub struct SavedProfile {
     /// The profile row as stored after the save.
     pub profile: profiles::Model,
     /// Object key of the avatar that the save left unreferenced, for the
-    /// avatar-cleanup job; `None` when no object became unreferenced.
+    /// avatar-cleanup job (with `profile.avatar_generation`, the generation at
+    /// that moment: see [`crate::avatar::cleanup_decision`]); `None` when no
+    /// object became unreferenced.
     ///
     /// Since the only legal new path is `<user_id>/avatar` (a new upload
     /// overwrites that same object in place), this is `Some` only when:
@@ -216,7 +213,7 @@ where
 /// when it changed and lies inside the user's own `<user_id>/` prefix.
 fn unreferenced(user_id: Uuid, old: Option<String>, new: Option<&String>) -> Option<String> {
     old.filter(|p| Some(p) != new)
-        .filter(|p| p.starts_with(&format!("{user_id}/")) && !p.contains(".."))
+        .filter(|p| crate::avatar::is_own_path(user_id, p))
 }
 
 /// PostgreSQL's one-statement save; `None` when the profile row is missing.
@@ -247,7 +244,7 @@ async fn update_returning_previous<C: ConnectionTrait>(
          FROM (SELECT user_id, avatar_path FROM profiles WHERE user_id = $1 FOR UPDATE) AS old \
          WHERE p.user_id = old.user_id \
          RETURNING p.user_id, p.full_name, p.avatar_path, p.avatar_url, p.created_at, \
-         p.updated_at, old.avatar_path AS previous_avatar_path",
+         p.updated_at, p.avatar_generation, old.avatar_path AS previous_avatar_path",
         sets.join(", ")
     );
     let stmt = Statement::from_sql_and_values(DbBackend::Postgres, sql, values);
@@ -301,6 +298,7 @@ where
                 avatar_url: Set(input.avatar_url.apply(None)),
                 created_at: Set(now),
                 updated_at: Set(now),
+                avatar_generation: Set(0),
             };
             (am.insert(&txn).await?, None)
         }

@@ -146,6 +146,7 @@ where
             avatar_url: Set(None),
             created_at: Set(now),
             updated_at: Set(now),
+            avatar_generation: Set(0),
         },
     )
     .await?;

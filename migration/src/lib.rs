@@ -21,6 +21,7 @@ mod m20261122_000006_create_webhook_events;
 mod m20261122_000007_create_audit_logs;
 mod m20261122_000008_create_waitlist;
 mod m20261122_000009_create_ai_usage;
+mod m20261123_000001_add_profile_avatar_generation;
 
 /// The list of all migrations, in the order they are applied.
 pub struct Migrator;
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000007_create_audit_logs::Migration),
             Box::new(m20261122_000008_create_waitlist::Migration),
             Box::new(m20261122_000009_create_ai_usage::Migration),
+            Box::new(m20261123_000001_add_profile_avatar_generation::Migration),
         ]
     }
 }

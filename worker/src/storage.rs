@@ -23,8 +23,8 @@ use object_store::{
     local::LocalFileSystem,
     path::Path,
     prefix::PrefixStore,
-    Attribute, Attributes, ClientConfigKey, GetOptions, GetResult, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, RetryConfig, WriteMultipart,
+    Attribute, Attributes, ClientConfigKey, GetOptions, GetResult, ObjectStore, ObjectStoreExt,
+    PutMultipartOptions, RetryConfig, WriteMultipart,
 };
 
 /// Part size for the local filesystem: each part is written to the staging
@@ -38,28 +38,61 @@ const S3_PART: usize = 5 * 1024 * 1024;
 const PARTS_IN_FLIGHT: usize = 1;
 
 /// Why a bounded upload did not complete. Nothing is written in any case.
+///
+/// `E` is the error type of the caller's body stream, handed back unchanged.
 #[derive(Debug, thiserror::Error)]
-pub enum UploadError {
+pub enum UploadError<E> {
     /// More bytes arrived than allowed.
     #[error("the body exceeds {max} bytes")]
     TooLarge {
         /// The limit, in bytes.
         max: u64,
     },
-    /// The leading bytes were refused by the caller's check.
-    #[error("{reason}")]
-    Rejected {
-        /// The check's stable code (e.g. `invalid_image`).
-        code: &'static str,
-        /// Why, for humans.
-        reason: String,
-    },
-    /// Reading the request body failed (client gone, malformed framing).
-    #[error("reading the body failed: {0}")]
-    Body(String),
+    /// Reading the request body failed: the body stream's own error.
+    #[error("reading the body failed")]
+    Body(E),
     /// The store failed.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
+}
+
+/// An upload whose bytes have all been written to the store but that is not
+/// in place yet: [`Staged::complete`] puts it in place (on the local
+/// filesystem a rename, on S3 `CompleteMultipartUpload`), [`Staged::abort`]
+/// discards it. Until then readers see the previous object.
+pub struct Staged {
+    writer: WriteMultipart,
+    key: String,
+    size: u64,
+}
+
+impl fmt::Debug for Staged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Staged")
+            .field("key", &self.key)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Staged {
+    /// The number of bytes staged.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Puts the object in place, replacing any previous one; returns its size.
+    pub async fn complete(self) -> Result<u64, object_store::Error> {
+        self.writer.finish().await?;
+        Ok(self.size)
+    }
+
+    /// Discards the staged bytes (best effort: a failure is logged).
+    pub async fn abort(self) {
+        if let Err(e) = self.writer.abort().await {
+            tracing::warn!(key = self.key, error = %e, "aborting a staged upload failed");
+        }
+    }
 }
 
 /// A handle on the configured object store (cheap to clone).
@@ -139,52 +172,28 @@ impl Storage {
         }
     }
 
-    /// Writes the byte stream `body` to `key`, replacing any object there only
-    /// once the whole body has arrived and passed the checks; on any failure
-    /// nothing is written and the previous object stays.
+    /// Stages the byte stream `body` for `key`: writes it to the store
+    /// without putting it in place ([`Staged::complete`] does that, once the
+    /// caller has finished its own bookkeeping). On any failure the staged
+    /// bytes are discarded and the previous object stays.
     ///
-    /// * At most `max` bytes are accepted: one more and the upload is aborted
-    ///   with [`UploadError::TooLarge`].
-    /// * `check_head` sees the first `head_len` bytes (fewer when the body is
-    ///   shorter) before anything is written; its `Err((code, reason))` aborts
-    ///   with [`UploadError::Rejected`].
+    /// At most `max` bytes are accepted: one more and the upload is aborted
+    /// with [`UploadError::TooLarge`]; a body error aborts with
+    /// [`UploadError::Body`] carrying it unchanged.
     ///
     /// Memory: about one part (64 KiB on the local filesystem; on S3 the whole
     /// object, at most `max`, since S3 parts but the last are ≥ 5 MiB).
-    /// Returns the number of bytes written.
-    pub async fn put_bounded<S, E>(
+    pub async fn stage<S, E>(
         &self,
         key: &str,
         content_type: &str,
         body: S,
         max: u64,
-        head_len: usize,
-        check_head: impl FnOnce(&[u8]) -> Result<(), (&'static str, String)>,
-    ) -> Result<u64, UploadError>
+    ) -> Result<Staged, UploadError<E>>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
-        E: fmt::Display,
     {
         let mut body = body;
-        let mut total: u64 = 0;
-        let mut head: Vec<Bytes> = Vec::new();
-        let mut head_bytes = Vec::with_capacity(head_len);
-        // Read until the head is complete (or the body ends) before writing.
-        while head_bytes.len() < head_len {
-            let Some(chunk) = body.next().await else {
-                break;
-            };
-            let chunk = chunk.map_err(|e| UploadError::Body(e.to_string()))?;
-            total += chunk.len() as u64;
-            if total > max {
-                return Err(UploadError::TooLarge { max });
-            }
-            let want = head_len - head_bytes.len();
-            head_bytes.extend_from_slice(&chunk[..want.min(chunk.len())]);
-            head.push(chunk);
-        }
-        check_head(&head_bytes).map_err(|(code, reason)| UploadError::Rejected { code, reason })?;
-
         let mut opts = PutMultipartOptions::default();
         if self.keeps_attributes {
             let mut attributes = Attributes::new();
@@ -194,33 +203,31 @@ impl Storage {
         let location = Path::from(key);
         let upload = self.store.put_multipart_opts(&location, opts).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
-        // `write` copies into the part buffer, so the request's read buffers
-        // are released at once instead of being kept alive by slices of them.
-        for chunk in head {
-            writer.write(&chunk);
-        }
-        let streamed: Result<(), UploadError> = async {
+        let mut total: u64 = 0;
+        let streamed: Result<(), UploadError<E>> = async {
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| UploadError::Body(e.to_string()))?;
+                let chunk = chunk.map_err(UploadError::Body)?;
                 total += chunk.len() as u64;
                 if total > max {
                     return Err(UploadError::TooLarge { max });
                 }
                 writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                // `write` copies into the part buffer, so the request's read
+                // buffers are released at once.
                 writer.write(&chunk);
             }
             Ok(())
         }
         .await;
+        let staged = Staged {
+            writer,
+            key: key.to_string(),
+            size: total,
+        };
         match streamed {
-            Ok(()) => {
-                writer.finish().await?;
-                Ok(total)
-            }
+            Ok(()) => Ok(staged),
             Err(e) => {
-                if let Err(abort) = writer.abort().await {
-                    tracing::warn!(key, error = %abort, "aborting a failed upload failed");
-                }
+                staged.abort().await;
                 Err(e)
             }
         }
@@ -234,15 +241,6 @@ impl Storage {
             .await
         {
             Ok(r) => Ok(Some(r)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The metadata of `key`, `None` when it does not exist.
-    pub async fn head(&self, key: &str) -> Result<Option<ObjectMeta>, object_store::Error> {
-        match self.store.head(&Path::from(key)).await {
-            Ok(m) => Ok(Some(m)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }

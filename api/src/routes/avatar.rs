@@ -101,10 +101,9 @@ async fn create_inner(
     let grant = UploadGrant::new(user.user_id, request, Utc::now());
     let token = grant.sign(key);
     let signed_url = format!(
-        "{}/storage/v1/object/upload/sign/{}/{}?token={token}",
+        "{}/storage/v1/object/upload/sign/{}?token={token}",
         state.settings.app_url.trim_end_matches('/'),
-        avatar::BUCKET,
-        grant.path,
+        avatar::object_key_of_path(&grant.path),
     );
     Ok(SignedUpload {
         bucket: grant.bucket,

@@ -120,7 +120,7 @@ async fn save_inner(
         let job = Job::DeleteAvatar(DeleteAvatar {
             user_id: user.user_id,
             path: old.clone(),
-            unreferenced_at: saved.profile.updated_at,
+            generation: saved.profile.avatar_generation,
             request_id,
         });
         match state

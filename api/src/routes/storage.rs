@@ -49,10 +49,10 @@ crate::problem_responses!(
     UploadErrorResponse {
         BadRequest = 400: "The body's type is not the granted one (`type_mismatch`), its bytes are not an image of that type (`invalid_image`), it is empty (`empty_body`), or it could not be read (`invalid_body`).",
         Unauthorized = 401: "No token (`missing_token`), a bad one (`invalid_token`) or an expired one (`token_expired`).",
-        Forbidden = 403: "The token is for another object (`token_path_mismatch`).",
+        Forbidden = 403: "The token is for another object (`token_path_mismatch`), or its account no longer exists (`unknown_user`).",
         PayloadTooLarge = 413: "The body is larger than the granted size (declared by `Content-Length`, or counted).",
         InternalServerError = 500: "The object could not be stored.",
-        ServiceUnavailable = 503: "Auth is switched off or server-side writes are not configured, or the object store is unreachable.",
+        ServiceUnavailable = 503: "Auth is switched off or server-side writes are not configured, or the object store or the database is unreachable.",
     }
 );
 
@@ -86,9 +86,17 @@ pub enum AvatarFile {
         /// The bytes.
         body: Body,
     },
-    /// 304: the client's `If-None-Match` is the current ETag.
-    NotModified,
+    /// 304: the client's `If-None-Match` is the current ETag; carries the
+    /// same `ETag` and `Cache-Control` as the 200 (RFC 9110 §15.4.5).
+    NotModified {
+        /// The object's ETag.
+        etag: String,
+    },
 }
+
+/// `Cache-Control` of a served avatar: revalidate every time (the object at a
+/// user's key changes in place).
+const CACHE_CONTROL: &str = "no-cache";
 
 impl IntoResponse for AvatarFile {
     fn into_response(self) -> Response {
@@ -103,15 +111,17 @@ impl IntoResponse for AvatarFile {
                     .status(StatusCode::OK)
                     .content_type(mime)
                     .header(header::CONTENT_LENGTH, size)
-                    .header(header::CACHE_CONTROL, "no-cache")
+                    .header(header::CACHE_CONTROL, CACHE_CONTROL)
                     .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff");
                 if let Some(etag) = etag {
                     r = r.header(header::ETAG, etag);
                 }
                 r.body(body)
             }
-            AvatarFile::NotModified => Response::builder()
+            AvatarFile::NotModified { etag } => Response::builder()
                 .status(StatusCode::NOT_MODIFIED)
+                .header(header::ETAG, etag)
+                .header(header::CACHE_CONTROL, CACHE_CONTROL)
                 .finish(),
         }
     }
@@ -146,11 +156,14 @@ impl ApiResponse for AvatarFile {
                     ],
                 },
                 MetaResponse {
-                    description: "Not modified: `If-None-Match` names the current ETag.",
+                    description: "Not modified: `If-None-Match` names the current ETag. Carries the same `ETag` and `Cache-Control` as the 200.",
                     status: Some(304),
                     status_range: None,
                     content: vec![],
-                    headers: vec![],
+                    headers: vec![
+                        header("ETag", "The object's entity tag."),
+                        header("Cache-Control", "`no-cache`."),
+                    ],
                 },
             ],
         }
@@ -306,7 +319,7 @@ async fn upload_inner(
             "the upload needs the signed token: ?token=…".into(),
         )
     })?;
-    let path = format!("{}/avatar", upload.user_id);
+    let path = avatar::path_of_segment(upload.user_id);
     let grant = UploadGrant::verify(key, token, avatar::BUCKET, &path).map_err(|e| match e {
         GrantError::Expired => ApiError::Unauthorized("token_expired", e.to_string()),
         GrantError::Invalid => ApiError::Unauthorized("invalid_token", e.to_string()),
@@ -314,19 +327,6 @@ async fn upload_inner(
     })?;
     let granted = grant.content_type;
     let max = grant.max_size;
-    let object_key = avatar::object_key(grant.sub);
-    let check_head = |head: &[u8]| -> Result<(), (&'static str, String)> {
-        if head.is_empty() {
-            return Err(("empty_body", "the body is empty".into()));
-        }
-        match ImageType::sniff(head) {
-            Some(t) if t == granted => Ok(()),
-            _ => Err((
-                "invalid_image",
-                format!("the file is not an image of type {}", granted.mime()),
-            )),
-        }
-    };
 
     let mime: Option<mime::Mime> = upload.content_type.parse().ok();
     let is_multipart = mime
@@ -363,16 +363,7 @@ async fn upload_inner(
                 return Err(type_mismatch(granted, t.essence_str()));
             }
         }
-        let field = field.map_err(|e| multipart_error(e, max));
-        put(
-            state,
-            &object_key,
-            granted,
-            Box::pin(field),
-            max,
-            check_head,
-        )
-        .await?
+        store(state, &grant, field.map_err(|e| multipart_error(e, max))).await?
     } else {
         if ImageType::from_mime(upload.content_type) != Some(granted) {
             return Err(type_mismatch(granted, upload.content_type));
@@ -382,17 +373,10 @@ async fn upload_inner(
         }
         let stream = body
             .into_bytes_stream()
-            .map_err(|e| ApiError::BadRequest(format!("reading the body failed: {e}")));
-        put(
-            state,
-            &object_key,
-            granted,
-            Box::pin(stream),
-            max,
-            check_head,
-        )
-        .await?
+            .map_err(|e| bad("invalid_body", format!("reading the body failed: {e}")));
+        store(state, &grant, stream).await?
     };
+    let object_key = avatar::object_key(grant.sub);
     tracing::info!(key = %object_key, bytes = written, "avatar uploaded");
     Ok(UploadedObject {
         key: object_key,
@@ -421,44 +405,107 @@ fn multipart_error(e: multer::Error, max: u64) -> ApiError {
     }
 }
 
-/// Streams `body` into the store under the upload's limits and maps the outcome.
-async fn put<S>(
-    state: &AppState,
-    key: &str,
-    granted: ImageType,
-    body: S,
-    max: u64,
-    check_head: impl FnOnce(&[u8]) -> Result<(), (&'static str, String)>,
-) -> Result<u64, ApiError>
+/// Reads the file's first [`avatar::SNIFF_LEN`] bytes (fewer when it is
+/// shorter) and checks them: not empty, at most `max` bytes so far, an image
+/// of the granted type. Returns the chunks read, to be written first.
+async fn read_head<S>(file: &mut S, grant: &UploadGrant) -> Result<Vec<bytes::Bytes>, ApiError>
 where
     S: futures::Stream<Item = Result<bytes::Bytes, ApiError>> + Unpin,
 {
-    // The body stream reports its own failures as ApiError; keep the first one.
-    let mut failure: Option<ApiError> = None;
-    let body = body.map(|r| {
-        r.map_err(|e| {
-            let text = e.to_string();
-            failure.get_or_insert(e);
-            text
-        })
-    });
-    let result = state
+    let mut head = Vec::new();
+    let mut head_bytes = Vec::with_capacity(avatar::SNIFF_LEN);
+    let mut total = 0u64;
+    while head_bytes.len() < avatar::SNIFF_LEN {
+        let Some(chunk) = file.next().await.transpose()? else {
+            break;
+        };
+        total += chunk.len() as u64;
+        if total > grant.max_size {
+            return Err(too_large(grant.max_size));
+        }
+        let want = avatar::SNIFF_LEN - head_bytes.len();
+        head_bytes.extend_from_slice(&chunk[..want.min(chunk.len())]);
+        head.push(chunk);
+    }
+    if head_bytes.is_empty() {
+        return Err(bad("empty_body", "the body is empty"));
+    }
+    if ImageType::sniff(&head_bytes) != Some(grant.content_type) {
+        return Err(bad(
+            "invalid_image",
+            format!(
+                "the file is not an image of type {}",
+                grant.content_type.mime()
+            ),
+        ));
+    }
+    Ok(head)
+}
+
+/// Checks the head of `file`, stages it in the store under the grant's size
+/// limit, then finalises under the profile row lock: in one transaction bump
+/// the profile's avatar generation ([`avatar::begin_upload`]), put the object
+/// in place, commit. The avatar cleanup takes the same lock, so it never
+/// deletes an upload that completed after the removal it acts on. On any
+/// failure before the object is in place nothing is written. Returns the
+/// bytes written.
+async fn store<S>(state: &AppState, grant: &UploadGrant, file: S) -> Result<u64, ApiError>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, ApiError>> + Send,
+{
+    let mut file = std::pin::pin!(file);
+    let head = read_head(&mut file, grant).await?;
+    let body = stream::iter(head.into_iter().map(Ok)).chain(file);
+    let key = avatar::object_key(grant.sub);
+    let staged = state
         .storage
-        .put_bounded(
-            key,
-            granted.mime(),
-            body,
-            max,
-            avatar::SNIFF_LEN,
-            check_head,
-        )
-        .await;
-    match result {
-        Ok(n) => Ok(n),
-        Err(UploadError::TooLarge { max }) => Err(too_large(max)),
-        Err(UploadError::Rejected { code, reason }) => Err(bad(code, reason)),
-        Err(UploadError::Body(reason)) => Err(failure.unwrap_or(ApiError::BadRequest(reason))),
-        Err(UploadError::Store(e)) => Err(store_error("storing the avatar", e)),
+        .stage(&key, grant.content_type.mime(), body, grant.max_size)
+        .await
+        .map_err(|e| match e {
+            UploadError::TooLarge { max } => too_large(max),
+            UploadError::Body(e) => e,
+            UploadError::Store(e) => store_error("storing the avatar", e),
+        })?;
+    let timeout = state.settings.dependency_timeout;
+    let begun = tokio::time::timeout(timeout, avatar::begin_upload(&state.db, grant.sub)).await;
+    let (txn, generation) = match begun {
+        Ok(Ok(begun)) => begun,
+        Ok(Err(e)) => {
+            staged.abort().await;
+            if matches!(
+                e.sql_err(),
+                Some(sea_orm::SqlErr::ForeignKeyConstraintViolation(_))
+            ) {
+                return Err(ApiError::Forbidden(
+                    "unknown_user",
+                    "the account this upload token was issued to no longer exists".into(),
+                ));
+            }
+            return Err(super::db_error("locking the profile", e));
+        }
+        Err(_) => {
+            staged.abort().await;
+            return Err(database_timeout());
+        }
+    };
+    let size = staged
+        .complete()
+        .await
+        .map_err(|e| store_error("storing the avatar", e))?;
+    match tokio::time::timeout(timeout, txn.commit()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(super::db_error("committing the avatar generation", e)),
+        Err(_) => return Err(database_timeout()),
+    }
+    tracing::debug!(key, generation, "avatar generation bumped");
+    Ok(size)
+}
+
+/// 503: the database did not answer within `DEPENDENCY_TIMEOUT_MS`.
+fn database_timeout() -> ApiError {
+    ApiError::Unavailable {
+        code: "database_unavailable",
+        detail: "the database did not answer in time; try again shortly".into(),
     }
 }
 
@@ -501,7 +548,7 @@ async fn serve_inner(
     let etag = found.meta.e_tag.clone();
     if let (Some(etag), Some(header)) = (&etag, &if_none_match) {
         if etag_matches(header, etag) {
-            return Ok(AvatarFile::NotModified);
+            return Ok(AvatarFile::NotModified { etag: etag.clone() });
         }
     }
     let mut chunks = found.into_stream();

@@ -24,6 +24,11 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     /// When the row was last changed (UTC).
     pub updated_at: DateTimeUtc,
+    /// How many avatar uploads of this user have completed (starts at 0;
+    /// bumped by each upload, under the row lock, as the object is put in
+    /// place). The avatar cleanup compares it with the value a profile save
+    /// recorded, so a later upload is never deleted (`entity::avatar`).
+    pub avatar_generation: i64,
 }
 
 /// A profile belongs to one user.

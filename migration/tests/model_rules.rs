@@ -1,17 +1,19 @@
-//! Issue 3 model rules: first-sight defaults, cancel/resume, profile save,
-//! role changes.
+//! The model rules of `entity` on the schema the migrations make: first-sight
+//! defaults, cancel/resume, profile save, role changes, and the avatar
+//! generation that the upload and the cleanup share.
 //!
-//! Every scenario runs on an in-memory SQLite database and, when
-//! `TEST_DATABASE_URL` is set (an admin URL such as
-//! `postgres://postgres@127.0.0.1:5432/postgres`), again on a scratch
-//! PostgreSQL database `t_<random>` that is dropped afterwards. The schema is
-//! built from the entities (`Schema::create_table_from_entity`): `migration`
-//! depends on `entity`, so it is not a dev-dependency here.
+//! Every scenario runs on SQLite (in memory, or a multi-connection file where
+//! connections contend) and always again on a scratch PostgreSQL database
+//! (`TEST_DATABASE_ADMIN_URL`, see `common`): a test fails with a message
+//! when PostgreSQL is unreachable, it never skips. The tests live in the
+//! `migration` crate because `migration` depends on `entity`.
 
-use std::{future::Future, panic::resume_unwind, time::Duration};
+mod common;
 
 use chrono::{Duration as Days, Utc};
+use common::{on_concurrent_backends, on_each_backend};
 use entity::{
+    avatar::{self, Cleanup},
     entities::{
         audit_logs, profiles,
         subscriptions::{self, SubscriptionStatus},
@@ -24,152 +26,11 @@ use entity::{
     users::{ensure_user, Identity, UserContext},
 };
 use sea_orm::{
-    sea_query::Expr, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
-    EntityTrait, PaginatorTrait, QueryFilter, Schema,
+    sea_query::Expr, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait,
+    QueryFilter,
 };
 use serde_json::json;
 use uuid::Uuid;
-
-// ---------------------------------------------------------------- harness
-
-async fn create_schema(db: &DatabaseConnection) {
-    let schema = Schema::new(db.get_database_backend());
-    let stmts = [
-        schema.create_table_from_entity(users::Entity),
-        schema.create_table_from_entity(profiles::Entity),
-        schema.create_table_from_entity(subscriptions::Entity),
-        schema.create_table_from_entity(user_roles::Entity),
-        schema.create_table_from_entity(audit_logs::Entity),
-    ];
-    for stmt in &stmts {
-        db.execute(stmt).await.expect("create table");
-    }
-}
-
-async fn sqlite_memory() -> DatabaseConnection {
-    let mut o = ConnectOptions::new("sqlite::memory:");
-    o.max_connections(1).min_connections(1).sqlx_logging(false);
-    let db = Database::connect(o).await.expect("sqlite");
-    create_schema(&db).await;
-    db
-}
-
-/// A SQLite file with a pool of several connections, as the embedded default
-/// runs it (WAL, busy timeout): real write contention between connections.
-struct SqliteFile {
-    db: DatabaseConnection,
-    path: std::path::PathBuf,
-}
-
-impl SqliteFile {
-    async fn create() -> Self {
-        let path = std::env::temp_dir().join(format!("issue3_{}.db", Uuid::new_v4().simple()));
-        let mut o = ConnectOptions::new(format!("sqlite://{}?mode=rwc", path.display()));
-        o.max_connections(8)
-            .sqlx_logging(false)
-            .map_sqlx_sqlite_opts(|o| {
-                o.journal_mode(sea_orm::sqlx::sqlite::SqliteJournalMode::Wal)
-                    .busy_timeout(Duration::from_secs(10))
-                    .foreign_keys(true)
-            });
-        let db = Database::connect(o).await.expect("sqlite file");
-        create_schema(&db).await;
-        Self { db, path }
-    }
-
-    async fn remove(self) {
-        let _ = self.db.close().await;
-        for ext in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{ext}", self.path.display()));
-        }
-    }
-}
-
-/// A scratch PostgreSQL database, created from the admin URL and dropped by
-/// [`Scratch::remove`].
-struct Scratch {
-    admin: DatabaseConnection,
-    name: String,
-    db: DatabaseConnection,
-}
-
-impl Scratch {
-    async fn create(admin_url: &str) -> Self {
-        let admin = Database::connect(admin_url).await.expect("postgres admin");
-        let name = format!("t_{}", Uuid::new_v4().simple());
-        admin
-            .execute_unprepared(&format!("CREATE DATABASE \"{name}\""))
-            .await
-            .expect("create scratch database");
-        let mut url = url::Url::parse(admin_url).expect("TEST_DATABASE_URL");
-        url.set_path(&format!("/{name}"));
-        let mut o = ConnectOptions::new(url.to_string());
-        o.max_connections(8).sqlx_logging(false);
-        let db = Database::connect(o).await.expect("scratch database");
-        create_schema(&db).await;
-        Self { admin, name, db }
-    }
-
-    async fn remove(self) {
-        let _ = self.db.close().await;
-        self.admin
-            .execute_unprepared(&format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            ))
-            .await
-            .expect("drop scratch database");
-    }
-}
-
-fn postgres_url() -> Option<String> {
-    std::env::var("TEST_DATABASE_URL")
-        .ok()
-        .filter(|u| u.starts_with("postgres"))
-}
-
-/// Runs `scenario` on in-memory SQLite, then on scratch PostgreSQL when
-/// `TEST_DATABASE_URL` is set (dropping the database even if it panics).
-async fn on_each_backend<F, Fut>(scenario: F)
-where
-    F: Fn(DatabaseConnection) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    scenario(sqlite_memory().await).await;
-    if let Some(admin_url) = postgres_url() {
-        let scratch = Scratch::create(&admin_url).await;
-        let outcome = tokio::spawn(scenario(scratch.db.clone())).await;
-        scratch.remove().await;
-        if let Err(e) = outcome {
-            resume_unwind(e.into_panic());
-        }
-    }
-}
-
-/// Runs `scenario` where connections really contend: a multi-connection
-/// SQLite file, and scratch PostgreSQL when `TEST_DATABASE_URL` is set.
-async fn on_concurrent_backends<F, Fut>(scenario: F)
-where
-    F: Fn(DatabaseConnection) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let file = SqliteFile::create().await;
-    let outcome = tokio::spawn(scenario(file.db.clone())).await;
-    file.remove().await;
-    if let Err(e) = outcome {
-        resume_unwind(e.into_panic());
-    }
-    if let Some(admin_url) = postgres_url() {
-        let scratch = Scratch::create(&admin_url).await;
-        let outcome = tokio::spawn(scenario(scratch.db.clone())).await;
-        scratch.remove().await;
-        if let Err(e) = outcome {
-            resume_unwind(e.into_panic());
-        }
-    } else {
-        eprintln!("TEST_DATABASE_URL unset: PostgreSQL part skipped");
-    }
-}
 
 // ---------------------------------------------------------------- helpers
 
@@ -551,6 +412,146 @@ async fn profile_save_reports_the_unreferenced_avatar() {
         // Input validated for someone else is refused.
         let input = ProfileInput::new(uid, Some("x"), None, None).unwrap();
         assert!(profile::save(&db, Uuid::new_v4(), input).await.is_err());
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------- avatar generation
+
+/// The cleanup's decision for `path`, unreferenced at `generation`, taken as
+/// the job takes it (profile row locked), then the transaction committed.
+async fn cleanup_of(db: &DatabaseConnection, uid: Uuid, path: &str, generation: i64) -> Cleanup {
+    let (txn, profile) = avatar::begin_cleanup(db, uid).await.unwrap();
+    let current = profile
+        .as_ref()
+        .map(|p| (p.avatar_path.as_deref(), p.avatar_generation));
+    let decision = avatar::cleanup_decision(path, generation, current);
+    txn.commit().await.unwrap();
+    decision
+}
+
+/// One completed upload: bump the generation under the lock, commit.
+async fn uploaded(db: &DatabaseConnection, uid: Uuid) -> i64 {
+    let (txn, generation) = avatar::begin_upload(db, uid).await.unwrap();
+    txn.commit().await.unwrap();
+    generation
+}
+
+#[tokio::test]
+async fn avatar_cleanup_decides_by_generation_in_both_orders() {
+    on_each_backend(|db| async move {
+        let id = ident(None);
+        ensure_user(&db, &id, &no_admins()).await.unwrap();
+        let uid = id.user_id;
+        let path = avatar::path_of(uid);
+        let save = |p: &'static str| {
+            let db = db.clone();
+            let path = path.clone();
+            async move {
+                let value = if p.is_empty() { "" } else { path.as_str() };
+                let input = ProfileInput::new(uid, None, Some(value), None).unwrap();
+                profile::save(&db, uid, input).await.unwrap()
+            }
+        };
+
+        // Upload → save → remove → job: the object goes.
+        assert_eq!(uploaded(&db, uid).await, 1);
+        save("set").await;
+        let removed = save("").await;
+        assert_eq!(removed.replaced_object.as_deref(), Some(path.as_str()));
+        assert_eq!(removed.profile.avatar_generation, 1);
+        let generation = removed.profile.avatar_generation;
+        assert_eq!(
+            cleanup_of(&db, uid, &path, generation).await,
+            Cleanup::Delete
+        );
+
+        // Upload → save → remove → upload again → job: the new upload stays,
+        // saved or not.
+        assert_eq!(uploaded(&db, uid).await, 2);
+        save("set").await;
+        let removed = save("").await;
+        let generation = removed.profile.avatar_generation;
+        assert_eq!(generation, 2);
+        assert_eq!(uploaded(&db, uid).await, 3);
+        assert_eq!(
+            cleanup_of(&db, uid, &path, generation).await,
+            Cleanup::KeepRewritten
+        );
+        save("set").await;
+        assert_eq!(
+            cleanup_of(&db, uid, &path, generation).await,
+            Cleanup::KeepReferenced
+        );
+
+        // A profile row that is missing is created by the upload.
+        let late = ident(None);
+        ensure_user(&db, &late, &no_admins()).await.unwrap();
+        profiles::Entity::delete_by_id(late.user_id)
+            .exec(&db)
+            .await
+            .unwrap();
+        assert_eq!(uploaded(&db, late.user_id).await, 1);
+        // Gone with its user: delete.
+        users::Entity::delete_by_id(late.user_id)
+            .exec(&db)
+            .await
+            .unwrap();
+        assert_eq!(
+            cleanup_of(&db, late.user_id, &avatar::path_of(late.user_id), 1).await,
+            Cleanup::Delete
+        );
+    })
+    .await;
+}
+
+/// On PostgreSQL the cleanup waits for an upload that holds the profile row
+/// lock and then sees its generation: it can never decide between the
+/// generation bump and the object being put in place.
+#[tokio::test]
+async fn avatar_cleanup_waits_for_an_upload_in_progress_on_postgres() {
+    common::on_postgres(|db| async move {
+        let id = ident(None);
+        ensure_user(&db, &id, &no_admins()).await.unwrap();
+        let uid = id.user_id;
+        let path = avatar::path_of(uid);
+        let input = ProfileInput::new(uid, None, Some(""), None).unwrap();
+        let removed = profile::save(&db, uid, input).await.unwrap();
+        let generation = removed.profile.avatar_generation;
+
+        let (upload, bumped) = avatar::begin_upload(&db, uid).await.unwrap();
+        assert_eq!(bumped, generation + 1);
+        let cleanup = tokio::spawn({
+            let db = db.clone();
+            let path = path.clone();
+            async move { cleanup_of(&db, uid, &path, generation).await }
+        });
+        // Wait (a condition, not a sleep) until the cleanup is blocked on the lock.
+        let mut blocked = false;
+        for _ in 0..500 {
+            let row = db
+                .query_one_raw(sea_orm::Statement::from_string(
+                    sea_orm::DbBackend::Postgres,
+                    "SELECT count(*) AS n FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            if row.try_get::<i64>("", "n").unwrap() > 0 {
+                blocked = true;
+                break;
+            }
+            assert!(
+                !cleanup.is_finished(),
+                "the cleanup did not wait for the lock"
+            );
+            tokio::task::yield_now().await;
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(blocked, "the cleanup never waited on the profile row lock");
+        upload.commit().await.unwrap();
+        assert_eq!(cleanup.await.unwrap(), Cleanup::KeepRewritten);
     })
     .await;
 }

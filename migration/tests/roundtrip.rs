@@ -1,9 +1,13 @@
-//! Applies every migration, writes and reads one row per table through the
-//! entities, checks the unique and foreign-key rules, then rolls everything back.
+//! Applies every migration, steps the last one down and up again, writes and
+//! reads one row per table through the entities, checks the unique and
+//! foreign-key rules, then rolls everything back (`down`).
 //!
-//! Always runs on an in-memory SQLite database. Runs on PostgreSQL too when
-//! `MIGRATION_TEST_DATABASE_URL` points to an empty scratch database, e.g.
-//! `MIGRATION_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/mig_check`.
+//! Runs on an in-memory SQLite database and on a scratch PostgreSQL database
+//! made from `TEST_DATABASE_ADMIN_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`); the PostgreSQL test fails
+//! with a message when PostgreSQL is unreachable.
+
+mod common;
 
 use chrono::Utc;
 use entity::entities::{
@@ -40,13 +44,11 @@ async fn sqlite_roundtrip() -> Result<(), DbErr> {
 }
 
 #[tokio::test]
-async fn postgres_roundtrip() -> Result<(), DbErr> {
-    let Ok(url) = std::env::var("MIGRATION_TEST_DATABASE_URL") else {
-        eprintln!("MIGRATION_TEST_DATABASE_URL not set: PostgreSQL round trip skipped");
-        return Ok(());
-    };
-    let db = Database::connect(url).await?;
-    roundtrip(&db).await
+async fn postgres_roundtrip() {
+    let scratch = common::Scratch::empty().await;
+    let outcome = roundtrip(&scratch.db).await;
+    scratch.remove().await;
+    outcome.expect("PostgreSQL round trip");
 }
 
 fn assert_sql_err(result: Result<impl std::fmt::Debug, DbErr>, unique: bool) {
@@ -70,6 +72,14 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
     for table in TABLES {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
+
+    // The last migration steps down and up again.
+    assert!(manager.has_column("profiles", "avatar_generation").await?);
+    Migrator::down(db, Some(1)).await?;
+    assert!(!manager.has_column("profiles", "avatar_generation").await?);
+    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 1);
+    Migrator::up(db, None).await?;
+    assert!(manager.has_column("profiles", "avatar_generation").await?);
 
     // users: created_at filled by ActiveModelBehavior...
     let user = users::ActiveModel {
@@ -113,6 +123,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
     .insert(db)
     .await?;
     assert_eq!(profile.created_at, profile.updated_at);
+    assert_eq!(
+        profile.avatar_generation, 0,
+        "avatar_generation defaults to 0"
+    );
 
     let subscription = subscriptions::ActiveModel {
         user_id: Set(user.id),
