@@ -293,7 +293,10 @@ async fn email_api_5xx_is_retried_until_it_succeeds() {
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"id": "email_ok"})))
         .mount(&server)
         .await;
-    let env = email_api_env(&stack, &server).await;
+    // Retries back off from 1 s (default 10 s) so the test stays short.
+    let env = email_api_env(&stack, &server)
+        .await
+        .with("JOB_RETRY_BASE_SECS", "1");
     let api = stack.api(&env).await;
     let _worker = stack.worker(&env).await;
 
@@ -312,11 +315,15 @@ async fn email_api_5xx_is_retried_until_it_succeeds() {
         "expected 2 failed attempts and a successful third; got {} requests",
         reqs.len()
     );
+    // Each failed attempt was acknowledged with its retry scheduled; after the
+    // 200 nothing is left waiting.
     let ok = tests::wait_until(Duration::from_secs(10), || async {
-        stack.redis.count("SCARD", "email:done").await == 1
+        stack.redis.count("SCARD", "email:done").await == 3
+            && stack.redis.count("ZCARD", "email:scheduled").await == 0
+            && stack.redis.count("LLEN", "email:active").await == 0
     })
     .await;
-    assert!(ok, "the job is not marked done after the 200");
+    assert!(ok, "the attempts are not all finished after the 200");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let reqs = email_requests(&server).await;
     assert_eq!(reqs.len(), 3, "no call after the successful one");
