@@ -324,11 +324,7 @@ pub fn is_mailbox_spec(value: &str) -> bool {
         let mut chars = inner.chars();
         while let Some(c) = chars.next() {
             match c {
-                '\\' => {
-                    if chars.next().is_none() {
-                        return false;
-                    }
-                }
+                '\\' if chars.next().is_none() => return false,
                 '"' => return false,
                 _ => {}
             }

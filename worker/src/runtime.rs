@@ -438,7 +438,7 @@ async fn redrive(settings: &Settings, args: &[String]) -> anyhow::Result<()> {
             ids.push(a.clone());
         }
     }
-    if all == !ids.is_empty() {
+    if all != ids.is_empty() {
         anyhow::bail!("give dead-letter ids or --all (not both): `worker dead-letters redrive <ID>…|--all [QUEUE]`");
     }
     if queues.is_empty() {
