@@ -344,3 +344,64 @@ async fn email_api_5xx_is_retried_until_it_succeeds() {
     );
     assert_eq!(stack.redis.count("SCARD", "email:dead").await, 0);
 }
+
+/// `EMAIL_FROM` and `CONTACT_EMAIL` in the `Name <addr>` form every email
+/// service uses: accepted at start, used as-is in the headers, the bare
+/// address on the SMTP envelope.
+#[tokio::test(flavor = "multi_thread")]
+async fn display_name_sender_and_inbox_are_used_as_is() {
+    let stack = Stack::new().await;
+    let sink = SmtpSink::start().await;
+    let env = stack
+        .env()
+        .with("SMTP_URL", sink.url())
+        .with("EMAIL_FROM", "Example Site <site@example.com>")
+        .with("CONTACT_EMAIL", "\"Team, Support\" <inbox@example.com>");
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let body = json!({"name": "Named", "email": "named@example.org", "message": "display names"});
+    let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+    assert_eq!(r.status, 200, "body: {}", r.text);
+    let mails = sink.wait_for(1, Duration::from_secs(30)).await;
+    let m = &mails[0];
+    assert_eq!(m.envelope_from, EMAIL_FROM, "MAIL FROM is the bare address");
+    assert_eq!(m.envelope_to, vec![CONTACT_EMAIL.to_string()], "RCPT TO");
+    let from = m.header("from").expect("From header");
+    assert!(
+        from.contains("Example Site") && from.contains("<site@example.com>"),
+        "From: {from}"
+    );
+    let to = m.header("to").expect("To header");
+    assert!(
+        to.contains("Team, Support") && to.contains("<inbox@example.com>"),
+        "To: {to}"
+    );
+}
+
+/// Start-up refusals that name the variable: a malformed mailbox, and SMTP
+/// credentials that would cross the network in clear.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_sender_or_clear_text_smtp_credentials_stop_both_binaries() {
+    let stack = Stack::new().await;
+    for (var, value) in [
+        ("EMAIL_FROM", "Example Site <site@example.com"),
+        ("CONTACT_EMAIL", "Team <not-an-address>"),
+        ("SMTP_URL", "smtp://user:secret@mail.example.com:25"),
+    ] {
+        let env = stack.env().with(var, value);
+        for bin in ["api", "worker"] {
+            let mut p = tests::Proc::spawn(bin, &[], &env, stack.dir.path());
+            let status = p.wait_exit(Duration::from_secs(20)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let status = status
+                .unwrap_or_else(|| panic!("{bin} kept running with {var}={value}: {}", p.stderr()));
+            assert!(!status.success(), "{bin} accepted {var}={value}");
+            assert!(
+                p.stderr().contains(var),
+                "{bin}: the error must name {var}; stderr:\n{}",
+                p.stderr()
+            );
+            assert!(!p.stderr().contains("secret"), "the password is not echoed");
+        }
+    }
+}
