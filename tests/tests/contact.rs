@@ -32,7 +32,8 @@ async fn contact_message_arrives_at_a_real_smtp_server() {
     let env = stack
         .env()
         .with("SMTP_URL", sink.url())
-        .with("CONTACT_EMAIL", CONTACT_EMAIL);
+        .with("CONTACT_EMAIL", CONTACT_EMAIL)
+        .with("JOB_RETRY_BASE_SECS", "1");
     let api = stack.api(&env).await;
     let _worker = stack.worker(&env).await;
 
@@ -122,9 +123,12 @@ async fn header_injection_through_the_name_adds_no_recipient() {
     );
 }
 
+/// Retries back off from 1 s here (default 10 s): a spurious retry would land
+/// within the "nothing more arrives" waits of these tests.
 async fn email_api_env(stack: &Stack, server: &MockServer) -> tests::EnvMap {
     stack
         .env()
+        .with("JOB_RETRY_BASE_SECS", "1")
         .with("EMAIL_PROVIDER_API_KEY", "re_test_key_123")
         .with("EMAIL_PROVIDER_BASE_URL", server.uri())
         .with("CONTACT_EMAIL", CONTACT_EMAIL)
@@ -293,10 +297,7 @@ async fn email_api_5xx_is_retried_until_it_succeeds() {
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"id": "email_ok"})))
         .mount(&server)
         .await;
-    // Retries back off from 1 s (default 10 s) so the test stays short.
-    let env = email_api_env(&stack, &server)
-        .await
-        .with("JOB_RETRY_BASE_SECS", "1");
+    let env = email_api_env(&stack, &server).await;
     let api = stack.api(&env).await;
     let _worker = stack.worker(&env).await;
 
