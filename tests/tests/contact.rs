@@ -36,6 +36,8 @@ async fn contact_message_arrives_at_a_real_smtp_server() {
         .with("JOB_RETRY_BASE_SECS", "1");
     let api = stack.api(&env).await;
     let _worker = stack.worker(&env).await;
+    let h = tests::get(&api.url("/api/health")).await;
+    assert_eq!(h.json["email_transport"], "smtp", "{}", h.text);
 
     let body = json!({
         "name": "Ann Lee",
@@ -153,6 +155,8 @@ async fn contact_message_reaches_the_http_email_api() {
     let env = email_api_env(&stack, &server).await;
     let api = stack.api(&env).await;
     let _worker = stack.worker(&env).await;
+    let h = tests::get(&api.url("/api/health")).await;
+    assert_eq!(h.json["email_transport"], "api", "{}", h.text);
 
     let body = json!({"name": "Budi Santoso", "email": "budi@example.id", "message": "Halo, ada paket tahunan?"});
     let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
@@ -405,4 +409,26 @@ async fn bad_sender_or_clear_text_smtp_credentials_stop_both_binaries() {
             assert!(!p.stderr().contains("secret"), "the password is not echoed");
         }
     }
+}
+
+/// Production (PostgreSQL + Redis) without a transport: no outbox fallback;
+/// contact is not ready and health says `none`.
+#[tokio::test(flavor = "multi_thread")]
+async fn production_without_a_transport_has_no_outbox() {
+    let stack = Stack::new().await;
+    let api = stack.api(&stack.env()).await;
+    let h = tests::get(&api.url("/api/health")).await;
+    assert_eq!(h.json["email_transport"], "none", "{}", h.text);
+    assert_eq!(
+        h.json["features"]["contact"]["enabled"], false,
+        "{}",
+        h.text
+    );
+    let body = json!({"name": "Nobody", "email": "n@example.org", "message": "no transport"});
+    let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+    assert_eq!(r.status, 503, "{}", r.text);
+    assert!(
+        !stack.dir.path().join("data/outbox").exists(),
+        "production must not write an outbox"
+    );
 }
