@@ -109,7 +109,7 @@ pub struct Settings {
     /// `DEAD_LETTER_RETENTION_SECS`: dead letters older than this are purged by the
     /// maintenance loop (default 1209600 = 14 days, 1–31536000).
     pub dead_letter_retention: Duration,
-    /// `WORKER_HEARTBEAT_MS`: worker heartbeat on Redis; a worker silent for 4 beats is presumed
+    /// `WORKER_HEARTBEAT_MS`: worker heartbeat (Redis and SQLite queues); a worker silent for 4 beats is presumed
     /// dead and its jobs in flight go back to the queue (default 5000, 100–60000).
     pub worker_heartbeat: Duration,
     /// `DEPENDENCY_TIMEOUT_MS`: bound on one database or queue call made while answering a request (default 2000).

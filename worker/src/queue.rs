@@ -204,8 +204,12 @@ impl Queues {
                     .map(|(q, n)| {
                         (
                             *q,
-                            SqliteStorage::new(&pool)
-                                .with_config(apalis_sqlite::Config::default().queue(n)),
+                            SqliteStorage::new(&pool).with_config(
+                                apalis_sqlite::Config::default()
+                                    .queue(n)
+                                    .heartbeat_interval(settings.worker_heartbeat)
+                                    .missed_heartbeats(MISSED_HEARTBEATS),
+                            ),
                         )
                     })
                     .collect();
