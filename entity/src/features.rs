@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::settings::{PaymentProvider, Settings};
+use crate::settings::{EmailTransport, PaymentProvider, Settings};
 
 /// A product feature as reported by health (`features.<key>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -133,15 +133,19 @@ impl Features {
             vec![]
         };
 
+        // The embedded default (no DATABASE_URL, no REDIS_URL, no transport)
+        // delivers to the outbox directory: contact is ready, but
+        // `checks.email_provider` stays false (no real transport).
+        let outbox = s.email_transport() == EmailTransport::Outbox;
         let mut email_missing = Vec::new();
         let http_api = s.email_provider_api_key.is_some();
-        if !http_api && s.smtp_url.is_none() {
+        if !http_api && s.smtp_url.is_none() && !outbox {
             email_missing.push("EMAIL_PROVIDER_API_KEY");
         }
         if http_api && s.smtp_url.is_none() && s.email_provider_base_url.is_none() {
             email_missing.push("EMAIL_PROVIDER_BASE_URL");
         }
-        let email_provider = email_missing.is_empty();
+        let email_provider = email_missing.is_empty() && !outbox;
         if s.email_from.is_none() {
             email_missing.push("EMAIL_FROM");
         }
@@ -261,12 +265,28 @@ mod tests {
     }
 
     #[test]
-    fn contact_needs_a_transport_and_a_sender() {
+    fn embedded_default_sends_contact_mail_to_the_outbox() {
         let f = features(&[]);
+        let c = f.get(Feature::Contact);
+        assert!(c.enabled, "{c:?}");
+        assert!(c.missing_env.is_empty());
+        assert!(!f.email_provider, "the outbox is not an email provider");
+    }
+
+    #[test]
+    fn contact_needs_a_transport_and_a_sender() {
+        let f = features(&[("REDIS_URL", "redis://127.0.0.1:6379")]);
         let c = f.get(Feature::Contact);
         assert!(!c.enabled && !c.disabled_by_flag);
         assert_eq!(c.missing_env, vec!["EMAIL_PROVIDER_API_KEY", "EMAIL_FROM"]);
         assert!(!f.email_provider);
+
+        let f = features(&[("DATABASE_URL", "postgres://localhost/app")]);
+        assert_eq!(
+            f.get(Feature::Contact).missing_env,
+            vec!["EMAIL_PROVIDER_API_KEY", "EMAIL_FROM"],
+            "PostgreSQL alone is production: a real transport is required"
+        );
 
         let f = features(&[
             ("SMTP_URL", "smtp://localhost:2525"),

@@ -98,6 +98,20 @@ pub struct Settings {
     pub job_retention: Duration,
     /// `VACUUM_INTERVAL_SECS`: how often the worker vacuums finished jobs (default 60).
     pub vacuum_interval: Duration,
+    /// `JOB_RETRY_BASE_SECS`: delay before the first retry of a job that failed transiently;
+    /// doubles per attempt (default 10, 1–3600).
+    pub job_retry_base: Duration,
+    /// `JOB_RETRY_MAX_DELAY_SECS`: cap on one retry delay (default 3600, 1–86400).
+    pub job_retry_max_delay: Duration,
+    /// `JOB_RETRY_HORIZON_SECS`: once the retry delays of a job add up to this, its next
+    /// transient failure dead-letters it (default 86400 = 1 day, 0–2592000; 0 = never retry).
+    pub job_retry_horizon: Duration,
+    /// `DEAD_LETTER_RETENTION_SECS`: dead letters older than this are purged by the
+    /// maintenance loop (default 1209600 = 14 days, 1–31536000).
+    pub dead_letter_retention: Duration,
+    /// `WORKER_HEARTBEAT_MS`: worker heartbeat (Redis and SQLite queues); a worker silent for 4 beats is presumed
+    /// dead and its jobs in flight go back to the queue (default 5000, 100–60000).
+    pub worker_heartbeat: Duration,
     /// `DEPENDENCY_TIMEOUT_MS`: bound on one database or queue call made while answering a request (default 2000).
     pub dependency_timeout: Duration,
     /// `DB_MAX_CONNECTIONS`: size of the database pool per process (default 20).
@@ -276,11 +290,113 @@ impl<S: Source + ?Sized> Reader<'_, S> {
         let Some(v) = self.opt(var) else {
             return Ok(None);
         };
-        if !crate::validate::is_mailbox(&v) {
-            return Err(err(var, "expected an email address"));
+        if !is_mailbox_spec(&v) {
+            return Err(err(
+                var,
+                "expected an email address (`addr@example.com`) or an RFC 5322 mailbox \
+                 (`Name <addr@example.com>`)",
+            ));
         }
         Ok(Some(v))
     }
+}
+
+/// An RFC 5322 mailbox as a sender or recipient setting: a bare address
+/// (`addr@example.com`) or `display-name <addr@example.com>`, where the display
+/// name is a quoted string or words without the RFC 5322 specials
+/// (`()<>[]:;@\,"`). The worker parses it again with lettre's `Mailbox`.
+pub fn is_mailbox_spec(value: &str) -> bool {
+    let value = value.trim();
+    if value.chars().any(char::is_control) {
+        return false;
+    }
+    let Some(open) = value.rfind('<') else {
+        return crate::validate::is_mailbox(value);
+    };
+    let Some(addr) = value[open + 1..].strip_suffix('>') else {
+        return false;
+    };
+    if !crate::validate::is_mailbox(addr) {
+        return false;
+    }
+    let name = value[..open].trim();
+    if let Some(inner) = name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
+        // quoted-string: no bare quote or backslash inside.
+        let mut chars = inner.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.next().is_none() => return false,
+                '"' => return false,
+                _ => {}
+            }
+        }
+        true
+    } else {
+        !name.contains(['(', ')', '<', '>', '[', ']', ':', ';', '@', '\\', ',', '"'])
+    }
+}
+
+/// Which transport delivers mail (health's `email_transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmailTransport {
+    /// The HTTP email API (`EMAIL_PROVIDER_API_KEY` + `EMAIL_PROVIDER_BASE_URL`).
+    Api,
+    /// SMTP (`SMTP_URL`).
+    Smtp,
+    /// Embedded default with nothing configured: one `.eml` file per message in
+    /// `$DATA_DIR/outbox`.
+    Outbox,
+    /// None: production (PostgreSQL or Redis configured) without a transport.
+    None,
+}
+
+impl EmailTransport {
+    /// `api`, `smtp`, `outbox` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EmailTransport::Api => "api",
+            EmailTransport::Smtp => "smtp",
+            EmailTransport::Outbox => "outbox",
+            EmailTransport::None => "none",
+        }
+    }
+}
+
+/// Sender used by the outbox transport when `EMAIL_FROM` is unset.
+pub const OUTBOX_DEFAULT_FROM: &str = "noreply@localhost";
+
+/// Refuses SMTP credentials sent in clear: `SMTP_URL` with a user or password,
+/// scheme `smtp` and no `tls=required`, to a host other than loopback.
+fn check_smtp_credentials(url: &str) -> Result<(), SettingsError> {
+    let parsed = url::Url::parse(url).map_err(|e| err("SMTP_URL", format!("not a URL: {e}")))?;
+    let has_credentials = !parsed.username().is_empty() || parsed.password().is_some();
+    if !has_credentials || parsed.scheme().eq_ignore_ascii_case("smtps") {
+        return Ok(());
+    }
+    let tls_required = parsed
+        .query_pairs()
+        .any(|(k, v)| k == "tls" && v.eq_ignore_ascii_case("required"));
+    if tls_required {
+        return Ok(());
+    }
+    let loopback = match parsed.host() {
+        // `smtp` is not a special scheme: an IPv4 host stays a domain string.
+        Some(url::Host::Domain(d)) => {
+            d.eq_ignore_ascii_case("localhost")
+                || d.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    if loopback {
+        return Ok(());
+    }
+    Err(err(
+        "SMTP_URL",
+        "credentials would be sent in clear to a remote host: use smtps:// or add ?tls=required",
+    ))
 }
 
 impl Settings {
@@ -372,7 +488,7 @@ impl Settings {
             None => format!("file://{}", absolute(&data_dir.join("storage")).display()),
         };
 
-        Ok(Settings {
+        let mut settings = Settings {
             host: r.opt("HOST").unwrap_or_else(|| "127.0.0.1".into()),
             port,
             database_url,
@@ -397,6 +513,31 @@ impl Settings {
                 60u64,
                 1,
                 86_400,
+            )?),
+            job_retry_base: Duration::from_secs(r.num_or("JOB_RETRY_BASE_SECS", 10u64, 1, 3600)?),
+            job_retry_max_delay: Duration::from_secs(r.num_or(
+                "JOB_RETRY_MAX_DELAY_SECS",
+                3600u64,
+                1,
+                86_400,
+            )?),
+            job_retry_horizon: Duration::from_secs(r.num_or(
+                "JOB_RETRY_HORIZON_SECS",
+                86_400u64,
+                0,
+                30 * 86_400,
+            )?),
+            dead_letter_retention: Duration::from_secs(r.num_or(
+                "DEAD_LETTER_RETENTION_SECS",
+                14 * 86_400u64,
+                1,
+                365 * 86_400,
+            )?),
+            worker_heartbeat: Duration::from_millis(r.num_or(
+                "WORKER_HEARTBEAT_MS",
+                5000u64,
+                100,
+                60_000,
             )?),
             dependency_timeout: Duration::from_millis(r.num_or(
                 "DEPENDENCY_TIMEOUT_MS",
@@ -437,7 +578,13 @@ impl Settings {
                 .unwrap_or_default(),
             email_provider_api_key: r.opt("EMAIL_PROVIDER_API_KEY"),
             email_provider_base_url: r.url("EMAIL_PROVIDER_BASE_URL", &["http", "https"])?,
-            smtp_url: r.url("SMTP_URL", &["smtp", "smtps"])?,
+            smtp_url: match r.url("SMTP_URL", &["smtp", "smtps"])? {
+                Some(u) => {
+                    check_smtp_credentials(&u)?;
+                    Some(u)
+                }
+                None => None,
+            },
             email_from: r.email("EMAIL_FROM")?,
             contact_email: r.email("CONTACT_EMAIL")?,
             email_timeout: Duration::from_secs(r.num_or("EMAIL_TIMEOUT_SECS", 10u64, 1, 300)?),
@@ -456,7 +603,35 @@ impl Settings {
             openai_api_key: r.opt("OPENAI_API_KEY"),
             anthropic_api_key: r.opt("ANTHROPIC_API_KEY"),
             openai_compatible_base_url: r.url("OPENAI_COMPATIBLE_BASE_URL", &["http", "https"])?,
-        })
+        };
+        if settings.email_from.is_none() && settings.email_transport() == EmailTransport::Outbox {
+            settings.email_from = Some(OUTBOX_DEFAULT_FROM.to_string());
+        }
+        Ok(settings)
+    }
+
+    /// The transport mail goes through: the HTTP API when its key is set (it
+    /// also needs `EMAIL_PROVIDER_BASE_URL`; without it, SMTP if set, else
+    /// none), SMTP when `SMTP_URL` is set, the outbox directory when nothing is
+    /// configured in the embedded mode (no `DATABASE_URL`, no `REDIS_URL`),
+    /// else none.
+    pub fn email_transport(&self) -> EmailTransport {
+        if self.email_provider_api_key.is_some() && self.email_provider_base_url.is_some() {
+            EmailTransport::Api
+        } else if self.smtp_url.is_some() {
+            EmailTransport::Smtp
+        } else if self.email_provider_api_key.is_some() {
+            EmailTransport::None
+        } else if self.database_embedded && self.redis_url.is_none() {
+            EmailTransport::Outbox
+        } else {
+            EmailTransport::None
+        }
+    }
+
+    /// `$DATA_DIR/outbox`: where the outbox transport writes `.eml` files.
+    pub fn outbox_dir(&self) -> PathBuf {
+        self.data_dir.join("outbox")
     }
 
     /// The queue name with this deployment's `QUEUE_PREFIX`.
@@ -555,5 +730,116 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.contact_inbox(), Some("in@example.com"));
+    }
+
+    #[test]
+    fn sender_and_inbox_accept_an_rfc5322_mailbox() {
+        for v in [
+            "noreply@example.com",
+            "Site <noreply@example.com>",
+            "\"Site, Inc.\" <noreply@example.com>",
+            "<noreply@example.com>",
+            "Jane Q. Public <jane@example.org>",
+        ] {
+            let s = with(&[("EMAIL_FROM", v), ("CONTACT_EMAIL", v)])
+                .unwrap_or_else(|e| panic!("{v:?}: {e}"));
+            assert_eq!(s.email_from.as_deref(), Some(v), "kept as-is");
+        }
+        for v in [
+            "Site <noreply@example.com",
+            "Site <not-an-email>",
+            "Site, Inc. <noreply@example.com>",
+            "\"Site <noreply@example.com>",
+            "Site <noreply@localhost>",
+        ] {
+            assert_eq!(
+                with(&[("EMAIL_FROM", v)]).unwrap_err().var,
+                "EMAIL_FROM",
+                "{v:?}"
+            );
+            assert_eq!(
+                with(&[("CONTACT_EMAIL", v)]).unwrap_err().var,
+                "CONTACT_EMAIL",
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn smtp_credentials_need_tls_off_loopback() {
+        let e = with(&[("SMTP_URL", "smtp://user:pass@mail.example.com:25")]).unwrap_err();
+        assert_eq!(e.var, "SMTP_URL");
+        assert!(e.message.contains("tls=required"), "{}", e.message);
+        assert_eq!(
+            with(&[(
+                "SMTP_URL",
+                "smtp://user@mail.example.com:587?tls=opportunistic"
+            )])
+            .unwrap_err()
+            .var,
+            "SMTP_URL"
+        );
+        for ok in [
+            "smtp://user:pass@mail.example.com:587?tls=required",
+            "smtps://user:pass@mail.example.com:465",
+            "smtp://user:pass@localhost:25",
+            "smtp://user:pass@127.0.0.1:2525",
+            "smtp://user:pass@[::1]:2525",
+            "smtp://mail.example.com:25",
+        ] {
+            assert!(with(&[("SMTP_URL", ok)]).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn the_transport_follows_the_configuration() {
+        let t = |pairs: &[(&'static str, &'static str)]| with(pairs).unwrap().email_transport();
+        assert_eq!(t(&[]), EmailTransport::Outbox);
+        assert_eq!(
+            t(&[("REDIS_URL", "redis://127.0.0.1:6379")]),
+            EmailTransport::None
+        );
+        assert_eq!(
+            t(&[("DATABASE_URL", "postgres://localhost/app")]),
+            EmailTransport::None
+        );
+        assert_eq!(
+            t(&[("SMTP_URL", "smtp://localhost:2525")]),
+            EmailTransport::Smtp
+        );
+        assert_eq!(
+            t(&[
+                ("EMAIL_PROVIDER_API_KEY", "k"),
+                ("EMAIL_PROVIDER_BASE_URL", "https://api.example.com")
+            ]),
+            EmailTransport::Api
+        );
+        // A key without its base URL is a broken configuration, not the outbox.
+        assert_eq!(t(&[("EMAIL_PROVIDER_API_KEY", "k")]), EmailTransport::None);
+    }
+
+    #[test]
+    fn the_outbox_has_a_default_sender() {
+        let s = with(&[]).unwrap();
+        assert_eq!(s.email_from.as_deref(), Some(OUTBOX_DEFAULT_FROM));
+        let s = with(&[("REDIS_URL", "redis://127.0.0.1:6379")]).unwrap();
+        assert_eq!(s.email_from, None, "production has no default sender");
+    }
+
+    #[test]
+    fn retry_settings_have_defaults_and_bounds() {
+        let s = with(&[]).unwrap();
+        assert_eq!(s.job_retry_base, Duration::from_secs(10));
+        assert_eq!(s.job_retry_max_delay, Duration::from_secs(3600));
+        assert_eq!(s.job_retry_horizon, Duration::from_secs(86_400));
+        assert_eq!(s.dead_letter_retention, Duration::from_secs(1_209_600));
+        assert_eq!(s.worker_heartbeat, Duration::from_millis(5000));
+        for var in [
+            "JOB_RETRY_BASE_SECS",
+            "JOB_RETRY_MAX_DELAY_SECS",
+            "WORKER_HEARTBEAT_MS",
+        ] {
+            assert_eq!(with(&[(var, "0")]).unwrap_err().var, var);
+        }
     }
 }

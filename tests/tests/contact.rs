@@ -32,9 +32,12 @@ async fn contact_message_arrives_at_a_real_smtp_server() {
     let env = stack
         .env()
         .with("SMTP_URL", sink.url())
-        .with("CONTACT_EMAIL", CONTACT_EMAIL);
+        .with("CONTACT_EMAIL", CONTACT_EMAIL)
+        .with("JOB_RETRY_BASE_SECS", "1");
     let api = stack.api(&env).await;
     let _worker = stack.worker(&env).await;
+    let h = tests::get(&api.url("/api/health")).await;
+    assert_eq!(h.json["email_transport"], "smtp", "{}", h.text);
 
     let body = json!({
         "name": "Ann Lee",
@@ -122,9 +125,12 @@ async fn header_injection_through_the_name_adds_no_recipient() {
     );
 }
 
+/// Retries back off from 1 s here (default 10 s): a spurious retry would land
+/// within the "nothing more arrives" waits of these tests.
 async fn email_api_env(stack: &Stack, server: &MockServer) -> tests::EnvMap {
     stack
         .env()
+        .with("JOB_RETRY_BASE_SECS", "1")
         .with("EMAIL_PROVIDER_API_KEY", "re_test_key_123")
         .with("EMAIL_PROVIDER_BASE_URL", server.uri())
         .with("CONTACT_EMAIL", CONTACT_EMAIL)
@@ -149,6 +155,8 @@ async fn contact_message_reaches_the_http_email_api() {
     let env = email_api_env(&stack, &server).await;
     let api = stack.api(&env).await;
     let _worker = stack.worker(&env).await;
+    let h = tests::get(&api.url("/api/health")).await;
+    assert_eq!(h.json["email_transport"], "api", "{}", h.text);
 
     let body = json!({"name": "Budi Santoso", "email": "budi@example.id", "message": "Halo, ada paket tahunan?"});
     let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
@@ -312,11 +320,15 @@ async fn email_api_5xx_is_retried_until_it_succeeds() {
         "expected 2 failed attempts and a successful third; got {} requests",
         reqs.len()
     );
+    // Each failed attempt was acknowledged with its retry scheduled; after the
+    // 200 nothing is left waiting.
     let ok = tests::wait_until(Duration::from_secs(10), || async {
-        stack.redis.count("SCARD", "email:done").await == 1
+        stack.redis.count("SCARD", "email:done").await == 3
+            && stack.redis.count("ZCARD", "email:scheduled").await == 0
+            && stack.redis.count("LLEN", "email:active").await == 0
     })
     .await;
-    assert!(ok, "the job is not marked done after the 200");
+    assert!(ok, "the attempts are not all finished after the 200");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let reqs = email_requests(&server).await;
     assert_eq!(reqs.len(), 3, "no call after the successful one");
@@ -336,4 +348,87 @@ async fn email_api_5xx_is_retried_until_it_succeeds() {
         "retries must reuse the Idempotency-Key: {keys:?}"
     );
     assert_eq!(stack.redis.count("SCARD", "email:dead").await, 0);
+}
+
+/// `EMAIL_FROM` and `CONTACT_EMAIL` in the `Name <addr>` form every email
+/// service uses: accepted at start, used as-is in the headers, the bare
+/// address on the SMTP envelope.
+#[tokio::test(flavor = "multi_thread")]
+async fn display_name_sender_and_inbox_are_used_as_is() {
+    let stack = Stack::new().await;
+    let sink = SmtpSink::start().await;
+    let env = stack
+        .env()
+        .with("SMTP_URL", sink.url())
+        .with("EMAIL_FROM", "Example Site <site@example.com>")
+        .with("CONTACT_EMAIL", "\"Team, Support\" <inbox@example.com>");
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let body = json!({"name": "Named", "email": "named@example.org", "message": "display names"});
+    let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+    assert_eq!(r.status, 200, "body: {}", r.text);
+    let mails = sink.wait_for(1, Duration::from_secs(30)).await;
+    let m = &mails[0];
+    assert_eq!(m.envelope_from, EMAIL_FROM, "MAIL FROM is the bare address");
+    assert_eq!(m.envelope_to, vec![CONTACT_EMAIL.to_string()], "RCPT TO");
+    let from = m.header("from").expect("From header");
+    assert!(
+        from.contains("Example Site") && from.contains("<site@example.com>"),
+        "From: {from}"
+    );
+    let to = m.header("to").expect("To header");
+    assert!(
+        to.contains("Team, Support") && to.contains("<inbox@example.com>"),
+        "To: {to}"
+    );
+}
+
+/// Start-up refusals that name the variable: a malformed mailbox, and SMTP
+/// credentials that would cross the network in clear.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_sender_or_clear_text_smtp_credentials_stop_both_binaries() {
+    let stack = Stack::new().await;
+    for (var, value) in [
+        ("EMAIL_FROM", "Example Site <site@example.com"),
+        ("CONTACT_EMAIL", "Team <not-an-address>"),
+        ("SMTP_URL", "smtp://user:secret@mail.example.com:25"),
+    ] {
+        let env = stack.env().with(var, value);
+        for bin in ["api", "worker"] {
+            let mut p = tests::Proc::spawn(bin, &[], &env, stack.dir.path());
+            let status = p.wait_exit(Duration::from_secs(20)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let status = status
+                .unwrap_or_else(|| panic!("{bin} kept running with {var}={value}: {}", p.stderr()));
+            assert!(!status.success(), "{bin} accepted {var}={value}");
+            assert!(
+                p.stderr().contains(var),
+                "{bin}: the error must name {var}; stderr:\n{}",
+                p.stderr()
+            );
+            assert!(!p.stderr().contains("secret"), "the password is not echoed");
+        }
+    }
+}
+
+/// Production (PostgreSQL + Redis) without a transport: no outbox fallback;
+/// contact is not ready and health says `none`.
+#[tokio::test(flavor = "multi_thread")]
+async fn production_without_a_transport_has_no_outbox() {
+    let stack = Stack::new().await;
+    let api = stack.api(&stack.env()).await;
+    let h = tests::get(&api.url("/api/health")).await;
+    assert_eq!(h.json["email_transport"], "none", "{}", h.text);
+    assert_eq!(
+        h.json["features"]["contact"]["enabled"], false,
+        "{}",
+        h.text
+    );
+    let body = json!({"name": "Nobody", "email": "n@example.org", "message": "no transport"});
+    let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+    assert_eq!(r.status, 503, "{}", r.text);
+    assert!(
+        !stack.dir.path().join("data/outbox").exists(),
+        "production must not write an outbox"
+    );
 }

@@ -125,3 +125,73 @@ async fn embedded_health_and_in_process_rate_limit() {
     assert!((1..=3600).contains(&retry), "Retry-After {retry}");
     assert!(r.header("x-ratelimit-reset").is_some());
 }
+
+/// Nothing configured at all (no transport, no sender, no database, no Redis):
+/// contact is ready and each message lands as one `.eml` file in
+/// `$DATA_DIR/outbox`, named after the job id; health says `outbox`.
+#[tokio::test(flavor = "multi_thread")]
+async fn contact_with_nothing_configured_goes_to_the_outbox() {
+    let dir = TempDir::new();
+    let env = EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", plans_file().display().to_string());
+    let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
+
+    let h = get(&api.url("/api/health")).await;
+    assert_eq!(h.json["email_transport"], "outbox", "{}", h.text);
+    assert_eq!(h.json["features"]["contact"]["enabled"], true, "{}", h.text);
+    assert_eq!(h.json["checks"]["email_provider"], false, "{}", h.text);
+
+    let r = post(
+        &api,
+        "/api/contact",
+        json!({"name": "Outbox Olga", "email": "olga@example.org", "message": "kept on disk"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let outbox = dir.path().join("data/outbox");
+    let eml_files = || -> Vec<std::path::PathBuf> {
+        match std::fs::read_dir(&outbox) {
+            Ok(rd) => rd
+                .map(|e| e.expect("outbox entry").path())
+                .filter(|p| p.extension().is_some_and(|x| x == "eml"))
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+            Err(e) => panic!("cannot list {}: {e}", outbox.display()),
+        }
+    };
+    assert!(
+        tests::wait_until(Duration::from_secs(30), || async {
+            !eml_files().is_empty()
+        })
+        .await,
+        "no .eml in {}; api stderr:\n{}",
+        outbox.display(),
+        api.stderr()
+    );
+    let files = eml_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let raw = std::fs::read_to_string(&files[0]).expect("read the .eml");
+    let raw = raw.replace("\r\n", "\n");
+    assert!(raw.contains("From: noreply@localhost"), "{raw}");
+    assert!(
+        raw.contains("To: noreply@localhost"),
+        "no CONTACT_EMAIL: the inbox is the sender\n{raw}"
+    );
+    assert!(raw.contains("Reply-To: olga@example.org"), "{raw}");
+    assert!(raw.contains("Outbox Olga"), "{raw}");
+    assert!(raw.contains("kept on disk"), "{raw}");
+    let stem = files[0].file_stem().unwrap().to_string_lossy().into_owned();
+    assert_eq!(
+        stem.len(),
+        26,
+        "file named after the job id (a ULID): {stem}"
+    );
+    assert!(
+        api.stderr().contains(&files[0].display().to_string())
+            || api.stderr().contains(&format!("{stem}.eml")),
+        "the path is logged; stderr:\n{}",
+        api.stderr()
+    );
+}

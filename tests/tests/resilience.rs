@@ -11,6 +11,10 @@ use serde_json::json;
 use tests::{
     host_port, post_json, random_ip, Proc, ProxyMode, SmtpSink, Stack, TcpProxy, CONTACT_EMAIL,
 };
+use wiremock::{
+    matchers::{method, path},
+    Mock, MockServer, Request, ResponseTemplate,
+};
 
 fn marker(i: usize) -> String {
     format!("resilience-marker-{i:03}")
@@ -30,17 +34,28 @@ fn delivered(sink: &SmtpSink, n: usize) -> BTreeMap<usize, usize> {
     seen
 }
 
+/// `WORKER_HEARTBEAT_MS` in these tests: a killed worker's jobs go back to
+/// the queue after 4 missed beats (4 s instead of 20 s).
+const HEARTBEAT_MS: u64 = 1000;
+
+/// How long to wait, after the last expected delivery, before counting
+/// duplicates: past the orphan re-queue interval (4 beats), plus the
+/// whole-second resolution of apalis-redis heartbeats, plus a fetch.
+const PAST_REQUEUE: Duration = Duration::from_millis(4 * HEARTBEAT_MS + 3000);
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_delivery_loses_no_accepted_message() {
-    const N: usize = 30;
+    const N: usize = 12;
     let stack = Stack::new().await;
-    // Each message takes 300 ms to be accepted, so delivery is slow enough to interrupt.
-    let sink = SmtpSink::start_with_delay(Duration::from_millis(300)).await;
+    // The SMTP server holds each message 2 s before its 250, so a delivery is
+    // provably in flight (inside DATA, unanswered) when the kill lands.
+    let sink = SmtpSink::start_with_delay(Duration::from_secs(2)).await;
     let env = stack
         .env()
         .with("SMTP_URL", sink.url())
         .with("CONTACT_EMAIL", CONTACT_EMAIL)
-        .with("WORKER_CONCURRENCY", "2");
+        .with("WORKER_CONCURRENCY", "2")
+        .with("WORKER_HEARTBEAT_MS", HEARTBEAT_MS.to_string());
     let api = stack.api(&env).await;
     for i in 0..N {
         let body = json!({"name": format!("Sender {i}"), "email": format!("s{i}@example.com"), "message": marker(i)});
@@ -49,18 +64,40 @@ async fn sigkill_mid_delivery_loses_no_accepted_message() {
     }
 
     let mut worker = stack.worker(&env).await;
-    let began = tests::wait_until(Duration::from_secs(30), || async { sink.count() >= 2 }).await;
+    let in_flight = tests::wait_until(Duration::from_secs(30), || async {
+        sink.count() >= 1 && sink.in_data() >= 1
+    })
+    .await;
     assert!(
-        began,
-        "the worker never began delivering; stderr:\n{}",
+        in_flight,
+        "no delivery in flight after the first one; stderr:\n{}",
         worker.stderr()
     );
     worker.kill9();
+    let cut = sink.in_data();
     let at_kill = sink.count();
+    let before = delivered(&sink, N);
     assert!(
-        at_kill < N,
+        cut >= 1,
+        "the kill landed between deliveries; the test proved nothing"
+    );
+    assert!(
+        at_kill + cut < N,
         "all {N} were delivered before the kill ({at_kill}); the test proved nothing"
     );
+
+    // The server finishes receiving what was cut (a real MTA would too) and
+    // counts it: these messages were sent, but their jobs never acknowledged.
+    let drained =
+        tests::wait_until(Duration::from_secs(10), || async { sink.in_data() == 0 }).await;
+    assert!(drained, "the sink never finished the cut sessions");
+    let touched = delivered(&sink, N);
+    let cut_markers: Vec<usize> = touched
+        .keys()
+        .filter(|i| !before.contains_key(i))
+        .copied()
+        .collect();
+    assert!(!cut_markers.is_empty(), "no message was cut mid-send");
 
     let t = Instant::now();
     let _worker2 = stack.worker(&env).await;
@@ -76,11 +113,140 @@ async fn sigkill_mid_delivery_loses_no_accepted_message() {
         missing.len(),
         at_kill
     );
+    // Count only once an orphan of the kill would have been re-queued and sent.
+    tokio::time::sleep(PAST_REQUEUE).await;
+    let seen = delivered(&sink, N);
     let dups: usize = seen.values().map(|c| c - 1).sum();
+    // At least once: a message the killed worker had sent (or was sending)
+    // but not acknowledged is sent again once its job is re-queued as an
+    // orphan; a message it had not touched is sent exactly once.
+    for (i, count) in &seen {
+        if !touched.contains_key(i) {
+            assert_eq!(
+                *count, 1,
+                "message {i} untouched at the kill, delivered {count} times: {seen:?}"
+            );
+        }
+    }
+    for i in &cut_markers {
+        assert!(
+            seen[i] >= 2,
+            "message {i} was cut mid-send but its job was never re-run (orphan not re-queued): {seen:?}"
+        );
+    }
     tests::report(&format!(
-        "sigkill: {at_kill} delivered before the kill, all {N} after {:.1}s more, {dups} duplicate deliveries",
+        "sigkill: {cut} in flight and {at_kill} delivered at the kill, all {N} after {:.1}s more, {dups} duplicate deliveries",
         t.elapsed().as_secs_f64()
     ));
+}
+
+/// With the HTTP email API, the job cut mid-request is sent again with the same
+/// `Idempotency-Key`: the provider sees every message under exactly one key.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_mid_request_keeps_the_idempotency_key() {
+    const N: usize = 6;
+    let stack = Stack::new().await;
+    let server = MockServer::start().await;
+    // The fake holds every request 2 s before answering.
+    Mock::given(method("POST"))
+        .and(path("/emails"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"id": "email_ok"}))
+                .set_delay(Duration::from_secs(2)),
+        )
+        .mount(&server)
+        .await;
+    let env = stack
+        .env()
+        .with("EMAIL_PROVIDER_API_KEY", "re_kill")
+        .with("EMAIL_PROVIDER_BASE_URL", server.uri())
+        .with("CONTACT_EMAIL", CONTACT_EMAIL)
+        .with("WORKER_CONCURRENCY", "1")
+        .with("WORKER_HEARTBEAT_MS", HEARTBEAT_MS.to_string());
+    let api = stack.api(&env).await;
+    for i in 0..N {
+        let body = json!({"name": format!("Sender {i}"), "email": format!("k{i}@example.com"), "message": marker(i)});
+        let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+        assert_eq!(r.status, 200, "message {i}: {}", r.text);
+    }
+    let requests = || async {
+        server
+            .received_requests()
+            .await
+            .expect("request recording on")
+    };
+
+    let mut worker = stack.worker(&env).await;
+    // The fake has received a request it has not answered yet (it holds each 2 s).
+    let in_flight = tests::wait_until(Duration::from_secs(30), || async {
+        !requests().await.is_empty()
+    })
+    .await;
+    assert!(
+        in_flight,
+        "no request reached the email API; stderr:\n{}",
+        worker.stderr()
+    );
+    worker.kill9();
+    let at_kill = requests().await.len();
+    assert!(
+        at_kill < N,
+        "the test proved nothing: {at_kill} requests before the kill"
+    );
+
+    let _worker2 = stack.worker(&env).await;
+    let key_of = |r: &Request| {
+        r.headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let marker_of = |r: &Request| {
+        let sent: serde_json::Value = r.body_json().expect("JSON body");
+        (0..N)
+            .find(|i| sent["text"].as_str().unwrap_or("").contains(&marker(*i)))
+            .expect("a marker in every mail")
+    };
+    let all = tests::wait_until(Duration::from_secs(90), || async {
+        let reqs = requests().await;
+        reqs.iter()
+            .map(marker_of)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            == N
+    })
+    .await;
+    assert!(
+        all,
+        "not every message reached the email API after the restart"
+    );
+    // The worker's SIGKILLed request was answered to nobody; count after the
+    // re-queue interval (plus the 2 s the fake holds the last request).
+    tokio::time::sleep(PAST_REQUEUE + Duration::from_secs(2)).await;
+    let reqs = requests().await;
+    let mut keys: BTreeMap<String, std::collections::BTreeSet<usize>> = BTreeMap::new();
+    for r in &reqs {
+        let k = key_of(r);
+        assert!(!k.is_empty(), "Idempotency-Key missing");
+        keys.entry(k).or_default().insert(marker_of(r));
+    }
+    assert_eq!(
+        keys.len(),
+        N,
+        "every message under exactly one key ({} requests): {keys:?}",
+        reqs.len()
+    );
+    assert!(
+        keys.values().all(|m| m.len() == 1),
+        "one key per message: {keys:?}"
+    );
+    assert!(
+        reqs.len() > N,
+        "the request cut by the kill was not sent again ({} requests)",
+        reqs.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -96,7 +262,10 @@ async fn sigint_lets_the_job_in_flight_finish() {
 async fn graceful_stop(signal: &str) {
     let stack = Stack::new().await;
     let sink = SmtpSink::start_with_delay(Duration::from_secs(3)).await;
-    let env = stack.env().with("SMTP_URL", sink.url());
+    let env = stack
+        .env()
+        .with("SMTP_URL", sink.url())
+        .with("WORKER_HEARTBEAT_MS", HEARTBEAT_MS.to_string());
     let api = stack.api(&env).await;
     let body = json!({"name": "Graceful", "email": "g@example.com", "message": marker(0)});
     assert_eq!(
@@ -147,7 +316,7 @@ async fn graceful_stop(signal: &str) {
 
     // A new worker does not deliver it again.
     let _w2 = stack.worker(&env).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(PAST_REQUEUE).await;
     assert_eq!(
         sink.count(),
         1,
@@ -225,13 +394,31 @@ async fn worker_started_before_postgres_waits_for_it() {
             .with("DATABASE_URL", stack.db.url_via(proxy.addr)),
         stack.dir.path(),
     );
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // It says it waits, and keeps waiting: a second attempt is logged while
+    // PostgreSQL still refuses, and nothing is delivered meanwhile (a worker
+    // that ignored PostgreSQL would have sent the queued mail by now).
+    let waited = tests::wait_until(Duration::from_secs(30), || async {
+        worker.stderr().matches("database unavailable").count() >= 2
+    })
+    .await;
+    assert!(
+        waited,
+        "the worker did not log that it waits for PostgreSQL; stderr:\n{}",
+        worker.stderr()
+    );
     assert!(
         worker.is_running(),
         "the worker gave up while PostgreSQL was down; stderr:\n{}",
         worker.stderr()
     );
+    assert_eq!(
+        sink.count(),
+        0,
+        "a job ran before the worker had its database"
+    );
+    assert!(!worker.stderr().contains("worker started"));
     proxy.on();
     sink.wait_for(1, Duration::from_secs(45)).await;
+    assert!(worker.stderr().contains("worker started"));
     assert!(worker.is_running());
 }

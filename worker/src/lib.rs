@@ -5,6 +5,7 @@
 pub mod jobs;
 pub mod mailer;
 pub mod queue;
+pub mod retry;
 pub mod runtime;
 pub mod storage;
 

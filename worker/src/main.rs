@@ -1,7 +1,8 @@
 //! `worker`: processes the job queues. Thin: settings → logging → [`worker::runtime::run`].
 //!
 //! `worker` runs until SIGTERM/SIGINT; `worker dead-letters [QUEUE] [--limit N]`
-//! prints the dead-letter queue as JSON lines.
+//! prints the dead-letter queue as JSON lines; `worker dead-letters redrive
+//! <ID>…|--all [QUEUE]` puts dead letters back on their queue.
 
 use std::sync::Arc;
 
@@ -27,7 +28,8 @@ async fn main() -> std::process::ExitCode {
         }
         Some("dead-letters") => worker::runtime::print_dead_letters(&settings, &args[1..]).await,
         Some(other) => Err(anyhow::anyhow!(
-            "unknown command {other:?}; use `worker` or `worker dead-letters [QUEUE] [--limit N]`"
+            "unknown command {other:?}; use `worker`, `worker dead-letters [QUEUE] [--limit N]` \
+             or `worker dead-letters redrive <ID>…|--all [QUEUE]`"
         )),
     };
     match res {

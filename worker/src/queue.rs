@@ -14,10 +14,14 @@
 //!   active list with one Lua `unpack`, which fails past ~8,000 ids and then
 //!   every fetch fails. [`Queues::promote_due`] moves due jobs in bounded
 //!   chunks; the worker runs it before its fetch loop starts and every
-//!   [`PROMOTE_EVERY`] after, so the set never holds more than a few hundred due ids.
-//! * finished jobs stay in Redis forever. [`Queues::vacuum`] deletes jobs that
-//!   finished (`Done`) more than `JOB_RETENTION_SECS` ago, in bounded chunks.
-//!   Dead-lettered jobs are kept: they are the dead-letter queue.
+//!   [`PROMOTE_EVERY`] after (in its own task), so the set never holds more than
+//!   a few hundred due ids.
+//! * finished jobs stay in Redis forever. [`Queues::vacuum_step`] deletes jobs that
+//!   finished (`Done`) more than `JOB_RETENTION_SECS` ago, examining at most
+//!   [`CHUNK`] ids per call (one `SSCAN … COUNT`); the maintenance loop keeps the
+//!   cursor between ticks. Dead-lettered jobs are kept: they are the dead-letter
+//!   queue, purged after `DEAD_LETTER_RETENTION_SECS` by
+//!   [`Queues::purge_dead_letters_step`] and redriven by [`Queues::redrive`].
 
 use std::{collections::HashMap, sync::LazyLock, time::Duration};
 
@@ -34,14 +38,26 @@ use sea_orm::sqlx::{
 use serde::Serialize;
 use ulid::Ulid;
 
-use crate::jobs::{Job, QueueName};
+/// The SQLite condition for a dead letter: killed (permanent failure or retry
+/// horizon spent), or failed with apalis's own attempts exhausted.
+macro_rules! sqlite_dead {
+    () => {
+        "(status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts))"
+    };
+}
+
+use crate::{
+    jobs::{Envelope, Job, QueueName},
+    retry::RetryState,
+};
 
 /// How often the worker promotes due scheduled jobs (retries) in chunks.
 pub const PROMOTE_EVERY: Duration = Duration::from_millis(250);
 /// The most ids one Lua call moves or deletes.
 pub const CHUNK: usize = 1_000;
-/// Worker heartbeat; a worker silent for `HEARTBEAT * MISSED_HEARTBEATS` is
-/// presumed dead and its in-flight jobs go back to the queue.
+/// Default worker heartbeat (`WORKER_HEARTBEAT_MS`); a worker silent for
+/// `heartbeat * MISSED_HEARTBEATS` is presumed dead and its in-flight jobs go
+/// back to the queue.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// See [`HEARTBEAT`].
 pub const MISSED_HEARTBEATS: usize = 4;
@@ -61,6 +77,14 @@ pub enum QueueError {
     /// The operation took longer than its bound.
     #[error("timed out")]
     Timeout,
+    /// No dead letter with this id on the queue.
+    #[error("no dead letter {id} on queue {queue}")]
+    NotFound {
+        /// The id asked for.
+        id: String,
+        /// The queue searched.
+        queue: String,
+    },
 }
 
 /// One job in the dead-letter queue.
@@ -74,6 +98,9 @@ pub struct DeadLetter {
     pub attempts: Option<u64>,
     /// The last error (as recorded by apalis).
     pub last_error: Option<String>,
+    /// The id the job got when first queued: the idempotency key it keeps on
+    /// every retry and redrive.
+    pub idempotency_key: Option<String>,
     /// The job payload.
     pub job: serde_json::Value,
 }
@@ -82,11 +109,11 @@ pub struct DeadLetter {
 enum Backend {
     Redis {
         conn: ConnectionManager,
-        storages: HashMap<QueueName, RedisStorage<Job>>,
+        storages: HashMap<QueueName, RedisStorage<Envelope>>,
     },
     Sqlite {
         pool: SqlitePool,
-        storages: HashMap<QueueName, SqliteStorage<Job>>,
+        storages: HashMap<QueueName, SqliteStorage<Envelope>>,
     },
 }
 
@@ -144,7 +171,9 @@ impl Queues {
                     .map(|(q, n)| {
                         (
                             *q,
-                            RedisStorage::new(conn.clone()).with_config(redis_config(n)),
+                            RedisStorage::new(conn.clone()).with_config(
+                                redis_config(n).heartbeat_interval(settings.worker_heartbeat),
+                            ),
                         )
                     })
                     .collect();
@@ -175,8 +204,12 @@ impl Queues {
                     .map(|(q, n)| {
                         (
                             *q,
-                            SqliteStorage::new(&pool)
-                                .with_config(apalis_sqlite::Config::default().queue(n)),
+                            SqliteStorage::new(&pool).with_config(
+                                apalis_sqlite::Config::default()
+                                    .queue(n)
+                                    .heartbeat_interval(settings.worker_heartbeat)
+                                    .missed_heartbeats(MISSED_HEARTBEATS),
+                            ),
                         )
                     })
                     .collect();
@@ -213,11 +246,43 @@ impl Queues {
     /// [`Queues::push`] bounded by `limit` instead of `DEPENDENCY_TIMEOUT_MS`
     /// (for a request that already spent part of its time budget).
     pub async fn push_within(&self, job: Job, limit: Duration) -> Result<String, QueueError> {
-        let q = job.queue();
-        let id = Ulid::new();
-        let task = TaskBuilder::new(job)
-            .task_id(TaskId::from_string(id.to_string()))
-            .build();
+        let id = Ulid::new().to_string();
+        let env = Envelope::first(job, &id);
+        self.push_envelope(&id, env, None, limit).await?;
+        Ok(id)
+    }
+
+    /// Schedules the retry of `job` `delay` from now under a new task id, with
+    /// `state` (the same idempotency key). Returns the new task id.
+    pub async fn schedule_retry(
+        &self,
+        job: Job,
+        state: RetryState,
+        delay: Duration,
+    ) -> Result<String, QueueError> {
+        let id = Ulid::new().to_string();
+        let env = Envelope {
+            job,
+            retry: Some(state),
+        };
+        self.push_envelope(&id, env, Some(delay), self.timeout)
+            .await?;
+        Ok(id)
+    }
+
+    async fn push_envelope(
+        &self,
+        id: &str,
+        env: Envelope,
+        delay: Option<Duration>,
+        limit: Duration,
+    ) -> Result<(), QueueError> {
+        let q = env.job.queue();
+        let mut builder = TaskBuilder::new(env).task_id(TaskId::from_string(id.to_string()));
+        if let Some(d) = delay {
+            builder = builder.run_after(d);
+        }
+        let task = builder.build();
         let fut = async {
             match &self.backend {
                 Backend::Redis { storages, .. } => {
@@ -237,7 +302,7 @@ impl Queues {
         tokio::time::timeout(limit, fut)
             .await
             .map_err(|_| QueueError::Timeout)??;
-        Ok(id.to_string())
+        Ok(())
     }
 
     /// Round trip to the queue store (`PING` / `SELECT 1`), bounded.
@@ -268,14 +333,14 @@ impl Queues {
         }
     }
 
-    pub(crate) fn redis_storage(&self, q: QueueName) -> Option<RedisStorage<Job>> {
+    pub(crate) fn redis_storage(&self, q: QueueName) -> Option<RedisStorage<Envelope>> {
         match &self.backend {
             Backend::Redis { storages, .. } => Some(storages[&q].clone()),
             Backend::Sqlite { .. } => None,
         }
     }
 
-    pub(crate) fn sqlite_storage(&self, q: QueueName) -> Option<SqliteStorage<Job>> {
+    pub(crate) fn sqlite_storage(&self, q: QueueName) -> Option<SqliteStorage<Envelope>> {
         match &self.backend {
             Backend::Sqlite { storages, .. } => Some(storages[&q].clone()),
             Backend::Redis { .. } => None,
@@ -312,57 +377,236 @@ impl Queues {
         }
     }
 
-    /// Deletes jobs of `q` that finished successfully more than `retention`
-    /// ago (data, metadata and done-set entry). Dead-lettered jobs stay.
-    /// Returns how many were removed.
-    pub async fn vacuum(&self, q: QueueName, retention: Duration) -> Result<usize, QueueError> {
+    /// One bounded step of the vacuum: examines at most [`CHUNK`] ids of the
+    /// done set of `q` from `cursor` (one `SSCAN … COUNT`; start with 0) and
+    /// deletes those that finished successfully more than `retention` ago
+    /// (data, metadata and done-set entry). Dead-lettered jobs stay. Returns
+    /// the cursor to continue from (0 when the scan is complete) and how many
+    /// jobs were removed. On SQLite one step deletes at most [`CHUNK`] rows and
+    /// returns cursor 0.
+    pub async fn vacuum_step(
+        &self,
+        q: QueueName,
+        retention: Duration,
+        cursor: u64,
+    ) -> Result<(u64, usize), QueueError> {
+        match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let cfg = redis_config(self.name(q));
+                self.sweep_step(
+                    conn,
+                    &VACUUM_SCRIPT,
+                    &cfg.done_jobs_set(),
+                    &cfg,
+                    retention,
+                    cursor,
+                )
+                .await
+            }
+            Backend::Sqlite { pool, .. } => {
+                let res = sqlx::query(
+                    "DELETE FROM Jobs WHERE rowid IN (SELECT rowid FROM Jobs WHERE job_type = ?1 \
+                     AND status = 'Done' AND done_at IS NOT NULL \
+                     AND done_at <= strftime('%s','now') - ?2 LIMIT ?3)",
+                )
+                .bind(self.name(q))
+                .bind(retention.as_secs() as i64)
+                .bind(CHUNK as i64)
+                .execute(pool)
+                .await?;
+                Ok((0, res.rows_affected() as usize))
+            }
+        }
+    }
+
+    /// One bounded step of the dead-letter purge: like [`Queues::vacuum_step`]
+    /// on the dead-letter queue of `q`, deleting dead letters that died more
+    /// than `retention` ago (`DEAD_LETTER_RETENTION_SECS`).
+    pub async fn purge_dead_letters_step(
+        &self,
+        q: QueueName,
+        retention: Duration,
+        cursor: u64,
+    ) -> Result<(u64, usize), QueueError> {
+        match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let cfg = redis_config(self.name(q));
+                self.sweep_step(
+                    conn,
+                    &PURGE_DEAD_SCRIPT,
+                    &cfg.dead_jobs_set(),
+                    &cfg,
+                    retention,
+                    cursor,
+                )
+                .await
+            }
+            Backend::Sqlite { pool, .. } => {
+                let res = sqlx::query(concat!(
+                    "DELETE FROM Jobs WHERE rowid IN (SELECT rowid FROM Jobs WHERE job_type = ?1 AND ",
+                    sqlite_dead!(),
+                    " AND done_at IS NOT NULL \
+                     AND done_at <= strftime('%s','now') - ?2 LIMIT ?3)"
+                ))
+                .bind(self.name(q))
+                .bind(retention.as_secs() as i64)
+                .bind(CHUNK as i64)
+                .execute(pool)
+                .await?;
+                Ok((0, res.rows_affected() as usize))
+            }
+        }
+    }
+
+    async fn sweep_step(
+        &self,
+        conn: &ConnectionManager,
+        script: &Script,
+        set: &str,
+        cfg: &apalis_redis::Config,
+        retention: Duration,
+        cursor: u64,
+    ) -> Result<(u64, usize), QueueError> {
+        let mut c = conn.clone();
+        let cutoff = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            .saturating_sub(retention.as_secs());
+        let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
+            .arg(set)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(CHUNK)
+            .query_async(&mut c)
+            .await?;
+        if ids.is_empty() {
+            return Ok((next, 0));
+        }
+        let mut inv = script.key(cfg.job_data_hash());
+        inv.key(cfg.job_meta_hash()).key(set).arg(cutoff);
+        for id in &ids {
+            inv.arg(id);
+        }
+        let n: usize = inv.invoke_async(&mut c).await?;
+        Ok((next, n))
+    }
+
+    /// Puts dead letters of `q` back on their queue with a fresh retry budget
+    /// and their original idempotency key, under a new task id, and removes
+    /// them from the dead-letter queue. `ids` selects them (`None`: all).
+    /// Returns `(dead letter id, new task id)` pairs. An id that is not a dead
+    /// letter of `q` is [`QueueError::NotFound`] (ids before it were redriven).
+    pub async fn redrive(
+        &self,
+        q: QueueName,
+        ids: Option<&[String]>,
+    ) -> Result<Vec<(String, String)>, QueueError> {
+        let queue = self.name(q).to_string();
+        let ids: Vec<String> = match ids {
+            Some(ids) => ids.to_vec(),
+            None => self.dead_letter_ids(q).await?,
+        };
+        let mut out = Vec::new();
+        for id in ids {
+            let Some(env) = self.dead_letter_payload(q, &id).await? else {
+                return Err(QueueError::NotFound {
+                    id,
+                    queue: queue.clone(),
+                });
+            };
+            let key = env.state(&id).idempotency_key;
+            let new_id = Ulid::new().to_string();
+            self.push_envelope(&new_id, Envelope::first(env.job, &key), None, self.timeout)
+                .await?;
+            self.forget(q, &id).await?;
+            out.push((id, new_id));
+        }
+        Ok(out)
+    }
+
+    async fn dead_letter_ids(&self, q: QueueName) -> Result<Vec<String>, QueueError> {
         match &self.backend {
             Backend::Redis { conn, .. } => {
                 let cfg = redis_config(self.name(q));
                 let mut c = conn.clone();
-                let cutoff = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs()
-                    .saturating_sub(retention.as_secs());
-                let done_set = cfg.done_jobs_set();
-                let mut cursor: u64 = 0;
-                let mut total = 0;
-                loop {
-                    let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
-                        .arg(&done_set)
-                        .arg(cursor)
-                        .arg("COUNT")
-                        .arg(CHUNK)
-                        .query_async(&mut c)
-                        .await?;
-                    for chunk in ids.chunks(CHUNK) {
-                        let mut inv = VACUUM_SCRIPT.key(cfg.job_data_hash());
-                        inv.key(cfg.job_meta_hash()).key(&done_set).arg(cutoff);
-                        for id in chunk {
-                            inv.arg(id);
-                        }
-                        let n: usize = inv.invoke_async(&mut c).await?;
-                        total += n;
-                    }
-                    cursor = next;
-                    if cursor == 0 {
-                        return Ok(total);
-                    }
+                Ok(c.smembers(cfg.dead_jobs_set()).await?)
+            }
+            Backend::Sqlite { pool, .. } => Ok(sqlx::query_scalar(concat!(
+                "SELECT id FROM Jobs WHERE job_type = ?1 AND ",
+                sqlite_dead!(),
+                " ORDER BY done_at"
+            ))
+            .bind(self.name(q))
+            .fetch_all(pool)
+            .await?),
+        }
+    }
+
+    /// Whether `id` is a dead letter of `q`.
+    pub async fn dead_letters_contains(&self, q: QueueName, id: &str) -> Result<bool, QueueError> {
+        Ok(self.dead_letter_payload(q, id).await?.is_some())
+    }
+
+    /// The payload of dead letter `id` of `q`, or `None` when it is not one.
+    async fn dead_letter_payload(
+        &self,
+        q: QueueName,
+        id: &str,
+    ) -> Result<Option<Envelope>, QueueError> {
+        let data: Option<Vec<u8>> = match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let cfg = redis_config(self.name(q));
+                let mut c = conn.clone();
+                let dead: bool = c.sismember(cfg.dead_jobs_set(), id).await?;
+                if !dead {
+                    return Ok(None);
                 }
+                c.hget(cfg.job_data_hash(), id).await?
             }
             Backend::Sqlite { pool, .. } => {
-                let res = sqlx::query(
-                    "DELETE FROM Jobs WHERE job_type = ?1 AND status = 'Done' \
-                     AND done_at IS NOT NULL AND done_at <= strftime('%s','now') - ?2",
-                )
+                sqlx::query_scalar(concat!(
+                    "SELECT job FROM Jobs WHERE job_type = ?1 AND id = ?2 AND ",
+                    sqlite_dead!()
+                ))
                 .bind(self.name(q))
-                .bind(retention.as_secs() as i64)
-                .execute(pool)
-                .await?;
-                Ok(res.rows_affected() as usize)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            }
+        };
+        let Some(data) = data else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|e| QueueError::Push(format!("dead letter {id} does not decode: {e}")))
+    }
+
+    /// Removes job `id` of `q` (data, metadata, dead-set entry).
+    async fn forget(&self, q: QueueName, id: &str) -> Result<(), QueueError> {
+        match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let cfg = redis_config(self.name(q));
+                let mut c = conn.clone();
+                redis::pipe()
+                    .atomic()
+                    .srem(cfg.dead_jobs_set(), id)
+                    .hdel(cfg.job_data_hash(), id)
+                    .hdel(format!("{}:result", cfg.job_meta_hash()), id)
+                    .del(format!("{}:{}", cfg.job_meta_hash(), id))
+                    .query_async::<()>(&mut c)
+                    .await?;
+            }
+            Backend::Sqlite { pool, .. } => {
+                sqlx::query("DELETE FROM Jobs WHERE job_type = ?1 AND id = ?2")
+                    .bind(self.name(q))
+                    .bind(id)
+                    .execute(pool)
+                    .await?;
             }
         }
+        Ok(())
     }
 
     /// Lists up to `limit` dead-lettered jobs of `q`.
@@ -382,10 +626,12 @@ impl Queues {
                     let data: Option<Vec<u8>> = c.hget(cfg.job_data_hash(), &id).await?;
                     let meta: HashMap<String, String> =
                         c.hgetall(format!("{}:{}", cfg.job_meta_hash(), id)).await?;
+                    let job: serde_json::Value = data
+                        .and_then(|d| serde_json::from_slice(&d).ok())
+                        .unwrap_or(serde_json::Value::Null);
                     out.push(DeadLetter {
-                        job: data
-                            .and_then(|d| serde_json::from_slice(&d).ok())
-                            .unwrap_or(serde_json::Value::Null),
+                        idempotency_key: Some(idempotency_key(&job, &id)),
+                        job,
                         attempts: meta.get("attempts").and_then(|a| a.parse().ok()),
                         last_error: meta.get("result").cloned(),
                         queue: queue.clone(),
@@ -395,11 +641,11 @@ impl Queues {
                 Ok(out)
             }
             Backend::Sqlite { pool, .. } => {
-                let rows = sqlx::query(
-                    "SELECT id, job, attempts, last_result FROM Jobs WHERE job_type = ?1 AND \
-                     (status = 'Killed' OR (status = 'Failed' AND attempts >= max_attempts)) \
-                     ORDER BY done_at LIMIT ?2",
-                )
+                let rows = sqlx::query(concat!(
+                    "SELECT id, job, attempts, last_result FROM Jobs WHERE job_type = ?1 AND ",
+                    sqlite_dead!(),
+                    " ORDER BY done_at LIMIT ?2"
+                ))
                 .bind(&queue)
                 .bind(limit as i64)
                 .fetch_all(pool)
@@ -408,12 +654,16 @@ impl Queues {
                     .into_iter()
                     .map(|r| {
                         let job: Vec<u8> = r.try_get("job").unwrap_or_default();
+                        let job: serde_json::Value =
+                            serde_json::from_slice(&job).unwrap_or(serde_json::Value::Null);
+                        let id: String = r.try_get("id").unwrap_or_default();
                         DeadLetter {
-                            id: r.try_get("id").unwrap_or_default(),
+                            idempotency_key: Some(idempotency_key(&job, &id)),
+                            id,
                             queue: queue.clone(),
                             attempts: r.try_get::<i64, _>("attempts").ok().map(|a| a as u64),
                             last_error: r.try_get("last_result").ok(),
-                            job: serde_json::from_slice(&job).unwrap_or(serde_json::Value::Null),
+                            job,
                         }
                     })
                     .collect())
@@ -442,6 +692,15 @@ impl Queues {
             }
         }
     }
+}
+
+/// The idempotency key recorded in a queued payload, else the task id.
+fn idempotency_key(job: &serde_json::Value, id: &str) -> String {
+    job.get("retry")
+        .and_then(|r| r.get("idempotency_key"))
+        .and_then(|k| k.as_str())
+        .unwrap_or(id)
+        .to_string()
 }
 
 /// KEYS: scheduled zset, active list, signal list. ARGV: now (s), chunk size.
@@ -473,6 +732,30 @@ for i = 2, #ARGV do
   local status = redis.call('hget', meta, 'status')
   local done_at = tonumber(redis.call('hget', meta, 'done_at'))
   if (status == 'Done' and done_at and done_at <= cutoff) or status == false then
+    redis.call('hdel', KEYS[1], id)
+    redis.call('hdel', KEYS[2] .. ':result', id)
+    redis.call('del', meta)
+    redis.call('srem', KEYS[3], id)
+    deleted = deleted + 1
+  end
+end
+return deleted
+",
+    )
+});
+
+/// KEYS: data hash, meta prefix, dead set. ARGV: cutoff (s), then task ids.
+/// Deletes each id that died at or before the cutoff (or has no metadata).
+static PURGE_DEAD_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local deleted = 0
+local cutoff = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local meta = KEYS[2] .. ':' .. id
+  local done_at = tonumber(redis.call('hget', meta, 'done_at'))
+  if (done_at and done_at <= cutoff) or redis.call('exists', meta) == 0 then
     redis.call('hdel', KEYS[1], id)
     redis.call('hdel', KEYS[2] .. ':result', id)
     redis.call('del', meta)

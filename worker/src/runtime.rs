@@ -1,6 +1,10 @@
-//! The worker runtime: one supervised apalis worker per served queue, plus the
-//! maintenance loop (backlog guard and vacuum). Used by the `worker` binary and
-//! by `api --with-worker`.
+//! The worker runtime: one supervised apalis worker per served queue, the
+//! promotion task (backlog guard) and the maintenance loop (bounded vacuum and
+//! dead-letter purge). Used by the `worker` binary and by `api --with-worker`.
+//!
+//! * A job attempt that fails transiently is acknowledged and retried later by
+//!   our own schedule ([`crate::retry`]); a permanent failure, or a transient
+//!   one once the retry horizon is spent, dead-letters it.
 //!
 //! * A worker that loses Redis or the database does not exit: its supervisor
 //!   logs the error and starts a fresh worker (new unique name) after a backoff
@@ -11,19 +15,25 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use apalis::prelude::{
-    Attempt, BackendExt, BoxDynError, Data, TaskId, WorkerBuilder, WorkerBuilderExt,
-};
+use apalis::prelude::{BackendExt, BoxDynError, Data, TaskId, WorkerBuilder, WorkerBuilderExt};
 use entity::Settings;
 use sea_orm::DatabaseConnection;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    jobs::{self, Job, JobContext, QueueName},
+    jobs::{self, Envelope, JobContext, JobError, QueueName},
     mailer::Mailer,
     queue::{Queues, PROMOTE_EVERY},
+    retry::{random_jitter, RetryPolicy},
 };
+
+/// What the task function needs to schedule retries.
+#[derive(Clone)]
+struct Retrier {
+    queues: Queues,
+    policy: RetryPolicy,
+}
 
 /// Jobs in flight per apalis worker; `WORKER_CONCURRENCY` is split across
 /// `ceil(WORKER_CONCURRENCY / PER_WORKER)` workers per queue.
@@ -110,6 +120,10 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
         mailer,
         storage,
     };
+    let retrier = Retrier {
+        queues: queues.clone(),
+        policy: RetryPolicy::from_settings(&settings),
+    };
 
     // Guard the Redis backlog before the first fetch (see queue.rs).
     for q in &served {
@@ -140,11 +154,13 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
                 queues.clone(),
                 q,
                 ctx.clone(),
+                retrier.clone(),
                 n,
                 shutdown.clone(),
             ));
         }
     }
+    set.spawn(promote(queues.clone(), served.clone(), shutdown.clone()));
     set.spawn(maintain(
         queues.clone(),
         served.clone(),
@@ -160,26 +176,62 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     Ok(())
 }
 
-/// The apalis task function: decode → [`jobs::handle`].
+/// The apalis task function: decode → [`jobs::handle`] → on a transient
+/// failure, schedule the retry and acknowledge this attempt.
 async fn run_job(
-    job: Job,
+    env: Envelope,
     ctx: Data<JobContext>,
+    retrier: Data<Retrier>,
     id: TaskId,
-    attempt: Attempt,
 ) -> Result<(), BoxDynError> {
-    let id = id.to_string();
-    let n = attempt.current();
-    let kind = job.kind();
+    let task_id = id.to_string();
+    let state = env.state(&task_id);
+    let key = state.idempotency_key.clone();
+    let n = state.attempt;
+    let kind = env.job.kind();
     let started = std::time::Instant::now();
-    let res = jobs::handle(job, &id, n, &ctx).await;
-    tracing::debug!(task_id = %id, kind, attempt = n, ok = res.is_ok(), elapsed_ms = started.elapsed().as_millis() as u64, "job attempt finished");
-    res.map_err(jobs::JobError::into_apalis)
+    let res = jobs::handle(env.job.clone(), &key, n as usize, &ctx).await;
+    tracing::debug!(%task_id, idempotency_key = %key, kind, attempt = n, ok = res.is_ok(), elapsed_ms = started.elapsed().as_millis() as u64, "job attempt finished");
+    let reason = match res {
+        Ok(()) => return Ok(()),
+        Err(JobError::Permanent(m)) => return Err(JobError::Permanent(m).into_apalis()),
+        Err(JobError::Retry(m)) => m,
+    };
+    let Some(delay) = retrier
+        .policy
+        .next_delay(n, state.delayed(), random_jitter())
+    else {
+        tracing::error!(%task_id, idempotency_key = %key, kind, attempts = n, error = %reason, "retry horizon spent; dead-lettered");
+        return Err(JobError::Permanent(format!(
+            "retry horizon spent after {n} attempts; last error: {reason}"
+        ))
+        .into_apalis());
+    };
+    match retrier
+        .queues
+        .schedule_retry(env.job, state.next(delay), delay)
+        .await
+    {
+        Ok(retry_id) => {
+            tracing::info!(%task_id, idempotency_key = %key, kind, attempt = n, retry_task_id = %retry_id, retry_in_ms = delay.as_millis() as u64, error = %reason, "job failed; retry scheduled");
+            Ok(())
+        }
+        Err(e) => {
+            // The queue's own retry takes over (apalis-redis: a few seconds later).
+            tracing::warn!(%task_id, kind, error = %e, "could not schedule the retry; failing the attempt");
+            Err(
+                JobError::Retry(format!("{reason}; scheduling the retry failed: {e}"))
+                    .into_apalis(),
+            )
+        }
+    }
 }
 
 async fn supervise(
     queues: Queues,
     q: QueueName,
     ctx: JobContext,
+    retrier: Retrier,
     concurrency: usize,
     shutdown: CancellationToken,
 ) {
@@ -198,6 +250,7 @@ async fn supervise(
             WorkerBuilder::new(name.clone())
                 .backend(storage.poll_with_interval(POLL_EVERY))
                 .data(ctx.clone())
+                .data(retrier.clone())
                 .concurrency(concurrency)
                 .build(run_job)
                 .run_until(stop)
@@ -206,6 +259,7 @@ async fn supervise(
             WorkerBuilder::new(name.clone())
                 .backend(storage.poll_with_interval(POLL_EVERY))
                 .data(ctx.clone())
+                .data(retrier.clone())
                 .concurrency(concurrency)
                 .build(run_job)
                 .run_until(stop)
@@ -233,33 +287,62 @@ async fn supervise(
     }
 }
 
-/// Backlog guard every [`PROMOTE_EVERY`], vacuum every `VACUUM_INTERVAL_SECS`.
-async fn maintain(
-    queues: Queues,
-    served: Vec<QueueName>,
-    settings: Arc<Settings>,
-    shutdown: CancellationToken,
-) {
-    let mut promote = tokio::time::interval(PROMOTE_EVERY);
-    promote.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut vacuum = tokio::time::interval(settings.vacuum_interval);
-    vacuum.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// The backlog guard: promotes due jobs every [`PROMOTE_EVERY`], in its own
+/// task so that a slow vacuum never delays it.
+async fn promote(queues: Queues, served: Vec<QueueName>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(PROMOTE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = promote.tick() => {
+            _ = tick.tick() => {
                 for q in &served {
                     if let Err(e) = queues.promote_due(*q).await {
                         tracing::warn!(queue = %q, error = %e, "promote failed");
                     }
                 }
             }
-            _ = vacuum.tick() => {
+        }
+    }
+}
+
+/// Every `VACUUM_INTERVAL_SECS`, one bounded step per queue of the vacuum of
+/// finished jobs and of the purge of dead letters older than
+/// `DEAD_LETTER_RETENTION_SECS`; each keeps its scan cursor between ticks.
+async fn maintain(
+    queues: Queues,
+    served: Vec<QueueName>,
+    settings: Arc<Settings>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(settings.vacuum_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut vacuum_cursor: std::collections::HashMap<QueueName, u64> = Default::default();
+    let mut purge_cursor: std::collections::HashMap<QueueName, u64> = Default::default();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {
                 for q in &served {
-                    match queues.vacuum(*q, settings.job_retention).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(queue = %q, removed = n, "vacuumed finished jobs"),
+                    let cursor = vacuum_cursor.entry(*q).or_default();
+                    match queues.vacuum_step(*q, settings.job_retention, *cursor).await {
+                        Ok((next, n)) => {
+                            *cursor = next;
+                            if n > 0 {
+                                tracing::info!(queue = %q, removed = n, "vacuumed finished jobs");
+                            }
+                        }
                         Err(e) => tracing::warn!(queue = %q, error = %e, "vacuum failed"),
+                    }
+                    let cursor = purge_cursor.entry(*q).or_default();
+                    match queues.purge_dead_letters_step(*q, settings.dead_letter_retention, *cursor).await {
+                        Ok((next, n)) => {
+                            *cursor = next;
+                            if n > 0 {
+                                tracing::info!(queue = %q, removed = n, "purged expired dead letters");
+                            }
+                        }
+                        Err(e) => tracing::warn!(queue = %q, error = %e, "dead-letter purge failed"),
                     }
                 }
             }
@@ -305,7 +388,13 @@ pub fn cancel_on_signal(token: CancellationToken) {
 }
 
 /// `worker dead-letters [QUEUE] [--limit N]`: one JSON object per line.
+/// `worker dead-letters redrive <ID>…|--all [QUEUE]`: puts dead letters back
+/// on their queue (see [`Queues::redrive`]); prints one
+/// `{"id","queue","new_id"}` line per job.
 pub async fn print_dead_letters(settings: &Settings, args: &[String]) -> anyhow::Result<()> {
+    if args.first().map(String::as_str) == Some("redrive") {
+        return redrive(settings, &args[1..]).await;
+    }
     let mut limit = 100usize;
     let mut queues = Vec::new();
     let mut it = args.iter();
@@ -328,6 +417,58 @@ pub async fn print_dead_letters(settings: &Settings, args: &[String]) -> anyhow:
         for dl in q.dead_letters(name, limit).await? {
             println!("{}", serde_json::to_string(&dl)?);
         }
+    }
+    Ok(())
+}
+
+async fn redrive(settings: &Settings, args: &[String]) -> anyhow::Result<()> {
+    let mut all = false;
+    let mut ids = Vec::new();
+    let mut queues = Vec::new();
+    for a in args {
+        if a == "--all" {
+            all = true;
+        } else if let Ok(q) = a.parse::<QueueName>() {
+            queues.push(q);
+        } else if a.starts_with('-') {
+            anyhow::bail!(
+                "unknown option {a:?}; use `worker dead-letters redrive <ID>…|--all [QUEUE]`"
+            );
+        } else {
+            ids.push(a.clone());
+        }
+    }
+    if all != ids.is_empty() {
+        anyhow::bail!("give dead-letter ids or --all (not both): `worker dead-letters redrive <ID>…|--all [QUEUE]`");
+    }
+    if queues.is_empty() {
+        queues = QueueName::ALL.to_vec();
+    }
+    let q = Queues::connect(settings).await?;
+    let mut left: Vec<String> = ids.clone();
+    for name in queues {
+        let moved = if all {
+            q.redrive(name, None).await?
+        } else {
+            // Only the ids that are dead letters of this queue.
+            let mut mine = Vec::new();
+            for id in &left {
+                if q.dead_letters_contains(name, id).await? {
+                    mine.push(id.clone());
+                }
+            }
+            q.redrive(name, Some(&mine)).await?
+        };
+        for (id, new_id) in moved {
+            left.retain(|l| *l != id);
+            println!(
+                "{}",
+                serde_json::json!({"id": id, "queue": q.name(name), "new_id": new_id})
+            );
+        }
+    }
+    if !all && !left.is_empty() {
+        anyhow::bail!("not dead letters: {}", left.join(", "));
     }
     Ok(())
 }

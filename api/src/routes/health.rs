@@ -83,12 +83,30 @@ pub struct Health {
     pub payment_provider: String,
     /// Configuration presence checks.
     pub checks: Checks,
+    /// The transport contact mail goes through.
+    pub email_transport: EmailTransportName,
     /// Database probe (`SELECT 1`).
     pub database: Probe,
     /// Queue probe (`PING` / `SELECT 1`).
     pub queue: QueueProbe,
     /// Readiness per feature.
     pub features: FeatureMap,
+}
+
+/// Which transport delivers mail: `api` (HTTP email API), `smtp`, `outbox`
+/// (embedded default with nothing configured: one `.eml` file per message in
+/// `$DATA_DIR/outbox`) or `none` (production without a transport).
+#[derive(Debug, Clone, Copy, poem_openapi::Enum)]
+#[oai(rename_all = "lowercase")]
+pub enum EmailTransportName {
+    /// HTTP email API.
+    Api,
+    /// SMTP.
+    Smtp,
+    /// Outbox directory.
+    Outbox,
+    /// No transport.
+    None,
 }
 
 /// Health answers.
@@ -197,6 +215,12 @@ async fn health_inner(state: &AppState) -> Health {
             backend_public: f.backend_public,
             backend_service_role: f.backend_service_role,
             email_provider: f.email_provider,
+        },
+        email_transport: match state.settings.email_transport() {
+            entity::settings::EmailTransport::Api => EmailTransportName::Api,
+            entity::settings::EmailTransport::Smtp => EmailTransportName::Smtp,
+            entity::settings::EmailTransport::Outbox => EmailTransportName::Outbox,
+            entity::settings::EmailTransport::None => EmailTransportName::None,
         },
         database,
         queue,

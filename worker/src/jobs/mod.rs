@@ -12,7 +12,7 @@ pub mod email;
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
 
-use crate::{mailer::Mailer, storage::Storage};
+use crate::{mailer::Mailer, retry::RetryState, storage::Storage};
 
 /// A queue: one apalis storage (Redis key space `<QUEUE_PREFIX>:<name>:*`, or
 /// SQLite `job_type`), served by its own worker loop.
@@ -85,6 +85,37 @@ impl Job {
     }
 }
 
+/// What a queue holds: a [`Job`] plus its retry bookkeeping. Serialised as
+/// the job's own JSON with an extra `retry` object, so payloads queued before
+/// retries were tracked (no `retry` key) still decode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The job.
+    #[serde(flatten)]
+    pub job: Job,
+    /// Idempotency key, attempt number and retry delay so far; absent on
+    /// payloads from older versions (the task id is then the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryState>,
+}
+
+impl Envelope {
+    /// `job` queued for the first time (or redriven) with idempotency key `id`.
+    pub fn first(job: Job, id: &str) -> Self {
+        Envelope {
+            job,
+            retry: Some(RetryState::first(id)),
+        }
+    }
+
+    /// The retry state, defaulting to a first attempt keyed by `task_id`.
+    pub fn state(&self, task_id: &str) -> RetryState {
+        self.retry
+            .clone()
+            .unwrap_or_else(|| RetryState::first(task_id))
+    }
+}
+
 /// What handlers get to work with.
 #[derive(Clone)]
 pub struct JobContext {
@@ -99,7 +130,8 @@ pub struct JobContext {
 /// How a job attempt ended when it did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobError {
-    /// Worth another attempt (network, 5xx, timeouts): apalis retries it.
+    /// Worth another attempt (network, 5xx, timeouts): retried with backoff
+    /// until the retry horizon (see [`crate::retry`]).
     Retry(String),
     /// Will never succeed (bad payload, 4xx rejection): goes to the dead-letter queue now.
     Permanent(String),
@@ -118,8 +150,8 @@ impl JobError {
     }
 }
 
-/// Runs one job attempt. `task_id` is the queue's id of the job (stable across
-/// retries; used as the idempotency key towards providers).
+/// Runs one job attempt. `task_id` is the job's idempotency key: the id it got
+/// when first queued, the same on every retry (used towards providers).
 pub async fn handle(
     job: Job,
     task_id: &str,
