@@ -10,5 +10,7 @@ pub mod payload;
 pub mod problem;
 pub mod rate_limit;
 pub mod routes;
+pub mod server;
 pub mod session;
+pub mod spec;
 pub mod state;

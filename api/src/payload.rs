@@ -19,7 +19,7 @@ use std::{
 use poem::{http::StatusCode, FromRequest, Request, RequestBody, Result};
 use poem_openapi::{
     payload::{ParsePayload, Payload},
-    registry::{MetaSchemaRef, Registry},
+    registry::{MetaSchema, MetaSchemaRef, Registry},
     types::{ParseFromJSON, Type},
 };
 use serde_json::Value;
@@ -73,10 +73,11 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-/// The top level of an object schema: each property's JSON type and whether it is required.
+/// The top level of an object schema: each property's schema (references
+/// resolved) and whether it is required.
 struct Shape {
-    /// `(name, OpenAPI type, required)`.
-    fields: Vec<(&'static str, &'static str, bool)>,
+    /// `(name, schema, required)`.
+    fields: Vec<(&'static str, MetaSchema, bool)>,
 }
 
 /// Shapes by request type, computed once per type from its OpenAPI schema.
@@ -99,13 +100,15 @@ fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
             .properties
             .iter()
             .map(|(name, prop)| {
-                let ty = match prop {
-                    MetaSchemaRef::Inline(s) => s.ty,
-                    MetaSchemaRef::Reference(r) => {
-                        registry.schemas.get(r).map(|s| s.ty).unwrap_or("object")
-                    }
+                let prop = match prop {
+                    MetaSchemaRef::Inline(s) => (**s).clone(),
+                    MetaSchemaRef::Reference(r) => registry
+                        .schemas
+                        .get(r)
+                        .cloned()
+                        .unwrap_or_else(|| MetaSchema::new("object")),
                 };
-                (*name, ty, schema.required.contains(name))
+                (*name, prop, schema.required.contains(name))
             })
             .collect();
         Arc::new(Shape { fields })
@@ -141,7 +144,7 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
             ));
         }
     }
-    for (name, expected, required) in &shape.fields {
+    for (name, schema, required) in &shape.fields {
         match map.get(*name) {
             None | Some(Value::Null) if *required => {
                 return Err(reject(
@@ -151,16 +154,93 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
                 ));
             }
             None | Some(Value::Null) => {}
-            Some(v) => {
-                let actual = json_type(v);
-                if !(*expected == actual || (*expected == "number" && actual == "integer")) {
-                    return Err(reject(
-                        "invalid_type",
-                        format!("{name} must be a {expected}, got {actual}"),
-                        Some(name),
-                    ));
-                }
+            Some(v) => check_value(name, schema, v)?,
+        }
+    }
+    Ok(())
+}
+
+/// Whether `value` matches the schema `pattern` (compiled once per pattern;
+/// a pattern that does not compile matches nothing).
+fn pattern_matches(pattern: &str, value: &str) -> bool {
+    static CACHE: LazyLock<RwLock<HashMap<String, Option<regex::Regex>>>> =
+        LazyLock::new(Default::default);
+    if let Some(re) = CACHE.read().expect("pattern cache poisoned").get(pattern) {
+        return re.as_ref().is_some_and(|re| re.is_match(value));
+    }
+    let re = regex::Regex::new(pattern).ok();
+    let matched = re.as_ref().is_some_and(|re| re.is_match(value));
+    CACHE
+        .write()
+        .expect("pattern cache poisoned")
+        .insert(pattern.to_string(), re);
+    matched
+}
+
+/// Checks one field's value against the rules its schema states (JSON type,
+/// `enum`, `minLength`/`maxLength` in characters, `minimum`/`maximum`,
+/// `format: uuid`), so that the schema and the server enforce the same rules
+/// and a violation is a 400 naming the field.
+fn check_value(name: &str, schema: &MetaSchema, v: &Value) -> Result<(), poem::Error> {
+    let bad = |code: &str, detail: String| Err(reject(code, detail, Some(name)));
+    let (expected, actual) = (schema.ty, json_type(v));
+    if !(expected == actual || (expected == "number" && actual == "integer")) {
+        return bad(
+            "invalid_type",
+            format!("{name} must be a {expected}, got {actual}"),
+        );
+    }
+    if !schema.enum_items.is_empty() && !schema.enum_items.contains(v) {
+        let allowed: Vec<String> = schema.enum_items.iter().map(Value::to_string).collect();
+        return bad(
+            "invalid_value",
+            format!("{name} must be one of {}", allowed.join(", ")),
+        );
+    }
+    if let Value::String(s) = v {
+        let chars = s.chars().count();
+        if schema.min_length.is_some_and(|min| chars < min) {
+            return bad(
+                "too_short",
+                format!(
+                    "{name} must have at least {} characters",
+                    schema.min_length.unwrap_or_default()
+                ),
+            );
+        }
+        if schema.max_length.is_some_and(|max| chars > max) {
+            return bad(
+                "too_long",
+                format!(
+                    "{name} must have at most {} characters",
+                    schema.max_length.unwrap_or_default()
+                ),
+            );
+        }
+        if let Some(pattern) = &schema.pattern {
+            if !pattern_matches(pattern, s) {
+                return bad(
+                    "invalid_format",
+                    format!("{name} does not match the pattern {pattern}"),
+                );
             }
+        }
+        if schema.format == Some("uuid") && (s.len() != 36 || uuid::Uuid::parse_str(s).is_err()) {
+            return bad("invalid_uuid", format!("{name} must be a UUID"));
+        }
+    }
+    if let Some(n) = v.as_f64() {
+        let below = schema.minimum.is_some_and(|min| n < min);
+        let above = schema.maximum.is_some_and(|max| n > max);
+        if below || above {
+            return bad(
+                "out_of_range",
+                format!(
+                    "{name} must be between {} and {}",
+                    schema.minimum.map_or("-inf".into(), |m| m.to_string()),
+                    schema.maximum.map_or("inf".into(), |m| m.to_string())
+                ),
+            );
         }
     }
     Ok(())

@@ -19,11 +19,14 @@ use crate::{
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct ContactRequest {
-    /// Sender's name, 1–100 characters (trimmed).
+    /// Sender's name, 1–100 characters, not only whitespace (trimmed).
+    #[oai(validator(min_length = 1, max_length = 100, pattern = r"\S"))]
     pub name: String,
     /// Sender's email address (≤ 254 characters); replies go there.
+    #[oai(validator(min_length = 3, max_length = 254))]
     pub email: String,
-    /// The message, 1–5,000 characters (trimmed).
+    /// The message, 1–5,000 characters, not only whitespace (trimmed).
+    #[oai(validator(min_length = 1, max_length = 5000, pattern = r"\S"))]
     pub message: String,
 }
 

@@ -20,8 +20,10 @@ use crate::{
 pub struct WaitlistRequest {
     /// Email address (≤ 254 characters). Stored trimmed and lowercased; the
     /// same address in another case is a duplicate.
+    #[oai(validator(min_length = 3, max_length = 254))]
     pub email: String,
     /// Name, up to 100 characters; optional.
+    #[oai(validator(max_length = 100))]
     pub name: Option<String>,
 }
 
@@ -86,38 +88,13 @@ async fn waitlist_inner(
     let deadline = std::time::Instant::now() + state.settings.dependency_timeout;
     let rate = state.limit_public("waitlist", ip, deadline).await?;
     let lead = Lead::new(&body.email, body.name.as_deref())?;
-    match tokio::time::timeout(
-        state.settings.dependency_timeout,
-        waitlist::join(&state.db, lead),
-    )
-    .await
-    {
-        Ok(Ok(())) => Ok((Success::yes(), rate)),
-        Ok(Err(WaitlistError::AlreadyRegistered)) => Err(ApiError::Conflict(
+    match state.bounded(waitlist::join(&state.db, lead)).await? {
+        Ok(()) => Ok((Success::yes(), rate)),
+        Err(WaitlistError::AlreadyRegistered) => Err(ApiError::Conflict(
             "already_registered",
             "this email is already on the waitlist".into(),
         )),
-        Ok(Err(WaitlistError::Invalid(f))) => Err(f.into()),
-        Ok(Err(WaitlistError::Db(e))) if is_unavailable(&e) => {
-            tracing::error!(error = %e, "waitlist insert: database unavailable");
-            Err(ApiError::Unavailable {
-                code: "database_unavailable",
-                detail: "the database is unreachable; try again shortly".into(),
-            })
-        }
-        Ok(Err(WaitlistError::Db(e))) => {
-            Err(ApiError::internal(format!("waitlist insert failed: {e}")))
-        }
-        Err(_) => Err(ApiError::Unavailable {
-            code: "database_unavailable",
-            detail: "the database did not answer in time; try again shortly".into(),
-        }),
+        Err(WaitlistError::Invalid(f)) => Err(f.into()),
+        Err(WaitlistError::Db(e)) => Err(super::db_error("storing the lead", e)),
     }
-}
-
-fn is_unavailable(e: &sea_orm::DbErr) -> bool {
-    matches!(
-        e,
-        sea_orm::DbErr::ConnectionAcquire(_) | sea_orm::DbErr::Conn(_)
-    )
 }
