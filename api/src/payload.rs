@@ -84,6 +84,23 @@ struct Shape {
 static SHAPES: LazyLock<RwLock<HashMap<TypeId, Option<Arc<Shape>>>>> =
     LazyLock::new(Default::default);
 
+/// A property's schema with references resolved; a documented reference
+/// (`allOf: [{$ref}, {description}]`, what a doc comment on an enum field
+/// gives) is the referenced schema.
+fn resolve(registry: &Registry, prop: &MetaSchemaRef) -> MetaSchema {
+    match prop {
+        MetaSchemaRef::Inline(s) if s.ty.is_empty() && !s.all_of.is_empty() => {
+            resolve(registry, &s.all_of[0])
+        }
+        MetaSchemaRef::Inline(s) => (**s).clone(),
+        MetaSchemaRef::Reference(r) => registry
+            .schemas
+            .get(r)
+            .cloned()
+            .unwrap_or_else(|| MetaSchema::new("object")),
+    }
+}
+
 fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
     let id = TypeId::of::<T>();
     if let Some(s) = SHAPES.read().expect("shape cache poisoned").get(&id) {
@@ -100,15 +117,11 @@ fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
             .properties
             .iter()
             .map(|(name, prop)| {
-                let prop = match prop {
-                    MetaSchemaRef::Inline(s) => (**s).clone(),
-                    MetaSchemaRef::Reference(r) => registry
-                        .schemas
-                        .get(r)
-                        .cloned()
-                        .unwrap_or_else(|| MetaSchema::new("object")),
-                };
-                (*name, prop, schema.required.contains(name))
+                (
+                    *name,
+                    resolve(&registry, prop),
+                    schema.required.contains(name),
+                )
             })
             .collect();
         Arc::new(Shape { fields })
@@ -153,7 +166,18 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
                     Some(name),
                 ));
             }
-            None | Some(Value::Null) => {}
+            None => {}
+            Some(Value::Null) if schema.nullable => {}
+            Some(Value::Null) => {
+                return Err(reject(
+                    "invalid_type",
+                    format!(
+                        "{name} must be a {}, got null (leave it out instead)",
+                        schema.ty
+                    ),
+                    Some(name),
+                ));
+            }
             Some(v) => check_value(name, schema, v)?,
         }
     }
@@ -184,6 +208,11 @@ fn pattern_matches(pattern: &str, value: &str) -> bool {
 fn check_value(name: &str, schema: &MetaSchema, v: &Value) -> Result<(), poem::Error> {
     let bad = |code: &str, detail: String| Err(reject(code, detail, Some(name)));
     let (expected, actual) = (schema.ty, json_type(v));
+    // Enums carry no `type` of their own: their values say it.
+    let expected = match (expected, schema.enum_items.first()) {
+        ("", Some(first)) => json_type(first),
+        (t, _) => t,
+    };
     if !(expected == actual || (expected == "number" && actual == "integer")) {
         return bad(
             "invalid_type",
@@ -224,6 +253,12 @@ fn check_value(name: &str, schema: &MetaSchema, v: &Value) -> Result<(), poem::E
                     format!("{name} does not match the pattern {pattern}"),
                 );
             }
+        }
+        if schema.format == Some("email") && !entity::validate::is_mailbox(s) {
+            return bad(
+                "invalid_email",
+                format!("{name} is not a valid email address"),
+            );
         }
         if schema.format == Some("uuid") && (s.len() != 36 || uuid::Uuid::parse_str(s).is_err()) {
             return bad("invalid_uuid", format!("{name} must be a UUID"));

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use entity::{contact::ContactMessage, Feature};
 use poem::{web::Data, Request};
-use poem_openapi::{Object, OpenApi};
+use poem_openapi::{types::Email, Object, OpenApi};
 use worker::{jobs::SendEmail, Job};
 
 use super::{ApiTags, Success};
@@ -23,8 +23,8 @@ pub struct ContactRequest {
     #[oai(validator(min_length = 1, max_length = 100, pattern = r"\S"))]
     pub name: String,
     /// Sender's email address (≤ 254 characters); replies go there.
-    #[oai(validator(min_length = 3, max_length = 254))]
-    pub email: String,
+    #[oai(validator(max_length = 254))]
+    pub email: Email,
     /// The message, 1–5,000 characters, not only whitespace (trimmed).
     #[oai(validator(min_length = 1, max_length = 5000, pattern = r"\S"))]
     pub message: String,
@@ -34,7 +34,7 @@ impl poem_openapi::types::Example for ContactRequest {
     fn example() -> Self {
         ContactRequest {
             name: "Ann Lee".into(),
-            email: "ann@example.com".into(),
+            email: Email("ann@example.com".into()),
             message: "Do you offer annual billing?".into(),
         }
     }
@@ -96,7 +96,7 @@ async fn contact_inner(
     // so an unreachable Redis costs at most DEPENDENCY_TIMEOUT_MS.
     let deadline = Instant::now() + state.settings.dependency_timeout;
     let rate = state.limit_public("contact", ip, deadline).await?;
-    let message = ContactMessage::new(&body.name, &body.email, &body.message)?;
+    let message = ContactMessage::new(&body.name, &body.email.0, &body.message)?;
     let (Some(from), Some(inbox)) = (
         state.settings.email_from.as_deref(),
         state.settings.contact_inbox(),

@@ -50,8 +50,9 @@ impl poem_openapi::types::Example for ProfileRequest {
     }
 }
 
-/// The saved profile.
+/// The saved profile (`null` for a field never set or cleared).
 #[derive(Debug, Clone, Object)]
+#[oai(nullable_all)]
 pub struct ProfileView {
     /// Display name.
     pub full_name: Option<String>,

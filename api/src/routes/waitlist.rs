@@ -5,7 +5,7 @@ use entity::{
     Feature,
 };
 use poem::{web::Data, Request};
-use poem_openapi::{Object, OpenApi};
+use poem_openapi::{types::Email, Object, OpenApi};
 
 use super::{ApiTags, Success};
 use crate::{
@@ -20,8 +20,8 @@ use crate::{
 pub struct WaitlistRequest {
     /// Email address (≤ 254 characters). Stored trimmed and lowercased; the
     /// same address in another case is a duplicate.
-    #[oai(validator(min_length = 3, max_length = 254))]
-    pub email: String,
+    #[oai(validator(max_length = 254))]
+    pub email: Email,
     /// Name, up to 100 characters; optional.
     #[oai(validator(max_length = 100))]
     pub name: Option<String>,
@@ -30,7 +30,7 @@ pub struct WaitlistRequest {
 impl poem_openapi::types::Example for WaitlistRequest {
     fn example() -> Self {
         WaitlistRequest {
-            email: "ann@example.com".into(),
+            email: Email("ann@example.com".into()),
             name: Some("Ann Lee".into()),
         }
     }
@@ -87,7 +87,7 @@ async fn waitlist_inner(
     state.require(Feature::Waitlist)?;
     let deadline = std::time::Instant::now() + state.settings.dependency_timeout;
     let rate = state.limit_public("waitlist", ip, deadline).await?;
-    let lead = Lead::new(&body.email, body.name.as_deref())?;
+    let lead = Lead::new(&body.email.0, body.name.as_deref())?;
     match state.bounded(waitlist::join(&state.db, lead)).await? {
         Ok(()) => Ok((Success::yes(), rate)),
         Err(WaitlistError::AlreadyRegistered) => Err(ApiError::Conflict(
