@@ -55,10 +55,15 @@ get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
 `POST /api/profile/avatar` grants a signed upload, the file goes to \
 `PUT /storage/v1/object/upload/sign/avatars/{user_id}/avatar?token=…` (at most 2 MiB, \
 JPEG, PNG, WebP or GIF) and is served by `GET /storage/v1/object/public/avatars/{user_id}/avatar`. \
-Unknown JSON fields are rejected (400 `unknown_field`). Rate-limited routes answer with \
+Unknown JSON fields are rejected (400 `unknown_field`); a JSON body without \
+`Content-Type: application/json` gets 415; a body that does not arrive within \
+`HTTP_BODY_TIMEOUT_SECS` gets 408 `body_timeout`; a method a path does not serve gets 405 \
+with `Allow`. Rate-limited routes answer with \
 `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch seconds), \
-and `Retry-After` (seconds) on 429; the client IP is the socket peer, or the first \
-`X-Forwarded-For` hop when the server runs with `TRUST_PROXY=true`. A feature switched \
+and `Retry-After` (seconds) on 429. The limit is per client IP: the socket peer, or, behind \
+`TRUST_PROXY_HOPS=N` proxies, the Nth `X-Forwarded-For` address from the right; IPv6 \
+clients count per /64. It is shared across api processes in Redis; while Redis does not \
+answer, each process limits on its own. A feature switched \
 off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 \
 (`feature_disabled` / `not_configured`), as `GET /api/health` reports.";
 

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod listener;
 pub mod middleware;
 pub mod payload;
+pub mod probes;
 pub mod problem;
 pub mod rate_limit;
 pub mod routes;

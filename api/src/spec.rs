@@ -5,7 +5,7 @@
 //! * every JSON request body refuses unknown fields ([`crate::payload::JsonBody`]
 //!   does): its schema gets `additionalProperties: false`;
 //! * every operation with a JSON body documents 415 (missing or wrong
-//!   `Content-Type`) with its problem body.
+//!   `Content-Type`) and 408 (body deadline) with their problem body.
 //!
 //! The same document gives the methods of each path, which the
 //! [`AllowHeader`] middleware puts in the `Allow` header of every 405
@@ -61,6 +61,12 @@ pub fn patch(doc: &mut Value) {
                     strict.push(name.to_string());
                 }
                 if let Some(responses) = op["responses"].as_object_mut() {
+                    responses.entry("408").or_insert_with(|| {
+                        problem_response(
+                            "The body did not arrive in full within `HTTP_BODY_TIMEOUT_SECS` \
+                             (`body_timeout`); the connection is closed.",
+                        )
+                    });
                     responses.entry("415").or_insert_with(|| {
                         problem_response(
                             "The body is not JSON: `Content-Type` is missing or not \
@@ -195,6 +201,7 @@ mod tests {
                     continue;
                 }
                 assert!(op["responses"].get("415").is_some(), "{method} {path}");
+                assert!(op["responses"].get("408").is_some(), "{method} {path}");
                 let name = schema["$ref"].as_str().unwrap().rsplit('/').next().unwrap();
                 assert_eq!(
                     doc["components"]["schemas"][name]["additionalProperties"],

@@ -32,7 +32,7 @@ pub struct AppState {
     /// The object store (avatars).
     pub storage: worker::storage::Storage,
     /// Health probe results shared by concurrent health requests.
-    pub probes: Arc<crate::routes::health::ProbeCache>,
+    pub probes: Arc<crate::probes::ProbeCache>,
 }
 
 impl AppState {
