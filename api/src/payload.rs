@@ -254,7 +254,7 @@ fn check_value(name: &str, schema: &MetaSchema, v: &Value) -> Result<(), poem::E
                 );
             }
         }
-        if schema.format == Some("email") && !entity::validate::is_mailbox(s) {
+        if schema.format == Some("email") && !entity::validate::is_mailbox(s.trim()) {
             return bad(
                 "invalid_email",
                 format!("{name} is not a valid email address"),
@@ -308,3 +308,64 @@ impl<T: ParseFromJSON + 'static> ParsePayload for JsonBody<T> {
 }
 
 poem_openapi::impl_apirequest_for_payload!(JsonBody<T>, T: ParseFromJSON + 'static);
+
+/// An email address field (`type: string, format: email`). The value is
+/// kept as sent; [`JsonBody`] checks it, trimmed, with the same rule as the
+/// model ([`entity::validate::is_mailbox`]), so surrounding whitespace is
+/// tolerated as the model trims it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mailbox(pub String);
+
+impl Deref for Mailbox {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Mailbox {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Type for Mailbox {
+    const IS_REQUIRED: bool = true;
+    type RawValueType = Self;
+    type RawElementValueType = Self;
+
+    fn name() -> std::borrow::Cow<'static, str> {
+        "string_email".into()
+    }
+
+    fn schema_ref() -> MetaSchemaRef {
+        MetaSchemaRef::Inline(Box::new(MetaSchema::new_with_format("string", "email")))
+    }
+
+    fn as_raw_value(&self) -> Option<&Self> {
+        Some(self)
+    }
+
+    fn raw_element_iter<'a>(&'a self) -> Box<dyn Iterator<Item = &'a Self> + 'a> {
+        Box::new(self.as_raw_value().into_iter())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl ParseFromJSON for Mailbox {
+    fn parse_from_json(value: Option<Value>) -> poem_openapi::types::ParseResult<Self> {
+        match value.unwrap_or_default() {
+            Value::String(s) => Ok(Mailbox(s)),
+            other => Err(poem_openapi::types::ParseError::expected_type(other)),
+        }
+    }
+}
+
+impl poem_openapi::types::ToJSON for Mailbox {
+    fn to_json(&self) -> Option<Value> {
+        Some(Value::String(self.0.clone()))
+    }
+}

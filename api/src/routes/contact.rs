@@ -4,13 +4,13 @@ use std::time::{Duration, Instant};
 
 use entity::{contact::ContactMessage, Feature};
 use poem::{web::Data, Request};
-use poem_openapi::{types::Email, Object, OpenApi};
+use poem_openapi::{Object, OpenApi};
 use worker::{jobs::SendEmail, Job};
 
 use super::{ApiTags, Success};
 use crate::{
     middleware::RequestId,
-    payload::JsonBody,
+    payload::{JsonBody, Mailbox},
     problem::{ApiError, RateInfo},
     state::AppState,
 };
@@ -24,7 +24,7 @@ pub struct ContactRequest {
     pub name: String,
     /// Sender's email address (≤ 254 characters); replies go there.
     #[oai(validator(max_length = 254))]
-    pub email: Email,
+    pub email: Mailbox,
     /// The message, 1–5,000 characters, not only whitespace (trimmed).
     #[oai(validator(min_length = 1, max_length = 5000, pattern = r"\S"))]
     pub message: String,
@@ -34,7 +34,7 @@ impl poem_openapi::types::Example for ContactRequest {
     fn example() -> Self {
         ContactRequest {
             name: "Ann Lee".into(),
-            email: Email("ann@example.com".into()),
+            email: Mailbox("ann@example.com".into()),
             message: "Do you offer annual billing?".into(),
         }
     }

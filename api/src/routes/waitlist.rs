@@ -5,11 +5,11 @@ use entity::{
     Feature,
 };
 use poem::{web::Data, Request};
-use poem_openapi::{types::Email, Object, OpenApi};
+use poem_openapi::{Object, OpenApi};
 
 use super::{ApiTags, Success};
 use crate::{
-    payload::JsonBody,
+    payload::{JsonBody, Mailbox},
     problem::{ApiError, RateInfo},
     state::AppState,
 };
@@ -21,7 +21,7 @@ pub struct WaitlistRequest {
     /// Email address (≤ 254 characters). Stored trimmed and lowercased; the
     /// same address in another case is a duplicate.
     #[oai(validator(max_length = 254))]
-    pub email: Email,
+    pub email: Mailbox,
     /// Name, up to 100 characters; optional.
     #[oai(validator(max_length = 100))]
     pub name: Option<String>,
@@ -30,7 +30,7 @@ pub struct WaitlistRequest {
 impl poem_openapi::types::Example for WaitlistRequest {
     fn example() -> Self {
         WaitlistRequest {
-            email: Email("ann@example.com".into()),
+            email: Mailbox("ann@example.com".into()),
             name: Some("Ann Lee".into()),
         }
     }
