@@ -990,7 +990,8 @@ async fn admin_role_changes_are_guarded_and_audited() {
         "refusals are not audited"
     );
 
-    // Admin demoting their own account → 400 self_demotion.
+    // Admin demoting their own account → 403 self_demotion (a well-formed
+    // request the rules forbid).
     post_as(
         &api,
         ROLE,
@@ -998,7 +999,7 @@ async fn admin_role_changes_are_guarded_and_audited() {
         &json!({"user_id": a, "role": "member"}),
     )
     .await
-    .assert_problem(400, Some("self_demotion"), None);
+    .assert_problem(403, Some("self_demotion"), None);
     assert_eq!(role_of(&pool, admin).await.as_deref(), Some("admin"));
 
     // Unknown user → 404.
