@@ -6,7 +6,7 @@
 #
 #   bash .ci/schemathesis.sh                 # a random seed (printed)
 #   SEED=1234 bash .ci/schemathesis.sh       # replay a run
-#   MAX_EXAMPLES=50 bash .ci/schemathesis.sh # more cases per operation
+#   MAX_EXAMPLES=300 bash .ci/schemathesis.sh # more cases per operation (default 100)
 #
 # Needs: python3 (with venv), PostgreSQL on 127.0.0.1:5432 (user postgres,
 # trust), Redis on 127.0.0.1:6379, and `cargo build --workspace --bins` done.
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 ST_VERSION=4.32.5
 VENV="${SCHEMATHESIS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/schemathesis-venv-$ST_VERSION}"
 SEED="${SEED:-$(( (RANDOM << 15) | RANDOM ))}"
-MAX_EXAMPLES="${MAX_EXAMPLES:-20}"
+MAX_EXAMPLES="${MAX_EXAMPLES:-100}"
 API_BIN="${API_BIN:-target/debug/api}"
 PGURL_ADMIN="${PGURL_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}"
 REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"

@@ -204,7 +204,8 @@ impl<E: Endpoint> Endpoint for BodyDeadlineEndpoint<E> {
                 }
             },
         );
-        req.set_body(Body::from_bytes_stream(stream));
+        // Fused: readers (multer, the drain) may poll again after the end.
+        req.set_body(Body::from_bytes_stream(stream.fuse()));
         self.inner.call(req).await
     }
 }
