@@ -25,7 +25,19 @@ log() { printf '\n==> %s\n' "$*"; }
 
 if [ ! -x "$VENV/bin/schemathesis" ]; then
   log "installing schemathesis $ST_VERSION into $VENV"
-  python3 -m venv "$VENV"
+  rm -rf "$VENV"
+  if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+    # Debian splits venv out of python3.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || true
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      rm -rf "$VENV"
+      python3 -m venv "$VENV"
+    else
+      echo "python3 -m venv failed: install python3-venv" >&2
+      exit 1
+    fi
+  fi
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$ST_VERSION"
 fi
 [ -x "$API_BIN" ] || { echo "$API_BIN missing: run cargo build --workspace --bins" >&2; exit 1; }
