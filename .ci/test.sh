@@ -77,3 +77,9 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast -- --test-threads "${TEST_THREADS:-8}" "$@"
 fi
+
+# Contract fuzzing of the running api (only on a full run, not a filtered one).
+if [ "$#" -eq 0 ]; then
+  log "schemathesis"
+  bash .ci/schemathesis.sh
+fi

@@ -5,16 +5,12 @@ use std::{sync::Arc, time::Duration};
 use anyhow::Context as _;
 use entity::{plans::Catalogue, Features, Settings};
 use migration::MigratorTrait;
-use poem::{
-    listener::{Acceptor, Listener, TcpListener},
-    middleware::CatchPanic,
-    EndpointExt, IntoEndpoint, Route, Server,
-};
+use poem::{middleware::CatchPanic, EndpointExt, IntoEndpoint, Route};
 use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    middleware::{BodyLimit, DrainBody, Observe},
+    middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
     routes::{
         admin::AdminApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
@@ -59,14 +55,20 @@ get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
 `POST /api/profile/avatar` grants a signed upload, the file goes to \
 `PUT /storage/v1/object/upload/sign/avatars/{user_id}/avatar?token=…` (at most 2 MiB, \
 JPEG, PNG, WebP or GIF) and is served by `GET /storage/v1/object/public/avatars/{user_id}/avatar`. \
-Unknown JSON fields are rejected (400 `unknown_field`). Rate-limited routes answer with \
+Unknown JSON fields are rejected (400 `unknown_field`); a JSON body without \
+`Content-Type: application/json` gets 415; a body that does not arrive within \
+`HTTP_BODY_TIMEOUT_SECS` gets 408 `body_timeout`; a method a path does not serve gets 405 \
+with `Allow`. Rate-limited routes answer with \
 `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch seconds), \
-and `Retry-After` (seconds) on 429; the client IP is the socket peer, or the first \
-`X-Forwarded-For` hop when the server runs with `TRUST_PROXY=true`. A feature switched \
+and `Retry-After` (seconds) on 429. The limit is per client IP: the socket peer, or, behind \
+`TRUST_PROXY_HOPS=N` proxies, the Nth `X-Forwarded-For` address from the right; IPv6 \
+clients count per /64. It is shared across api processes in Redis; while Redis does not \
+answer, each process limits on its own. A feature switched \
 off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 \
 (`feature_disabled` / `not_configured`), as `GET /api/health` reports.";
 
-/// The OpenAPI service (also what `api openapi` prints).
+/// The OpenAPI service as poem-openapi builds it; [`crate::spec::document`]
+/// is the document served and printed by `api openapi`.
 pub fn openapi() -> OpenApiService<Apis, ()> {
     OpenApiService::new(
         apis(),
@@ -80,7 +82,15 @@ pub fn openapi() -> OpenApiService<Apis, ()> {
 /// uploads and files), `/api/openapi.json`, `/api/docs`, `/api/swagger`.
 pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let service = openapi();
-    let spec = service.spec_endpoint();
+    let document = crate::spec::document();
+    let spec = poem::endpoint::make_sync(move |_| {
+        poem::Response::builder()
+            .content_type("application/json")
+            .body(document)
+    });
+    let allowed = Arc::new(crate::spec::AllowedMethods::from_document(
+        &serde_json::from_str(document).expect("the document is JSON"),
+    ));
     let docs = service.scalar();
     let swagger = service.swagger_ui();
     let endpoint = Arc::new(service.into_endpoint());
@@ -99,7 +109,9 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         .at("/api/openapi.json", spec)
         .nest("/api/docs", docs)
         .nest("/api/swagger", swagger)
+        .with(BodyDeadline(state.settings.http_body_timeout))
         .data(state)
+        .with(crate::spec::AllowHeader(allowed))
         .with(CatchPanic::new().with_handler(|_| {
             tracing::error!("handler panicked");
             crate::problem::ApiError::internal("handler panicked")
@@ -166,28 +178,22 @@ pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result
         tokio::spawn(async move { worker::runtime::run(s, t).await })
     });
 
-    let acceptor = TcpListener::bind(format!("{}:{}", settings.host, settings.port))
-        .into_acceptor()
+    let listener = tokio::net::TcpListener::bind((settings.host.as_str(), settings.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", settings.host, settings.port))?;
-    let acceptor = crate::listener::CappedReads::new(acceptor, crate::listener::READ_CAP);
-    let addr = acceptor
-        .local_addr()
-        .first()
-        .and_then(|a| a.as_socket_addr().copied())
-        .context("no local address")?;
+    let addr = listener.local_addr().context("no local address")?;
     tracing::info!(%addr, with_worker, queue = state.queues.kind(), "api listening");
     // A plain line on stdout for scripts and tests that start the server on port 0.
     println!("api listening on http://{addr}");
 
-    let stop = shutdown.clone();
-    Server::new_with_acceptor(acceptor)
-        .run_with_graceful_shutdown(
-            app(state),
-            async move { stop.cancelled().await },
-            Some(Duration::from_secs(10)),
-        )
-        .await?;
+    crate::server::run(
+        listener,
+        app(state),
+        crate::server::Limits::from_settings(&settings),
+        shutdown.clone(),
+        Duration::from_secs(10),
+    )
+    .await?;
     shutdown.cancel();
     if let Some(t) = worker_task {
         t.await.context("worker task")??;

@@ -1,4 +1,6 @@
-//! The accepted connections, with each socket read capped in size.
+//! The accepted connections, with each socket read capped in size and the
+//! time of their last traffic recorded (for the idle timeout of
+//! [`crate::server`]).
 //!
 //! hyper's HTTP/1 read buffer grows with the reads that fill it, up to about
 //! 400 KiB per connection, and a request body is handed over as slices of
@@ -11,61 +13,49 @@
 use std::{
     io::Result as IoResult,
     pin::Pin,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     task::{Context, Poll},
+    time::Instant,
 };
 
-use poem::{
-    listener::Acceptor,
-    web::{LocalAddr, RemoteAddr},
-};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Largest single read from a client socket, in bytes (32 KiB).
 pub const READ_CAP: usize = 32 * 1024;
 
-/// An [`Acceptor`] whose connections read at most `cap` bytes per call.
-pub struct CappedReads<A> {
-    inner: A,
-    cap: usize,
-}
-
-impl<A> CappedReads<A> {
-    /// Wraps `inner`; `cap` is at least 1 byte.
-    pub fn new(inner: A, cap: usize) -> Self {
-        Self {
-            inner,
-            cap: cap.max(1),
-        }
-    }
-}
-
-impl<A: Acceptor> Acceptor for CappedReads<A> {
-    type Io = CappedIo<A::Io>;
-
-    fn local_addr(&self) -> Vec<LocalAddr> {
-        self.inner.local_addr()
-    }
-
-    async fn accept(
-        &mut self,
-    ) -> IoResult<(Self::Io, LocalAddr, RemoteAddr, poem::http::uri::Scheme)> {
-        let (io, local, remote, scheme) = self.inner.accept().await?;
-        Ok((
-            CappedIo {
-                inner: io,
-                cap: self.cap,
-            },
-            local,
-            remote,
-            scheme,
-        ))
-    }
-}
-
-/// A connection whose reads return at most `cap` bytes each; writes pass through.
+/// A connection whose reads return at most `cap` bytes each; writes pass
+/// through. With [`CappedIo::with_activity`], every read or write that moves
+/// bytes stores the milliseconds since `start` in the shared counter.
 pub struct CappedIo<T> {
     inner: T,
     cap: usize,
+    activity: Option<(Instant, Arc<AtomicU64>)>,
+}
+
+impl<T> CappedIo<T> {
+    /// Wraps `inner`; `cap` is at least 1 byte.
+    pub fn new(inner: T, cap: usize) -> Self {
+        CappedIo {
+            inner,
+            cap: cap.max(1),
+            activity: None,
+        }
+    }
+
+    /// Records the time of the last traffic in `last` (milliseconds since `start`).
+    pub fn with_activity(mut self, start: Instant, last: Arc<AtomicU64>) -> Self {
+        self.activity = Some((start, last));
+        self
+    }
+
+    fn touch(&self, moved: usize) {
+        if let (Some((start, last)), true) = (&self.activity, moved > 0) {
+            last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for CappedIo<T> {
@@ -76,7 +66,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for CappedIo<T> {
     ) -> Poll<IoResult<()>> {
         let cap = self.cap;
         if buf.remaining() <= cap {
-            return Pin::new(&mut self.inner).poll_read(cx, buf);
+            let before = buf.filled().len();
+            let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+            self.touch(buf.filled().len() - before);
+            return res;
         }
         // Read into the first `cap` bytes of the caller's buffer only
         // (initialised first, so no unsafe code is needed to hand them back).
@@ -85,6 +78,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for CappedIo<T> {
         let res = Pin::new(&mut self.inner).poll_read(cx, &mut limited);
         let n = limited.filled().len();
         buf.advance(n);
+        self.touch(n);
         res
     }
 }
@@ -95,7 +89,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CappedIo<T> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<IoResult<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
+        let res = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = res {
+            self.touch(n);
+        }
+        res
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<IoResult<()>> {
@@ -111,7 +109,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for CappedIo<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<IoResult<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let res = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = res {
+            self.touch(n);
+        }
+        res
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -131,10 +133,7 @@ mod tests {
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         client.write_all(&data).await.unwrap();
         drop(client);
-        let mut io = CappedIo {
-            inner: server,
-            cap: 1000,
-        };
+        let mut io = CappedIo::new(server, 1000);
         let mut got = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {

@@ -40,7 +40,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Openapi) = cli.command {
-        println!("{}", api::app::openapi().spec());
+        println!("{}", api::spec::document());
         return ExitCode::SUCCESS;
     }
     let settings = match Settings::from_env() {

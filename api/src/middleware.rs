@@ -112,17 +112,27 @@ impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
         if declared.is_some_and(|n| n > self.max as u64) {
             return Ok(too_large(self.max));
         }
-        if declared.is_none()
-            && req.method() != poem::http::Method::GET
-            && req.method() != poem::http::Method::HEAD
-        {
-            // Unknown length (chunked): read up to the limit.
+        if req.method() != poem::http::Method::GET && req.method() != poem::http::Method::HEAD {
+            // Read the whole body (at most `max` bytes) before the route runs,
+            // so a slow or broken body is answered here.
             let mut stream = req.take_body().into_bytes_stream();
             let mut buf = Vec::new();
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| {
-                    poem::Error::from_string(e.to_string(), poem::http::StatusCode::BAD_REQUEST)
-                })?;
+                let chunk = match chunk {
+                    Ok(c) => c,
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                        return Ok(body_timeout(&e));
+                    }
+                    Err(e) => {
+                        return Ok(Problem::new(
+                            poem::http::StatusCode::BAD_REQUEST,
+                            "invalid_body",
+                            format!("the request body could not be read: {e}"),
+                            None,
+                        )
+                        .into_response())
+                    }
+                };
                 if buf.len() + chunk.len() > self.max {
                     return Ok(too_large(self.max));
                 }
@@ -131,6 +141,72 @@ impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
             req.set_body(Body::from(buf));
         }
         Ok(self.inner.call(req).await?.into_response())
+    }
+}
+
+fn body_timeout(e: &std::io::Error) -> Response {
+    let mut resp = Problem::new(
+        poem::http::StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        e.to_string(),
+        None,
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// Gives every request body a deadline: when it has not arrived in full
+/// that long after the request's headers, reading it fails with
+/// [`std::io::ErrorKind::TimedOut`] (`HTTP_BODY_TIMEOUT_SECS`; JSON routes
+/// answer 408 `body_timeout`).
+pub struct BodyDeadline(pub std::time::Duration);
+
+impl<E: Endpoint> Middleware<E> for BodyDeadline {
+    type Output = BodyDeadlineEndpoint<E>;
+    fn transform(&self, ep: E) -> Self::Output {
+        BodyDeadlineEndpoint {
+            inner: ep,
+            limit: self.0,
+        }
+    }
+}
+
+/// See [`BodyDeadline`].
+pub struct BodyDeadlineEndpoint<E> {
+    inner: E,
+    limit: std::time::Duration,
+}
+
+impl<E: Endpoint> Endpoint for BodyDeadlineEndpoint<E> {
+    type Output = E::Output;
+
+    async fn call(&self, mut req: Request) -> Result<Self::Output> {
+        let secs = self.limit.as_secs();
+        let deadline = tokio::time::sleep(self.limit);
+        let body = req.take_body().into_bytes_stream();
+        let stream = futures::stream::unfold(
+            (Box::pin(body), Box::pin(deadline), false),
+            move |(mut body, mut deadline, done)| async move {
+                if done {
+                    return None;
+                }
+                tokio::select! {
+                    chunk = body.next() => chunk.map(|c| (c, (body, deadline, false))),
+                    _ = deadline.as_mut() => Some((
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("the request body did not arrive within {secs} s"),
+                        )),
+                        (body, deadline, true),
+                    )),
+                }
+            },
+        );
+        // Fused: readers (multer, the drain) may poll again after the end.
+        req.set_body(Body::from_bytes_stream(stream.fuse()));
+        self.inner.call(req).await
     }
 }
 

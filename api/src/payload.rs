@@ -19,7 +19,7 @@ use std::{
 use poem::{http::StatusCode, FromRequest, Request, RequestBody, Result};
 use poem_openapi::{
     payload::{ParsePayload, Payload},
-    registry::{MetaSchemaRef, Registry},
+    registry::{MetaSchema, MetaSchemaRef, Registry},
     types::{ParseFromJSON, Type},
 };
 use serde_json::Value;
@@ -73,15 +73,33 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-/// The top level of an object schema: each property's JSON type and whether it is required.
+/// The top level of an object schema: each property's schema (references
+/// resolved) and whether it is required.
 struct Shape {
-    /// `(name, OpenAPI type, required)`.
-    fields: Vec<(&'static str, &'static str, bool)>,
+    /// `(name, schema, required)`.
+    fields: Vec<(&'static str, MetaSchema, bool)>,
 }
 
 /// Shapes by request type, computed once per type from its OpenAPI schema.
 static SHAPES: LazyLock<RwLock<HashMap<TypeId, Option<Arc<Shape>>>>> =
     LazyLock::new(Default::default);
+
+/// A property's schema with references resolved; a documented reference
+/// (`allOf: [{$ref}, {description}]`, what a doc comment on an enum field
+/// gives) is the referenced schema.
+fn resolve(registry: &Registry, prop: &MetaSchemaRef) -> MetaSchema {
+    match prop {
+        MetaSchemaRef::Inline(s) if s.ty.is_empty() && !s.all_of.is_empty() => {
+            resolve(registry, &s.all_of[0])
+        }
+        MetaSchemaRef::Inline(s) => (**s).clone(),
+        MetaSchemaRef::Reference(r) => registry
+            .schemas
+            .get(r)
+            .cloned()
+            .unwrap_or_else(|| MetaSchema::new("object")),
+    }
+}
 
 fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
     let id = TypeId::of::<T>();
@@ -99,13 +117,11 @@ fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
             .properties
             .iter()
             .map(|(name, prop)| {
-                let ty = match prop {
-                    MetaSchemaRef::Inline(s) => s.ty,
-                    MetaSchemaRef::Reference(r) => {
-                        registry.schemas.get(r).map(|s| s.ty).unwrap_or("object")
-                    }
-                };
-                (*name, ty, schema.required.contains(name))
+                (
+                    *name,
+                    resolve(&registry, prop),
+                    schema.required.contains(name),
+                )
             })
             .collect();
         Arc::new(Shape { fields })
@@ -141,7 +157,7 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
             ));
         }
     }
-    for (name, expected, required) in &shape.fields {
+    for (name, schema, required) in &shape.fields {
         match map.get(*name) {
             None | Some(Value::Null) if *required => {
                 return Err(reject(
@@ -150,17 +166,116 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
                     Some(name),
                 ));
             }
-            None | Some(Value::Null) => {}
-            Some(v) => {
-                let actual = json_type(v);
-                if !(*expected == actual || (*expected == "number" && actual == "integer")) {
-                    return Err(reject(
-                        "invalid_type",
-                        format!("{name} must be a {expected}, got {actual}"),
-                        Some(name),
-                    ));
-                }
+            None => {}
+            Some(Value::Null) if schema.nullable => {}
+            Some(Value::Null) => {
+                return Err(reject(
+                    "invalid_type",
+                    format!(
+                        "{name} must be a {}, got null (leave it out instead)",
+                        schema.ty
+                    ),
+                    Some(name),
+                ));
             }
+            Some(v) => check_value(name, schema, v)?,
+        }
+    }
+    Ok(())
+}
+
+/// Whether `value` matches the schema `pattern` (compiled once per pattern;
+/// a pattern that does not compile matches nothing).
+fn pattern_matches(pattern: &str, value: &str) -> bool {
+    static CACHE: LazyLock<RwLock<HashMap<String, Option<regex::Regex>>>> =
+        LazyLock::new(Default::default);
+    if let Some(re) = CACHE.read().expect("pattern cache poisoned").get(pattern) {
+        return re.as_ref().is_some_and(|re| re.is_match(value));
+    }
+    let re = regex::Regex::new(pattern).ok();
+    let matched = re.as_ref().is_some_and(|re| re.is_match(value));
+    CACHE
+        .write()
+        .expect("pattern cache poisoned")
+        .insert(pattern.to_string(), re);
+    matched
+}
+
+/// Checks one field's value against the rules its schema states (JSON type,
+/// `enum`, `minLength`/`maxLength` in characters, `minimum`/`maximum`,
+/// `format: uuid`), so that the schema and the server enforce the same rules
+/// and a violation is a 400 naming the field.
+fn check_value(name: &str, schema: &MetaSchema, v: &Value) -> Result<(), poem::Error> {
+    let bad = |code: &str, detail: String| Err(reject(code, detail, Some(name)));
+    let (expected, actual) = (schema.ty, json_type(v));
+    // Enums carry no `type` of their own: their values say it.
+    let expected = match (expected, schema.enum_items.first()) {
+        ("", Some(first)) => json_type(first),
+        (t, _) => t,
+    };
+    if !(expected == actual || (expected == "number" && actual == "integer")) {
+        return bad(
+            "invalid_type",
+            format!("{name} must be a {expected}, got {actual}"),
+        );
+    }
+    if !schema.enum_items.is_empty() && !schema.enum_items.contains(v) {
+        let allowed: Vec<String> = schema.enum_items.iter().map(Value::to_string).collect();
+        return bad(
+            "invalid_value",
+            format!("{name} must be one of {}", allowed.join(", ")),
+        );
+    }
+    if let Value::String(s) = v {
+        let chars = s.chars().count();
+        if schema.min_length.is_some_and(|min| chars < min) {
+            return bad(
+                "too_short",
+                format!(
+                    "{name} must have at least {} characters",
+                    schema.min_length.unwrap_or_default()
+                ),
+            );
+        }
+        if schema.max_length.is_some_and(|max| chars > max) {
+            return bad(
+                "too_long",
+                format!(
+                    "{name} must have at most {} characters",
+                    schema.max_length.unwrap_or_default()
+                ),
+            );
+        }
+        if let Some(pattern) = &schema.pattern {
+            if !pattern_matches(pattern, s) {
+                return bad(
+                    "invalid_format",
+                    format!("{name} does not match the pattern {pattern}"),
+                );
+            }
+        }
+        if schema.format == Some("email") && !entity::validate::is_mailbox(s.trim()) {
+            return bad(
+                "invalid_email",
+                format!("{name} is not a valid email address"),
+            );
+        }
+        if schema.format == Some("uuid") && (s.len() != 36 || uuid::Uuid::parse_str(s).is_err()) {
+            return bad("invalid_uuid", format!("{name} must be a UUID"));
+        }
+    }
+    if let Some(n) = v.as_f64() {
+        let below = schema.minimum.is_some_and(|min| n < min);
+        let above = schema.maximum.is_some_and(|max| n > max);
+        if below || above {
+            return bad(
+                "out_of_range",
+                format!(
+                    "{name} must be between {} and {}",
+                    schema.minimum.map_or("-inf".into(), |m| m.to_string()),
+                    schema.maximum.map_or("inf".into(), |m| m.to_string())
+                ),
+            );
         }
     }
     Ok(())
@@ -193,3 +308,64 @@ impl<T: ParseFromJSON + 'static> ParsePayload for JsonBody<T> {
 }
 
 poem_openapi::impl_apirequest_for_payload!(JsonBody<T>, T: ParseFromJSON + 'static);
+
+/// An email address field (`type: string, format: email`). The value is
+/// kept as sent; [`JsonBody`] checks it, trimmed, with the same rule as the
+/// model ([`entity::validate::is_mailbox`]), so surrounding whitespace is
+/// tolerated as the model trims it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mailbox(pub String);
+
+impl Deref for Mailbox {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Mailbox {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Type for Mailbox {
+    const IS_REQUIRED: bool = true;
+    type RawValueType = Self;
+    type RawElementValueType = Self;
+
+    fn name() -> std::borrow::Cow<'static, str> {
+        "string_email".into()
+    }
+
+    fn schema_ref() -> MetaSchemaRef {
+        MetaSchemaRef::Inline(Box::new(MetaSchema::new_with_format("string", "email")))
+    }
+
+    fn as_raw_value(&self) -> Option<&Self> {
+        Some(self)
+    }
+
+    fn raw_element_iter<'a>(&'a self) -> Box<dyn Iterator<Item = &'a Self> + 'a> {
+        Box::new(self.as_raw_value().into_iter())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl ParseFromJSON for Mailbox {
+    fn parse_from_json(value: Option<Value>) -> poem_openapi::types::ParseResult<Self> {
+        match value.unwrap_or_default() {
+            Value::String(s) => Ok(Mailbox(s)),
+            other => Err(poem_openapi::types::ParseError::expected_type(other)),
+        }
+    }
+}
+
+impl poem_openapi::types::ToJSON for Mailbox {
+    fn to_json(&self) -> Option<Value> {
+        Some(Value::String(self.0.clone()))
+    }
+}

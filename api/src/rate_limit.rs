@@ -6,8 +6,10 @@
 //! * Without Redis (embedded mode): the `governor` crate's GCRA limiter in
 //!   process (burst = the limit, refilled evenly over the window).
 //!
-//! If Redis cannot be reached the check fails open (logged): the request then
-//! meets the same outage at the queue or database and gets a 503 there.
+//! If Redis does not answer within the request's deadline, the check falls
+//! back to the in-process limiter (logged): the limit then holds per api
+//! process instead of across them, and never lapses during an outage (the
+//! waitlist, which does not need Redis otherwise, stays limited).
 
 use std::{
     collections::HashMap,
@@ -57,10 +59,15 @@ pub enum RateLimiter {
         conn: ConnectionManager,
         /// `QUEUE_PREFIX` namespace.
         prefix: String,
+        /// Used while Redis does not answer.
+        fallback: LocalLimits,
     },
     /// In-process limiters, one per limit.
-    Local(Arc<std::sync::Mutex<HashMap<Limit, Arc<Local>>>>),
+    Local(LocalLimits),
 }
+
+/// In-process GCRA limiters, one per limit, keyed by subject.
+pub type LocalLimits = Arc<std::sync::Mutex<HashMap<Limit, Arc<Local>>>>;
 
 static CHECK_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -90,13 +97,15 @@ impl RateLimiter {
                 } else {
                     format!("{prefix}:rl")
                 },
+                fallback: Default::default(),
             },
             None => RateLimiter::Local(Default::default()),
         }
     }
 
     /// Counts one request of `subject` against `limit`. The shared store is
-    /// given until `deadline`; past it (or on error) the request is allowed.
+    /// given until `deadline`; past it (or on error) the in-process limiter
+    /// decides.
     pub async fn check(
         &self,
         limit: Limit,
@@ -104,7 +113,11 @@ impl RateLimiter {
         deadline: std::time::Instant,
     ) -> Decision {
         match self {
-            RateLimiter::Redis { conn, prefix } => {
+            RateLimiter::Redis {
+                conn,
+                prefix,
+                fallback,
+            } => {
                 let window = limit.window.as_secs().max(1);
                 let now = now_secs();
                 let index = now / window;
@@ -117,12 +130,15 @@ impl RateLimiter {
                 let count = match tokio::time::timeout_at(deadline.into(), call).await {
                     Ok(Ok(n)) => n,
                     Ok(Err(e)) => {
-                        tracing::warn!(error = %e, limit = limit.name, "rate-limit store unavailable; allowing");
-                        0
+                        tracing::warn!(error = %e, limit = limit.name, "rate-limit store unavailable; limiting in process");
+                        return check_local(fallback, limit, subject);
                     }
                     Err(_) => {
-                        tracing::warn!(limit = limit.name, "rate-limit store timed out; allowing");
-                        0
+                        tracing::warn!(
+                            limit = limit.name,
+                            "rate-limit store timed out; limiting in process"
+                        );
+                        return check_local(fallback, limit, subject);
                     }
                 };
                 let max = u64::from(limit.max);
@@ -136,57 +152,58 @@ impl RateLimiter {
                     },
                 }
             }
-            RateLimiter::Local(map) => {
-                let limiter = {
-                    let mut m = map.lock().expect("rate-limit map poisoned");
-                    m.entry(limit)
-                        .or_insert_with(|| {
-                            let max = NonZeroU32::new(limit.max).unwrap_or(NonZeroU32::MIN);
-                            let period = limit.window / limit.max.max(1);
-                            let quota = Quota::with_period(period.max(Duration::from_nanos(1)))
-                                .expect("non-zero period")
-                                .allow_burst(max);
-                            Arc::new(
-                                Gcra::keyed(quota).with_middleware::<StateInformationMiddleware>(),
-                            )
-                        })
-                        .clone()
-                };
-                if limiter.len() > 100_000 {
-                    limiter.retain_recent();
-                }
-                let max = u64::from(limit.max);
-                let now = now_secs();
-                match limiter.check_key(&subject.to_string()) {
-                    Ok(snapshot) => {
-                        let remaining = u64::from(snapshot.remaining_burst_capacity());
-                        // Full again after the used part of the burst has refilled.
-                        let per = limit.window.as_secs_f64() / max as f64;
-                        let reset = now + ((max - remaining) as f64 * per).ceil() as u64;
-                        Decision {
-                            allowed: true,
-                            info: RateInfo {
-                                limit: max,
-                                remaining,
-                                reset,
-                                retry_after: 0,
-                            },
-                        }
-                    }
-                    Err(not_until) => {
-                        let wait = not_until.wait_time_from(DefaultClock::default().now());
-                        let retry_after = wait.as_secs().max(1);
-                        Decision {
-                            allowed: false,
-                            info: RateInfo {
-                                limit: max,
-                                remaining: 0,
-                                reset: now + retry_after,
-                                retry_after,
-                            },
-                        }
-                    }
-                }
+            RateLimiter::Local(map) => check_local(map, limit, subject),
+        }
+    }
+}
+
+/// One request of `subject` against the in-process limiter of `limit`.
+fn check_local(map: &LocalLimits, limit: Limit, subject: &str) -> Decision {
+    let limiter = {
+        let mut m = map.lock().expect("rate-limit map poisoned");
+        m.entry(limit)
+            .or_insert_with(|| {
+                let max = NonZeroU32::new(limit.max).unwrap_or(NonZeroU32::MIN);
+                let period = limit.window / limit.max.max(1);
+                let quota = Quota::with_period(period.max(Duration::from_nanos(1)))
+                    .expect("non-zero period")
+                    .allow_burst(max);
+                Arc::new(Gcra::keyed(quota).with_middleware::<StateInformationMiddleware>())
+            })
+            .clone()
+    };
+    if limiter.len() > 100_000 {
+        limiter.retain_recent();
+    }
+    let max = u64::from(limit.max);
+    let now = now_secs();
+    match limiter.check_key(&subject.to_string()) {
+        Ok(snapshot) => {
+            let remaining = u64::from(snapshot.remaining_burst_capacity());
+            // Full again after the used part of the burst has refilled.
+            let per = limit.window.as_secs_f64() / max as f64;
+            let reset = now + ((max - remaining) as f64 * per).ceil() as u64;
+            Decision {
+                allowed: true,
+                info: RateInfo {
+                    limit: max,
+                    remaining,
+                    reset,
+                    retry_after: 0,
+                },
+            }
+        }
+        Err(not_until) => {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            let retry_after = wait.as_secs().max(1);
+            Decision {
+                allowed: false,
+                info: RateInfo {
+                    limit: max,
+                    remaining: 0,
+                    reset: now + retry_after,
+                    retry_after,
+                },
             }
         }
     }

@@ -95,6 +95,12 @@ pub struct Claims {
     /// Issued-at, seconds since the Unix epoch, when present.
     #[serde(default)]
     pub iat: Option<i64>,
+    /// Set by [`SessionVerifier::verify`]: the token was signed by a key of
+    /// the auth platform's JWKS (an external issuer), not with
+    /// `BACKEND_JWT_SECRET`. Its `email` then counts as confirmed only when
+    /// `AUTH_TRUST_EMAIL_CLAIM=true`.
+    #[serde(skip)]
+    pub external: bool,
 }
 
 /// Why a request is not logged in (or cannot be checked).
@@ -376,7 +382,9 @@ impl SessionVerifier {
             return decode_with(token, key, validation);
         }
         let jwks = inner.jwks.as_ref().ok_or(AuthError::UnsupportedAlgorithm)?;
-        jwks.verify(token, alg, kid.as_deref(), validation).await
+        let mut claims = jwks.verify(token, alg, kid.as_deref(), validation).await?;
+        claims.external = true;
+        Ok(claims)
     }
 }
 
@@ -644,7 +652,9 @@ struct Jwks {
 
 impl Jwks {
     fn new(url: String) -> Self {
+        // No redirects: whoever could redirect the fetch would serve the keys.
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(FETCH_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .build()

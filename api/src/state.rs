@@ -1,6 +1,6 @@
 //! Everything a handler needs, built once at start.
 
-use std::{net::IpAddr, sync::Arc};
+use std::{future::Future, net::IpAddr, sync::Arc};
 
 use entity::{plans::Catalogue, Feature, Features, Settings};
 use poem::{web::RemoteAddr, Request};
@@ -32,10 +32,40 @@ pub struct AppState {
     /// The object store (avatars).
     pub storage: worker::storage::Storage,
     /// Health probe results shared by concurrent health requests.
-    pub probes: Arc<crate::routes::health::ProbeCache>,
+    pub probes: Arc<crate::probes::ProbeCache>,
 }
 
 impl AppState {
+    /// Bounds one database or queue call made while answering a request by
+    /// `DEPENDENCY_TIMEOUT_MS`: the call's own result, or 503
+    /// `database_unavailable` when it did not finish in time (the future is
+    /// dropped, which cancels the call). Every route wraps each such call:
+    /// `state.bounded(entity::x::do_it(&state.db, …)).await?`.
+    pub async fn bounded<F: Future>(&self, call: F) -> Result<F::Output, ApiError> {
+        tokio::time::timeout(self.settings.dependency_timeout, call)
+            .await
+            .map_err(|_| {
+                tracing::error!("a database call exceeded DEPENDENCY_TIMEOUT_MS");
+                ApiError::Unavailable {
+                    code: "database_unavailable",
+                    detail: "the database did not answer in time; try again shortly".into(),
+                }
+            })
+    }
+
+    /// [`AppState::bounded`] for a plain database call: a timeout or an
+    /// unreachable database is 503 `database_unavailable`, any other
+    /// database error 500 (`what` goes to the log).
+    pub async fn bounded_db<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, sea_orm::DbErr>>,
+    ) -> Result<T, ApiError> {
+        self.bounded(call)
+            .await?
+            .map_err(|e| crate::routes::db_error(what, e))
+    }
+
     /// 503 unless `feature` is toggled on and configured.
     pub fn require(&self, feature: Feature) -> Result<(), ApiError> {
         let st = self.features.get(feature);
@@ -97,23 +127,98 @@ impl AppState {
             .ok_or_else(|| ApiError::internal("server-side writes ready without a key"))
     }
 
-    /// The client's IP: the socket peer, or the first `X-Forwarded-For` hop
-    /// when `TRUST_PROXY=true` and the header holds a valid IP.
+    /// The client's rate-limit subject: its IP as [`client_ip`] finds it,
+    /// IPv4-mapped IPv6 as IPv4, and IPv6 as its /64 network
+    /// (`2001:db8:1:2::/64`: one subscriber's block).
     pub fn client_ip(&self, req: &Request) -> String {
-        if self.settings.trust_proxy {
-            if let Some(ip) = req
-                .headers()
-                .get("x-forwarded-for")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split(',').next())
-                .and_then(|v| v.trim().parse::<IpAddr>().ok())
-            {
-                return ip.to_string();
+        let peer = match req.remote_addr() {
+            RemoteAddr(poem::Addr::SocketAddr(a)) => Some(a.ip()),
+            _ => None,
+        };
+        let forwarded = req
+            .headers()
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(",");
+        match client_ip(peer, &forwarded, self.settings.trust_proxy_hops) {
+            Some(ip) => bucket(ip),
+            None => req.remote_addr().to_string(),
+        }
+    }
+}
+
+/// The client IP behind `hops` trusted proxies: each proxy appends the
+/// address it received the request from to `X-Forwarded-For`, so the client
+/// is the `hops`-th address from the right (whatever a client writes itself
+/// stays to the left). With `hops` = 0, fewer entries than `hops`, or an
+/// entry there that is not an IP, the socket `peer`.
+pub fn client_ip(peer: Option<IpAddr>, forwarded_for: &str, hops: usize) -> Option<IpAddr> {
+    if hops > 0 {
+        let entries: Vec<&str> = forwarded_for
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
+        if let Some(ip) = entries
+            .len()
+            .checked_sub(hops)
+            .and_then(|i| entries[i].parse::<IpAddr>().ok())
+        {
+            return Some(ip);
+        }
+    }
+    peer
+}
+
+/// The rate-limit bucket of `ip`: IPv4 (also IPv4-mapped IPv6) as itself,
+/// IPv6 as its /64 network.
+pub fn bucket(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                let net = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                format!("{net}/64")
             }
-        }
-        match req.remote_addr() {
-            RemoteAddr(poem::Addr::SocketAddr(a)) => a.ip().to_string(),
-            other => other.to_string(),
-        }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn client_ip_counts_hops_from_the_right() {
+        let peer = Some(ip("10.0.0.9"));
+        let xff = "6.6.6.6, 1.2.3.4, 10.0.0.2";
+        assert_eq!(client_ip(peer, xff, 0), peer);
+        assert_eq!(client_ip(peer, xff, 1), Some(ip("10.0.0.2")));
+        assert_eq!(client_ip(peer, xff, 2), Some(ip("1.2.3.4")));
+        assert_eq!(client_ip(peer, xff, 3), Some(ip("6.6.6.6")));
+        // Fewer entries than hops, or junk at that place: the socket peer.
+        assert_eq!(client_ip(peer, xff, 4), peer);
+        assert_eq!(client_ip(peer, "", 1), peer);
+        assert_eq!(client_ip(peer, "1.2.3.4, nonsense", 1), peer);
+    }
+
+    #[test]
+    fn buckets_ipv6_by_64_and_unmaps_ipv4() {
+        assert_eq!(bucket(ip("2001:db8:1:2:aaaa::1")), "2001:db8:1:2::/64");
+        assert_eq!(
+            bucket(ip("2001:db8:1:2:aaaa::1")),
+            bucket(ip("2001:db8:1:2:bbbb::7"))
+        );
+        assert_ne!(bucket(ip("2001:db8:1:2::1")), bucket(ip("2001:db8:1:3::1")));
+        assert_eq!(bucket(ip("::ffff:1.2.3.4")), "1.2.3.4");
+        assert_eq!(bucket(ip("1.2.3.4")), "1.2.3.4");
     }
 }

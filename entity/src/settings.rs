@@ -84,8 +84,24 @@ pub struct Settings {
     pub migrate_on_start: bool,
     /// `APP_URL` (or `NEXT_PUBLIC_APP_URL`): public base URL, no trailing slash.
     pub app_url: String,
-    /// `TRUST_PROXY`: take the client IP from the first `X-Forwarded-For` hop (default `false`).
+    /// `TRUST_PROXY`: `true` is `TRUST_PROXY_HOPS=1` (default `false`).
     pub trust_proxy: bool,
+    /// `TRUST_PROXY_HOPS`: how many proxies in front of the api append to
+    /// `X-Forwarded-For`; the client IP is the Nth address from the right
+    /// (default 0: the socket peer; `TRUST_PROXY=true` means 1).
+    pub trust_proxy_hops: usize,
+    /// `HTTP_HEADER_TIMEOUT_MS`: a connection must deliver a request's
+    /// headers within this time (default 10000).
+    pub http_header_timeout: Duration,
+    /// `HTTP_IDLE_TIMEOUT_SECS`: an idle keep-alive connection is closed
+    /// after this time (default 60).
+    pub http_idle_timeout: Duration,
+    /// `HTTP_BODY_TIMEOUT_SECS`: a request body must arrive in full within
+    /// this time (default 30).
+    pub http_body_timeout: Duration,
+    /// `HTTP_MAX_CONNECTIONS`: open client connections per process; further
+    /// connections wait in the listen backlog (default 10000).
+    pub http_max_connections: usize,
     /// `STORAGE_URL`: object store for avatars (default `file://<DATA_DIR>/storage`).
     pub storage_url: String,
     /// `WORKER_CONCURRENCY`: jobs processed at once per queue (default 16, 1–1024).
@@ -135,8 +151,16 @@ pub struct Settings {
     pub backend_jwt_secret: Option<String>,
     /// `BACKEND_JWT_ISSUER`: expected `iss` of session tokens, checked when set.
     pub backend_jwt_issuer: Option<String>,
-    /// `ADMIN_EMAILS`: comma list of emails granted `admin` on first sight (lowercased).
+    /// `ADMIN_EMAILS`: comma list of emails granted `admin` on first sight
+    /// (ASCII-lowercased), when the session's email is confirmed.
     pub admin_emails: Vec<String>,
+    /// `ADMIN_USER_IDS`: comma list of user ids (UUIDs) granted `admin` on first sight.
+    pub admin_user_ids: Vec<uuid::Uuid>,
+    /// `AUTH_TRUST_EMAIL_CLAIM`: the auth platform issues sessions for
+    /// confirmed emails only, so the `email` of a JWKS-signed token may grant
+    /// `ADMIN_EMAILS` (default `false`; HS256 tokens of `BACKEND_JWT_SECRET`
+    /// are trusted).
+    pub auth_trust_email_claim: bool,
     /// `EMAIL_PROVIDER_API_KEY`: key of the HTTP email API.
     pub email_provider_api_key: Option<String>,
     /// `EMAIL_PROVIDER_BASE_URL`: base URL of the HTTP email API (`POST {base}/emails`).
@@ -284,6 +308,17 @@ impl<S: Source + ?Sized> Reader<'_, S> {
             ));
         }
         Ok(Some(v.trim_end_matches('/').to_string()))
+    }
+
+    /// A secret of at least [`SECRET_MIN_BYTES`] bytes.
+    fn secret(&self, var: &'static str) -> Result<Option<String>, SettingsError> {
+        match self.opt(var) {
+            Some(v) if v.len() < SECRET_MIN_BYTES => Err(err(
+                var,
+                format!("must be at least {SECRET_MIN_BYTES} bytes, got {}", v.len()),
+            )),
+            v => Ok(v),
+        }
     }
 
     fn email(&self, var: &'static str) -> Result<Option<String>, SettingsError> {
@@ -483,6 +518,31 @@ impl Settings {
         {
             return Err(err("ORDER_ID_PREFIX", "1 to 20 letters or digits"));
         }
+        let trust_proxy = r.bool_or("TRUST_PROXY", false)?;
+        let trust_proxy_hops = r.num_or("TRUST_PROXY_HOPS", usize::from(trust_proxy), 0, 16)?;
+        let admin_user_ids = match r.opt("ADMIN_USER_IDS") {
+            None => Vec::new(),
+            Some(v) => v
+                .split(',')
+                .map(str::trim)
+                .filter(|id| !id.is_empty())
+                .map(|id| {
+                    uuid::Uuid::parse_str(id)
+                        .map_err(|_| err("ADMIN_USER_IDS", format!("{id:?} is not a UUID")))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let backend_url = r.url("NEXT_PUBLIC_BACKEND_URL", &["http", "https"])?;
+        if let Some(u) = &backend_url {
+            if !is_https_or_loopback(u) {
+                return Err(err(
+                    "NEXT_PUBLIC_BACKEND_URL",
+                    "the session keys (JWKS) are fetched from it: use https, or http only to a loopback host",
+                ));
+            }
+        }
+        let backend_jwt_secret = r.secret("BACKEND_JWT_SECRET")?;
+        let backend_service_role_key = r.secret("BACKEND_SERVICE_ROLE_KEY")?;
         let storage_url = match r.url("STORAGE_URL", &["file", "s3"])? {
             Some(u) => u,
             None => format!("file://{}", absolute(&data_dir.join("storage")).display()),
@@ -497,7 +557,27 @@ impl Settings {
             data_dir,
             migrate_on_start: r.bool_or("MIGRATE_ON_START", true)?,
             app_url,
-            trust_proxy: r.bool_or("TRUST_PROXY", false)?,
+            trust_proxy,
+            trust_proxy_hops,
+            http_header_timeout: Duration::from_millis(r.num_or(
+                "HTTP_HEADER_TIMEOUT_MS",
+                10_000u64,
+                100,
+                600_000,
+            )?),
+            http_idle_timeout: Duration::from_secs(r.num_or(
+                "HTTP_IDLE_TIMEOUT_SECS",
+                60u64,
+                1,
+                3600,
+            )?),
+            http_body_timeout: Duration::from_secs(r.num_or(
+                "HTTP_BODY_TIMEOUT_SECS",
+                30u64,
+                1,
+                3600,
+            )?),
+            http_max_connections: r.num_or("HTTP_MAX_CONNECTIONS", 10_000usize, 1, 1_000_000)?,
             storage_url,
             worker_concurrency: r.num_or("WORKER_CONCURRENCY", 16usize, 1, 1024)?,
             worker_queues,
@@ -562,10 +642,10 @@ impl Settings {
                 admin: r.bool_or("NEXT_PUBLIC_ENABLE_ADMIN", true)?,
                 ai: r.bool_or("NEXT_PUBLIC_ENABLE_AI", true)?,
             },
-            backend_url: r.url("NEXT_PUBLIC_BACKEND_URL", &["http", "https"])?,
+            backend_url,
             backend_publishable_key: r.opt("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY"),
-            backend_service_role_key: r.opt("BACKEND_SERVICE_ROLE_KEY"),
-            backend_jwt_secret: r.opt("BACKEND_JWT_SECRET"),
+            backend_service_role_key,
+            backend_jwt_secret,
             backend_jwt_issuer: r.opt("BACKEND_JWT_ISSUER"),
             admin_emails: r
                 .opt("ADMIN_EMAILS")
@@ -576,6 +656,8 @@ impl Settings {
                         .collect()
                 })
                 .unwrap_or_default(),
+            admin_user_ids,
+            auth_trust_email_claim: r.bool_or("AUTH_TRUST_EMAIL_CLAIM", false)?,
             email_provider_api_key: r.opt("EMAIL_PROVIDER_API_KEY"),
             email_provider_base_url: r.url("EMAIL_PROVIDER_BASE_URL", &["http", "https"])?,
             smtp_url: match r.url("SMTP_URL", &["smtp", "smtps"])? {
@@ -649,6 +731,33 @@ impl Settings {
     }
 }
 
+/// Shortest accepted `BACKEND_JWT_SECRET` and `BACKEND_SERVICE_ROLE_KEY`,
+/// in bytes (256 bits, the HS256 key size of RFC 7518 §3.2).
+pub const SECRET_MIN_BYTES: usize = 32;
+
+/// Whether `url` is `https://…`, or `http://` to a loopback host
+/// (`localhost`, `127.0.0.0/8`, `[::1]`).
+fn is_https_or_loopback(url: &str) -> bool {
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = lower.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit('@').next().unwrap_or("");
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn absolute(p: &std::path::Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
@@ -718,6 +827,59 @@ mod tests {
             with(&[("WORKER_CONCURRENCY", "0")]).unwrap_err().var,
             "WORKER_CONCURRENCY"
         );
+    }
+
+    #[test]
+    fn secrets_have_a_minimum_length() {
+        let short = "0123456789abcdef0123456789abcde"; // 31 bytes
+        let long = "0123456789abcdef0123456789abcdef"; // 32 bytes
+        for var in ["BACKEND_JWT_SECRET", "BACKEND_SERVICE_ROLE_KEY"] {
+            assert_eq!(with(&[(var, short)]).unwrap_err().var, var);
+            assert!(with(&[(var, long)]).is_ok(), "{var}");
+        }
+    }
+
+    #[test]
+    fn backend_url_is_https_or_loopback() {
+        for ok in [
+            "https://auth.example.com",
+            "http://127.0.0.1:9",
+            "http://localhost:54321",
+            "http://[::1]:8000/x",
+        ] {
+            assert!(with(&[("NEXT_PUBLIC_BACKEND_URL", ok)]).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://auth.example.com",
+            "http://127.0.0.1.evil.com",
+            "http://localhost.evil.com",
+            "http://10.0.0.1",
+        ] {
+            assert_eq!(
+                with(&[("NEXT_PUBLIC_BACKEND_URL", bad)]).unwrap_err().var,
+                "NEXT_PUBLIC_BACKEND_URL",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn proxy_hops_and_admin_ids() {
+        assert_eq!(with(&[]).unwrap().trust_proxy_hops, 0);
+        assert_eq!(
+            with(&[("TRUST_PROXY", "true")]).unwrap().trust_proxy_hops,
+            1
+        );
+        let s = with(&[("TRUST_PROXY", "true"), ("TRUST_PROXY_HOPS", "2")]).unwrap();
+        assert_eq!(s.trust_proxy_hops, 2);
+        let id = "7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11";
+        let s = with(&[("ADMIN_USER_IDS", " 7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11 ,")]).unwrap();
+        assert_eq!(s.admin_user_ids, vec![uuid::Uuid::parse_str(id).unwrap()]);
+        assert_eq!(
+            with(&[("ADMIN_USER_IDS", "boss")]).unwrap_err().var,
+            "ADMIN_USER_IDS"
+        );
+        assert!(!with(&[]).unwrap().auth_trust_email_claim);
     }
 
     #[test]

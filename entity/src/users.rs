@@ -52,6 +52,41 @@ impl UserContext {
     }
 }
 
+/// Who is granted `admin` at first sight (never later: an existing member is
+/// not promoted by a configuration change).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AdminGrant<'a> {
+    /// `ADMIN_USER_IDS`: account ids granted admin.
+    pub user_ids: &'a [Uuid],
+    /// `ADMIN_EMAILS`: emails granted admin, compared with ASCII-only case
+    /// folding. The caller passes them only when the session's email is
+    /// confirmed by its issuer (see the api's `AUTH_TRUST_EMAIL_CLAIM`).
+    pub emails: &'a [String],
+}
+
+impl AdminGrant<'_> {
+    /// Whether `id` is granted admin: its user id is listed, or its email is.
+    pub fn grants(&self, id: &Identity) -> bool {
+        self.user_ids.contains(&id.user_id) || is_admin_email(id.email.as_deref(), self.emails)
+    }
+}
+
+/// [`ensure_user_granting`] with only `admin_emails` granting admin.
+pub async fn ensure_user<C>(
+    db: &C,
+    id: &Identity,
+    admin_emails: &[String],
+) -> Result<UserContext, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let grant = AdminGrant {
+        user_ids: &[],
+        emails: admin_emails,
+    };
+    ensure_user_granting(db, id, &grant).await
+}
+
 /// Returns the stored context of `id`, creating the account on first sight.
 ///
 /// - Fast path (every authenticated request): one `SELECT users LEFT JOIN
@@ -61,10 +96,10 @@ impl UserContext {
 /// - First sight (no user row or no role row): one transaction inserts, each
 ///   with `ON CONFLICT DO NOTHING` on the primary key, the `users` row, an empty
 ///   `profiles` row, a `FREE` subscription (status `active`, not cancelling,
-///   no period) and a `user_roles` row. The role is `admin` when the token's
-///   email, lowercased, is in `admin_emails` (compared lowercased), else
-///   `member`. `ADMIN_EMAILS` applies only here, at first sight: an existing
-///   member is never promoted by a later configuration change.
+///   no period) and a `user_roles` row. The role is `admin` when `grant`
+///   grants it ([`AdminGrant::grants`]), else `member`. The grant applies
+///   only here, at first sight: an existing member is never promoted by a
+///   later configuration change.
 ///
 /// Idempotent and race-safe: concurrent first requests of the same user end
 /// with exactly one row in each table (on PostgreSQL the second insert waits
@@ -76,10 +111,10 @@ impl UserContext {
 ///
 /// Errors: only [`DbErr`] (connection, constraint or a role row still missing
 /// after the insert, reported as [`DbErr::RecordNotFound`]).
-pub async fn ensure_user<C>(
+pub async fn ensure_user_granting<C>(
     db: &C,
     id: &Identity,
-    admin_emails: &[String],
+    grant: &AdminGrant<'_>,
 ) -> Result<UserContext, DbErr>
 where
     C: ConnectionTrait + TransactionTrait,
@@ -96,32 +131,33 @@ where
             role: role.role,
         });
     }
-    create_defaults(db, id, admin_emails).await
+    create_defaults(db, id, grant).await
 }
 
-/// Whether `email` is in `admin_emails`, both compared trimmed and lowercased.
+/// Whether `email` is in `admin_emails`, both trimmed and compared with
+/// ASCII-only case folding (so U+212A KELVIN SIGN does not match `k`).
 pub fn is_admin_email(email: Option<&str>, admin_emails: &[String]) -> bool {
-    let Some(email) = email.map(|e| e.trim().to_lowercase()) else {
+    let Some(email) = email.map(str::trim) else {
         return false;
     };
     !email.is_empty()
         && admin_emails
             .iter()
-            .any(|a| a.trim().to_lowercase() == email)
+            .any(|a| a.trim().eq_ignore_ascii_case(email))
 }
 
 /// The first-sight transaction of [`ensure_user`].
 async fn create_defaults<C>(
     db: &C,
     id: &Identity,
-    admin_emails: &[String],
+    grant: &AdminGrant<'_>,
 ) -> Result<UserContext, DbErr>
 where
     C: ConnectionTrait + TransactionTrait,
 {
     let now = Utc::now();
     let uid = id.user_id;
-    let role = if is_admin_email(id.email.as_deref(), admin_emails) {
+    let role = if grant.grants(id) {
         Role::Admin
     } else {
         Role::Member
@@ -252,5 +288,29 @@ mod tests {
         assert!(!is_admin_email(Some("other@example.com"), &admins));
         assert!(!is_admin_email(None, &admins));
         assert!(!is_admin_email(Some(""), &["".to_string()]));
+    }
+
+    #[test]
+    fn admin_emails_fold_ascii_only() {
+        let admins = vec!["kim@example.com".to_string()];
+        // U+212A KELVIN SIGN lowercases to `k` under Unicode rules.
+        assert!(!is_admin_email(Some("\u{212A}im@example.com"), &admins));
+        assert!(is_admin_email(Some("KIM@example.com"), &admins));
+    }
+
+    #[test]
+    fn admin_user_ids_grant_without_email() {
+        let boss = Uuid::new_v4();
+        let ids = [boss];
+        let grant = AdminGrant {
+            user_ids: &ids,
+            emails: &[],
+        };
+        let who = |user_id, email: Option<&str>| Identity {
+            user_id,
+            email: email.map(str::to_string),
+        };
+        assert!(grant.grants(&who(boss, None)));
+        assert!(!grant.grants(&who(Uuid::new_v4(), Some("boss@example.com"))));
     }
 }

@@ -26,7 +26,7 @@ use uuid::Uuid;
 use worker::{QueueName, Queues};
 
 const SECRET: &str = "sessions-test-secret-0123456789abcdef0123456789";
-const SERVICE_KEY: &str = "service-role-test-key";
+const SERVICE_KEY: &str = "service-role-test-key-0123456789abcdef";
 const APP_URL: &str = "https://app.example.test";
 const PROFILE: &str = "/api/profile";
 const GRANT: &str = "/api/profile/avatar";

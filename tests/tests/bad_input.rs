@@ -380,3 +380,75 @@ async fn wrong_methods_and_unknown_routes_are_problems() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A 405 names the allowed methods in `Allow` (RFC 9110 §15.5.6), as the
+/// OpenAPI document lists them, and is a problem.
+#[tokio::test(flavor = "multi_thread")]
+async fn method_not_allowed_carries_allow() {
+    let stack = Stack::new().await;
+    let api = stack.api(&stack.env()).await;
+    let c = tests::client();
+    let mut failures = Vec::new();
+    let user = uuid::Uuid::new_v4();
+    for (label, req, allow) in [
+        ("GET /api/contact", c.get(api.url("/api/contact")), "POST"),
+        (
+            "DELETE /api/waitlist",
+            c.delete(api.url("/api/waitlist")),
+            "POST",
+        ),
+        (
+            "POST /api/health",
+            c.post(api.url("/api/health")),
+            "GET, HEAD",
+        ),
+        (
+            "PATCH /api/profile",
+            c.patch(api.url("/api/profile")),
+            "POST",
+        ),
+        (
+            "POST public avatar",
+            c.post(api.url(&format!("/storage/v1/object/public/avatars/{user}/avatar"))),
+            "GET, HEAD",
+        ),
+    ] {
+        let r = Reply::send(req).await;
+        if let Err(e) = r.check_problem(Some(405), Some("method_not_allowed"), None) {
+            failures.push(format!("[{label}] {e}"));
+        }
+        if r.header("allow") != Some(allow) {
+            failures.push(format!(
+                "[{label}] Allow: {:?}, expected {allow:?}",
+                r.header("allow")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A JSON route answers a body without `Content-Type`, or of another type,
+/// with 415 problem details (documented in the OpenAPI document).
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_or_wrong_content_type_is_415() {
+    let stack = Stack::new().await;
+    let api = stack.api(&stack.env()).await;
+    let body = json!({"email": "ct@example.com"}).to_string();
+    for ct in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
+        let mut req = tests::client()
+            .post(api.url("/api/waitlist"))
+            .header("x-forwarded-for", random_ip())
+            .body(body.clone());
+        if let Some(ct) = ct {
+            req = req.header("content-type", ct);
+        }
+        let r = Reply::send(req).await;
+        if let Err(e) = r.check_problem(Some(415), None, None) {
+            panic!("content type {ct:?}: {e}");
+        }
+    }
+}

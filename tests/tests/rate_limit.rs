@@ -9,6 +9,12 @@ use sea_orm::sqlx;
 use serde_json::{json, Value};
 use tests::{post_json, random_ip, EnvMap, Reply, Stack};
 
+/// A random 16-bit number (for IPv6 test addresses).
+fn r16() -> u16 {
+    let b = uuid::Uuid::new_v4().into_bytes();
+    u16::from_be_bytes([b[0], b[1]])
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -199,4 +205,89 @@ async fn forwarded_for_is_ignored_unless_trust_proxy() {
     // A new X-Forwarded-For value does not buy a new allowance: the socket peer counts.
     let r = post_json(&url, &random_ip(), &json!({"email": "spoof5@example.com"})).await;
     check_limited(&r);
+}
+
+/// Behind `TRUST_PROXY_HOPS=N` proxies the client is the Nth address from
+/// the right of `X-Forwarded-For`: whatever a client writes to the left of it
+/// does not buy a new allowance (the first entry used to decide).
+#[tokio::test(flavor = "multi_thread")]
+async fn client_ip_is_the_nth_forwarded_entry_from_the_right() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api(&limited_env(&stack).with("TRUST_PROXY_HOPS", "2"))
+        .await;
+    let url = api.url("/api/waitlist");
+    // `<spoofed>, <client as seen by the outer proxy>, <outer proxy>`.
+    let client = random_ip();
+    for i in 0..5 {
+        let xff = format!("{}, {client}, 10.9.9.9", random_ip());
+        let r = post_json(&url, &xff, &json!({"email": format!("hop{i}@example.com")})).await;
+        check_allowed(&r, 4 - i);
+    }
+    let xff = format!("{}, {client}, 10.9.9.9", random_ip());
+    check_limited(&post_json(&url, &xff, &json!({"email": "hop5@example.com"})).await);
+    // Another client behind the same proxies has its own allowance.
+    let xff = format!("{client}, {}, 10.9.9.9", random_ip());
+    let r = post_json(&url, &xff, &json!({"email": "hop6@example.com"})).await;
+    check_allowed(&r, 4);
+}
+
+/// IPv6 clients share one allowance per /64 (each address of a /64 used to
+/// be its own bucket); an IPv4-mapped address counts as its IPv4 address.
+#[tokio::test(flavor = "multi_thread")]
+async fn ipv6_clients_are_limited_per_64_and_mapped_ipv4_is_ipv4() {
+    let stack = Stack::new().await;
+    let api = stack.api(&limited_env(&stack)).await;
+    let url = api.url("/api/waitlist");
+    let net = format!("2001:db8:{:x}:{:x}", r16(), r16());
+    for i in 0..5u64 {
+        let ip = format!("{net}:{:x}::{:x}", r16(), i + 1);
+        let r = post_json(&url, &ip, &json!({"email": format!("v6-{i}@example.com")})).await;
+        check_allowed(&r, 4 - i);
+    }
+    let ip = format!("{net}:ffff::1");
+    check_limited(&post_json(&url, &ip, &json!({"email": "v6-5@example.com"})).await);
+
+    let v4 = random_ip();
+    for i in 0..5u64 {
+        let ip = if i % 2 == 0 {
+            v4.clone()
+        } else {
+            format!("::ffff:{v4}")
+        };
+        let r = post_json(&url, &ip, &json!({"email": format!("v4-{i}@example.com")})).await;
+        check_allowed(&r, 4 - i);
+    }
+    check_limited(
+        &post_json(
+            &url,
+            &format!("::ffff:{v4}"),
+            &json!({"email": "v4-5@example.com"}),
+        )
+        .await,
+    );
+}
+
+/// While Redis does not answer, the limit still holds (each api process
+/// counts on its own): the waitlist, which needs only the database, is not
+/// unlimited during a Redis outage.
+#[tokio::test(flavor = "multi_thread")]
+async fn limit_holds_in_process_while_redis_is_down() {
+    let stack = Stack::new().await;
+    let proxy = tests::TcpProxy::start(&tests::host_port(&stack.redis.url)).await;
+    let env = limited_env(&stack)
+        .with("REDIS_URL", stack.redis.url_via(proxy.addr))
+        .with("DEPENDENCY_TIMEOUT_MS", "300");
+    let api = stack.api(&env).await;
+    let url = api.url("/api/waitlist");
+    proxy.set(tests::ProxyMode::Refuse);
+    let ip = random_ip();
+    for i in 0..5 {
+        let r = post_json(&url, &ip, &json!({"email": format!("down{i}@example.com")})).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text);
+        assert_eq!(r.header_u64("x-ratelimit-limit"), 5);
+    }
+    check_limited(&post_json(&url, &ip, &json!({"email": "down5@example.com"})).await);
+    assert_eq!(waitlist_rows(&stack).await, 5);
+    proxy.on();
 }

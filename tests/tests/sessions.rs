@@ -40,7 +40,7 @@ fn sign(alg: Algorithm, key: &EncodingKey, kid: Option<&str>, claims: &Value) ->
 }
 
 fn session_env(stack: &Stack) -> EnvMap {
-    stack.session_env(SECRET, "service-role-test-key")
+    stack.session_env(SECRET, "service-role-test-key-0123456789abcdef")
 }
 
 fn hs256_with(secret: &[u8], claims: &Value) -> String {
@@ -990,7 +990,8 @@ async fn admin_role_changes_are_guarded_and_audited() {
         "refusals are not audited"
     );
 
-    // Admin demoting their own account → 400 self_demotion.
+    // Admin demoting their own account → 403 self_demotion (a well-formed
+    // request the rules forbid).
     post_as(
         &api,
         ROLE,
@@ -998,7 +999,7 @@ async fn admin_role_changes_are_guarded_and_audited() {
         &json!({"user_id": a, "role": "member"}),
     )
     .await
-    .assert_problem(400, Some("self_demotion"), None);
+    .assert_problem(403, Some("self_demotion"), None);
     assert_eq!(role_of(&pool, admin).await.as_deref(), Some("admin"));
 
     // Unknown user → 404.
@@ -1267,10 +1268,6 @@ async fn profile_save_validates_and_answers_the_saved_profile() {
         (json!({"avatar_url": "not a url"}), "avatar_url"),
         (json!({"avatar_url": "/relative/avatar"}), "avatar_url"),
         (
-            json!({"avatar_path": format!("{other}/avatar")}),
-            "avatar_path",
-        ),
-        (
             json!({"avatar_path": format!("{user}/other")}),
             "avatar_path",
         ),
@@ -1293,6 +1290,17 @@ async fn profile_save_validates_and_answers_the_saved_profile() {
         if let Err(e) = r.check_problem(Some(400), None, Some(field)) {
             failures.push(format!("{body}: {e}"));
         }
+    }
+    // Another user's well-formed key: a matter of permission.
+    let r = post_as(
+        &api,
+        PROFILE,
+        &tok,
+        &json!({"avatar_path": format!("{other}/avatar")}),
+    )
+    .await;
+    if let Err(e) = r.check_problem(Some(403), Some("not_your_avatar"), None) {
+        failures.push(format!("another user's avatar_path: {e}"));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 
@@ -1409,4 +1417,239 @@ async fn logged_in_routes_answer_503_when_not_ready() {
     // The admin setting their own role to admin: a no-op success.
     let r = post_as(&api, ROLE, &tok, &role_body).await;
     assert_eq!(r.status, 200, "{}", r.text);
+}
+
+// ---------------------------------------------------------------------------
+// 7. Issue 7: one gate, bounded calls, who is admin at first sight
+// ---------------------------------------------------------------------------
+
+/// Every session route checks the auth toggle before the token: with
+/// `NEXT_PUBLIC_ENABLE_AUTH=false` each answers a valid token with 503
+/// `feature_disabled` (`POST /api/profile` used to answer 200).
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_toggle_off_gates_every_session_route() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api(&session_env(&stack).with("NEXT_PUBLIC_ENABLE_AUTH", "false"))
+        .await;
+    let user = Uuid::new_v4();
+    let tok = token(user, "ann@example.com");
+    for (route, body) in [
+        (PROFILE, json!({"full_name": "Ann"})),
+        (SUBSCRIPTION, json!({"action": "cancel"})),
+        (ROLE, json!({"user_id": user.to_string(), "role": "member"})),
+        (
+            "/api/profile/avatar",
+            json!({"fileSize": 1000, "fileType": "image/png"}),
+        ),
+    ] {
+        let r = post_as(&api, route, &tok, &body).await;
+        if let Err(e) = r.check_problem(Some(503), Some("feature_disabled"), None) {
+            panic!("{route}: {e}");
+        }
+    }
+}
+
+/// The database calls of profile, subscription and admin are bounded by
+/// `DEPENDENCY_TIMEOUT_MS`: with the database silent they answer 503
+/// `database_unavailable` instead of hanging.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_routes_bound_their_database_calls() {
+    let stack = Stack::new().await;
+    let proxy = tests::TcpProxy::start(&tests::host_port(&stack.db.url)).await;
+    let env = session_env(&stack)
+        .with("DATABASE_URL", stack.db.url_via(proxy.addr))
+        .with("DEPENDENCY_TIMEOUT_MS", "500")
+        .with("ADMIN_EMAILS", "boss@example.com");
+    let api = stack.api(&env).await;
+    let boss = Uuid::new_v4();
+    let tok = token(boss, "boss@example.com");
+    // Seen once while the database answers, so the role is stored.
+    let r = post_as(&api, PROFILE, &tok, &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    proxy.set(tests::ProxyMode::Freeze);
+    for (route, body) in [
+        (PROFILE, json!({"full_name": "Ann"})),
+        (SUBSCRIPTION, json!({"action": "cancel"})),
+        (ROLE, json!({"user_id": boss.to_string(), "role": "admin"})),
+    ] {
+        let r = post_as(&api, route, &tok, &body).await;
+        if let Err(e) = r.check_problem(Some(503), Some("database_unavailable"), None) {
+            panic!("{route}: {e}");
+        }
+    }
+    proxy.on();
+}
+
+/// `ADMIN_USER_IDS` grants admin at first sight, by id alone (no email).
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_user_ids_grant_admin_at_first_sight() {
+    let stack = Stack::new().await;
+    let pool = stack.db.pool().await;
+    let boss = Uuid::new_v4();
+    let env = session_env(&stack).with("ADMIN_USER_IDS", format!("{}, {}", Uuid::new_v4(), boss));
+    let api = stack.api(&env).await;
+    let member = Uuid::new_v4();
+    let r = post_as(&api, PROFILE, &token(member, "m@example.com"), &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let boss_tok = hs256(&claims(&boss.to_string(), None));
+    let r = post_as(
+        &api,
+        ROLE,
+        &boss_tok,
+        &json!({"user_id": member.to_string(), "role": "admin"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(role_of(&pool, boss).await.as_deref(), Some("admin"));
+    assert_eq!(role_of(&pool, member).await.as_deref(), Some("admin"));
+    pool.close().await;
+}
+
+/// `ADMIN_EMAILS` compares with ASCII-only case folding: an email spelled
+/// with U+212A KELVIN SIGN is not `kim@…`.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_emails_fold_ascii_case_only() {
+    let stack = Stack::new().await;
+    let pool = stack.db.pool().await;
+    let api = stack
+        .api(&session_env(&stack).with("ADMIN_EMAILS", "kim@example.com"))
+        .await;
+    let kelvin = Uuid::new_v4();
+    let r = post_as(
+        &api,
+        PROFILE,
+        &token(kelvin, "\u{212A}im@example.com"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(role_of(&pool, kelvin).await.as_deref(), Some("member"));
+    let upper = Uuid::new_v4();
+    let r = post_as(&api, PROFILE, &token(upper, "KIM@example.com"), &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(role_of(&pool, upper).await.as_deref(), Some("admin"));
+    pool.close().await;
+}
+
+/// The `email` of a JWKS-signed token (an external issuer) grants
+/// `ADMIN_EMAILS` only with `AUTH_TRUST_EMAIL_CLAIM=true`.
+#[tokio::test(flavor = "multi_thread")]
+async fn external_email_claim_grants_admin_only_when_trusted() {
+    let stack = Stack::new().await;
+    let pool = stack.db.pool().await;
+    let keys = Keys::load(&stack.dir.path().join("keys"));
+    let fake = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path(JWKS_PATH))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"keys": [Keys::jwk(&keys.rsa, Algorithm::RS256, "rsa-1")]})),
+        )
+        .mount(&fake)
+        .await;
+    let base = session_env(&stack)
+        .with("NEXT_PUBLIC_BACKEND_URL", fake.uri())
+        .with("ADMIN_EMAILS", "boss@example.com");
+    let rs256 = |user: Uuid| {
+        sign(
+            Algorithm::RS256,
+            &keys.rsa,
+            Some("rsa-1"),
+            &claims(&user.to_string(), Some("boss@example.com")),
+        )
+    };
+    let untrusted = Uuid::new_v4();
+    {
+        let api = stack.api(&base).await;
+        let r = post_as(&api, PROFILE, &rs256(untrusted), &json!({})).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    assert_eq!(role_of(&pool, untrusted).await.as_deref(), Some("member"));
+    let trusted = Uuid::new_v4();
+    let api = stack
+        .api(&base.with("AUTH_TRUST_EMAIL_CLAIM", "true"))
+        .await;
+    let r = post_as(&api, PROFILE, &rs256(trusted), &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(role_of(&pool, trusted).await.as_deref(), Some("admin"));
+    pool.close().await;
+}
+
+/// Secrets shorter than 32 bytes stop the api at start, naming the variable.
+#[tokio::test(flavor = "multi_thread")]
+async fn short_secrets_stop_the_api_at_start() {
+    let stack = Stack::new().await;
+    for var in ["BACKEND_JWT_SECRET", "BACKEND_SERVICE_ROLE_KEY"] {
+        let env = session_env(&stack).with(var, "too-short-secret");
+        let mut p = Proc::spawn("api", &[], &env, stack.dir.path());
+        let status = p
+            .wait_exit(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("api with a short {var} kept running"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!status.success(), "{var}");
+        assert!(p.stderr().contains(var), "{var}: {}", p.stderr());
+    }
+}
+
+/// The JWKS comes over https or from a loopback host only.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_http_backend_url_to_a_remote_host_stops_the_api() {
+    let stack = Stack::new().await;
+    let env = session_env(&stack).with("NEXT_PUBLIC_BACKEND_URL", "http://auth.example.com");
+    let mut p = Proc::spawn("api", &[], &env, stack.dir.path());
+    let status = p
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("api with an http backend URL kept running");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!status.success());
+    assert!(
+        p.stderr().contains("NEXT_PUBLIC_BACKEND_URL"),
+        "{}",
+        p.stderr()
+    );
+}
+
+/// The JWKS fetch follows no redirect: keys served behind a redirect are not
+/// used (the RS256 token is not accepted).
+#[tokio::test(flavor = "multi_thread")]
+async fn jwks_redirects_are_not_followed() {
+    let stack = Stack::new().await;
+    let keys = Keys::load(&stack.dir.path().join("keys"));
+    let fake = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path(JWKS_PATH))
+        .respond_with(
+            ResponseTemplate::new(302).insert_header("location", format!("{}/keys", fake.uri())),
+        )
+        .mount(&fake)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/keys"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"keys": [Keys::jwk(&keys.rsa, Algorithm::RS256, "rsa-1")]})),
+        )
+        .mount(&fake)
+        .await;
+    let api = stack
+        .api(&session_env(&stack).with("NEXT_PUBLIC_BACKEND_URL", fake.uri()))
+        .await;
+    let user = Uuid::new_v4();
+    let tok = sign(
+        Algorithm::RS256,
+        &keys.rsa,
+        Some("rsa-1"),
+        &claims(&user.to_string(), Some("a@example.com")),
+    );
+    let r = post_as(&api, PROFILE, &tok, &json!({})).await;
+    assert_ne!(r.status, 200, "a redirected JWKS was used: {}", r.text);
+    let served = fake.received_requests().await.unwrap_or_default();
+    assert!(
+        served.iter().all(|q| q.url.path() != "/keys"),
+        "the redirect was followed"
+    );
 }

@@ -6,30 +6,52 @@ use entity::{
     Feature,
 };
 use poem::{web::Data, Request};
-use poem_openapi::{payload::Json, Object, OpenApi};
+use poem_openapi::{payload::Json, Enum, Object, OpenApi};
 use uuid::Uuid;
 
 use super::ApiTags;
 use crate::{
-    auth::BearerAuth, middleware::RequestId, payload::JsonBody, problem::ApiError, state::AppState,
+    auth::{BearerAuth, Gate},
+    middleware::RequestId,
+    payload::JsonBody,
+    problem::ApiError,
+    state::AppState,
 };
-use entity::validate::FieldError;
+
+/// A role a user can hold: `admin` or `member`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[oai(rename_all = "lowercase")]
+pub enum RoleName {
+    /// May change roles.
+    Admin,
+    /// Every other user.
+    Member,
+}
+
+impl From<RoleName> for Role {
+    fn from(r: RoleName) -> Self {
+        match r {
+            RoleName::Admin => Role::Admin,
+            RoleName::Member => Role::Member,
+        }
+    }
+}
 
 /// The role to set.
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct RoleRequest {
     /// The user's id (UUID).
-    pub user_id: String,
+    pub user_id: Uuid,
     /// `admin` or `member`.
-    pub role: String,
+    pub role: RoleName,
 }
 
 impl poem_openapi::types::Example for RoleRequest {
     fn example() -> Self {
         RoleRequest {
-            user_id: "7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11".into(),
-            role: "admin".into(),
+            user_id: Uuid::from_u128(0x7f6c2c6e_1f0a_4c39_9d55_2a8f0f1b9a11),
+            role: RoleName::Admin,
         }
     }
 }
@@ -48,13 +70,13 @@ pub struct RoleResult {
 crate::problem_responses!(
     /// Errors of `POST /api/admin/users/role`.
     RoleErrorResponse {
-        BadRequest = 400: "`user_id` is not a UUID, `role` is not `admin`/`member` (`field` names it), or an admin tried to demote their own account (`self_demotion`).",
+        BadRequest = 400: "`user_id` is not a UUID or `role` is not `admin`/`member` (`field` names it).",
         Unauthorized = 401: "No valid session token.",
-        Forbidden = 403: "Logged in, but not an admin.",
+        Forbidden = 403: "Logged in, but not an admin (`forbidden`), or an admin tried to demote their own account (`self_demotion`).",
         NotFound = 404: "No user has this id (`unknown_user`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The change could not be saved.",
-        ServiceUnavailable = 503: "Admin is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`).",
+        ServiceUnavailable = 503: "Auth or admin is switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
     }
 );
 
@@ -95,26 +117,18 @@ async fn set_role_inner(
     body: RoleRequest,
     request_id: Option<String>,
 ) -> Result<RoleResult, ApiError> {
-    state.require(Feature::Admin)?;
-    let actor = state.authenticate(auth).await?;
+    let actor = state.session(auth, Gate::Feature(Feature::Admin)).await?;
     if !actor.is_admin() {
         return Err(ApiError::Forbidden(
             "forbidden",
             "the admin role is required".into(),
         ));
     }
-    let target = Uuid::parse_str(body.user_id.trim())
-        .map_err(|_| FieldError::new("user_id", "invalid_uuid", "user_id must be a UUID"))?;
-    let role = match body.role.trim() {
-        "admin" => Role::Admin,
-        "member" => Role::Member,
-        _ => {
-            return Err(
-                FieldError::new("role", "invalid_role", "role must be admin or member").into(),
-            )
-        }
-    };
-    match roles::set_role(&state.db, &actor, target, role, request_id).await {
+    let (target, role) = (body.user_id, Role::from(body.role));
+    match state
+        .bounded(roles::set_role(&state.db, &actor, target, role, request_id))
+        .await?
+    {
         Ok(change) => Ok(RoleResult {
             success: true,
             user_id: change.user_id.to_string(),
@@ -124,7 +138,7 @@ async fn set_role_inner(
             "forbidden",
             "the admin role is required".into(),
         )),
-        Err(RoleError::SelfDemotion) => Err(ApiError::Invalid(
+        Err(RoleError::SelfDemotion) => Err(ApiError::Forbidden(
             "self_demotion",
             "an admin cannot demote their own account".into(),
         )),

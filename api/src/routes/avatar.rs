@@ -96,7 +96,7 @@ async fn create_inner(
 ) -> Result<SignedUpload, ApiError> {
     state.require(Feature::Auth)?;
     let key = state.upload_signing_key()?;
-    let user = state.authenticate(auth).await?;
+    let user = state.session(auth, crate::auth::Gate::ServerWrites).await?;
     let request = UploadRequest::new(body.file_size, &body.file_type)?;
     let grant = UploadGrant::new(user.user_id, request, Utc::now());
     let token = grant.sign(key);

@@ -10,7 +10,7 @@ use worker::{jobs::SendEmail, Job};
 use super::{ApiTags, Success};
 use crate::{
     middleware::RequestId,
-    payload::JsonBody,
+    payload::{JsonBody, Mailbox},
     problem::{ApiError, RateInfo},
     state::AppState,
 };
@@ -19,11 +19,14 @@ use crate::{
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct ContactRequest {
-    /// Sender's name, 1–100 characters (trimmed).
+    /// Sender's name, 1–100 characters, not only whitespace (trimmed).
+    #[oai(validator(min_length = 1, max_length = 100, pattern = r"\S"))]
     pub name: String,
     /// Sender's email address (≤ 254 characters); replies go there.
-    pub email: String,
-    /// The message, 1–5,000 characters (trimmed).
+    #[oai(validator(max_length = 254))]
+    pub email: Mailbox,
+    /// The message, 1–5,000 characters, not only whitespace (trimmed).
+    #[oai(validator(min_length = 1, max_length = 5000, pattern = r"\S"))]
     pub message: String,
 }
 
@@ -31,7 +34,7 @@ impl poem_openapi::types::Example for ContactRequest {
     fn example() -> Self {
         ContactRequest {
             name: "Ann Lee".into(),
-            email: "ann@example.com".into(),
+            email: Mailbox("ann@example.com".into()),
             message: "Do you offer annual billing?".into(),
         }
     }
@@ -93,7 +96,7 @@ async fn contact_inner(
     // so an unreachable Redis costs at most DEPENDENCY_TIMEOUT_MS.
     let deadline = Instant::now() + state.settings.dependency_timeout;
     let rate = state.limit_public("contact", ip, deadline).await?;
-    let message = ContactMessage::new(&body.name, &body.email, &body.message)?;
+    let message = ContactMessage::new(&body.name, &body.email.0, &body.message)?;
     let (Some(from), Some(inbox)) = (
         state.settings.email_from.as_deref(),
         state.settings.contact_inbox(),

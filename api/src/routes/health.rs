@@ -1,13 +1,14 @@
 //! `GET /api/health`: feature readiness plus real probes of the database and the queue.
 
-use std::time::Instant;
-
 use entity::Feature;
 use poem::web::Data;
 use poem_openapi::{payload::Json, ApiResponse, Object, OpenApi};
 
 use super::ApiTags;
-use crate::state::AppState;
+use crate::{
+    probes::{Probe, QueueProbe},
+    state::AppState,
+};
 
 /// Readiness of one feature.
 #[derive(Debug, Clone, Object)]
@@ -50,26 +51,6 @@ pub struct Checks {
     pub backend_service_role: bool,
     /// An email transport (HTTP email API or SMTP) configured.
     pub email_provider: bool,
-}
-
-/// Result of one dependency probe.
-#[derive(Debug, Clone, Object)]
-pub struct Probe {
-    /// The dependency answered within `DEPENDENCY_TIMEOUT_MS`.
-    pub ok: bool,
-    /// Round-trip time in milliseconds.
-    pub latency_ms: f64,
-}
-
-/// Queue probe.
-#[derive(Debug, Clone, Object)]
-pub struct QueueProbe {
-    /// The queue store answered within `DEPENDENCY_TIMEOUT_MS`.
-    pub ok: bool,
-    /// Round-trip time in milliseconds.
-    pub latency_ms: f64,
-    /// `redis` or `sqlite`.
-    pub backend: String,
 }
 
 /// The health report.
@@ -147,55 +128,11 @@ impl HealthApi {
     }
 }
 
-fn ms(since: Instant) -> f64 {
-    (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
-}
-
-/// How long one pair of probe results answers health requests. Under a
-/// load-balancer or monitoring storm this keeps the probes at ≤ 4 per second
-/// per process while every answer is at most this old.
-pub const PROBE_TTL: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Last probe results, shared by concurrent health requests (single flight:
-/// while one request probes, the others wait for its result).
-#[derive(Default)]
-pub struct ProbeCache(tokio::sync::Mutex<Option<(Instant, Probe, QueueProbe)>>);
-
-async fn probe(state: &AppState) -> (Probe, QueueProbe) {
-    let mut cached = state.probes.0.lock().await;
-    if let Some((at, db, q)) = cached.as_ref() {
-        if at.elapsed() < PROBE_TTL {
-            return (db.clone(), q.clone());
-        }
-    }
-    let timeout = state.settings.dependency_timeout;
-    let db_probe = async {
-        let t = Instant::now();
-        let ok = matches!(
-            tokio::time::timeout(timeout, entity::db::ping(&state.db)).await,
-            Ok(Ok(()))
-        );
-        Probe {
-            ok,
-            latency_ms: ms(t),
-        }
-    };
-    let queue_probe = async {
-        let t = Instant::now();
-        let ok = state.queues.ping().await.is_ok();
-        QueueProbe {
-            ok,
-            latency_ms: ms(t),
-            backend: state.queues.kind().to_string(),
-        }
-    };
-    let (database, queue) = tokio::join!(db_probe, queue_probe);
-    *cached = Some((Instant::now(), database.clone(), queue.clone()));
-    (database, queue)
-}
-
 async fn health_inner(state: &AppState) -> Health {
-    let (database, queue) = probe(state).await;
+    let (database, queue) = state
+        .probes
+        .probe(&state.db, &state.queues, state.settings.dependency_timeout)
+        .await;
     let f = &state.features;
     let fh = |feature: Feature| {
         let s = f.get(feature);

@@ -8,7 +8,11 @@ use super::ApiTags;
 use worker::jobs::{DeleteAvatar, Job};
 
 use crate::{
-    auth::BearerAuth, middleware::RequestId, payload::JsonBody, problem::ApiError, state::AppState,
+    auth::{BearerAuth, Gate},
+    middleware::RequestId,
+    payload::JsonBody,
+    problem::ApiError,
+    state::AppState,
 };
 
 /// Profile fields to save. A field left out keeps its stored value; an empty
@@ -17,10 +21,20 @@ use crate::{
 #[oai(deny_unknown_fields, example)]
 pub struct ProfileRequest {
     /// Display name, at most 100 characters (trimmed).
+    #[oai(validator(max_length = 100))]
     pub full_name: Option<String>,
-    /// Object key of the avatar: exactly `<your user id>/avatar`, or empty.
+    /// Object key of the avatar: exactly `<your user id>/avatar` (lowercase
+    /// hyphenated UUID), or empty. Another user's key is 403.
+    #[oai(validator(
+        max_length = 43,
+        pattern = r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/avatar)?$"
+    ))]
     pub avatar_path: Option<String>,
     /// Public URL of the avatar: an absolute `http(s)` URL (≤ 2,048 characters), or empty.
+    #[oai(validator(
+        max_length = 2048,
+        pattern = r"^(https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9]))(:([1-5]?[0-9]{1,4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?#][!-~]*)?)?$"
+    ))]
     pub avatar_url: Option<String>,
 }
 
@@ -36,8 +50,9 @@ impl poem_openapi::types::Example for ProfileRequest {
     }
 }
 
-/// The saved profile.
+/// The saved profile (`null` for a field never set or cleared).
 #[derive(Debug, Clone, Object)]
+#[oai(nullable_all)]
 pub struct ProfileView {
     /// Display name.
     pub full_name: Option<String>,
@@ -59,11 +74,12 @@ pub struct ProfileResult {
 crate::problem_responses!(
     /// Errors of `POST /api/profile`.
     ProfileErrorResponse {
-        BadRequest = 400: "A field is invalid (`field` names it): name too long, avatar_url not an http(s) URL, avatar_path not your own `<user id>/avatar`.",
+        BadRequest = 400: "A field is invalid (`field` names it): name too long, avatar_url not an http(s) URL, avatar_path not of the form `<user id>/avatar`.",
         Unauthorized = 401: "No valid session token.",
+        Forbidden = 403: "`avatar_path` is another user's key (`not_your_avatar`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The profile could not be saved.",
-        ServiceUnavailable = 503: "Server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`) or the database is unreachable.",
+        ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or not configured (`not_configured`), server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
     }
 );
 
@@ -103,17 +119,28 @@ async fn save_inner(
     request_id: Option<String>,
     body: ProfileRequest,
 ) -> Result<ProfileResult, ApiError> {
-    state.require_server_writes()?;
-    let user = state.authenticate(auth).await?;
+    let user = state.session(auth, Gate::ServerWrites).await?;
     let input = ProfileInput::new(
         user.user_id,
         body.full_name.as_deref(),
         body.avatar_path.as_deref(),
         body.avatar_url.as_deref(),
-    )?;
-    let saved = profile::save(&state.db, user.user_id, input)
-        .await
-        .map_err(|e| super::db_error("saving the profile", e))?;
+    )
+    .map_err(|f| match f.field {
+        // The schema's pattern admits only `<uuid>/avatar`: what is left is
+        // someone else's key, a matter of permission, not of form.
+        "avatar_path" => ApiError::Forbidden(
+            "not_your_avatar",
+            "avatar_path must be your own \"<your user id>/avatar\"".into(),
+        ),
+        _ => f.into(),
+    })?;
+    let saved = state
+        .bounded_db(
+            "saving the profile",
+            profile::save(&state.db, user.user_id, input),
+        )
+        .await?;
     if let Some(old) = saved.replaced_object {
         // The profile is saved; a failed push leaves at worst one stray object
         // of this user (logged), which the next upload to the key replaces.

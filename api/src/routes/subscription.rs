@@ -5,23 +5,48 @@ use entity::{
     Feature,
 };
 use poem::web::Data;
-use poem_openapi::{payload::Json, Object, OpenApi};
+use poem_openapi::{payload::Json, Enum, Object, OpenApi};
 
 use super::ApiTags;
-use crate::{auth::BearerAuth, payload::JsonBody, problem::ApiError, state::AppState};
+use crate::{
+    auth::{BearerAuth, Gate},
+    payload::JsonBody,
+    problem::ApiError,
+    state::AppState,
+};
+
+/// What to do with the subscription: `cancel` (stop at the end of the paid
+/// period) or `resume` (undo a cancel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[oai(rename_all = "lowercase")]
+pub enum Action {
+    /// Stop at the end of the paid period.
+    Cancel,
+    /// Undo a cancel.
+    Resume,
+}
+
+impl From<Action> for SubscriptionAction {
+    fn from(a: Action) -> Self {
+        match a {
+            Action::Cancel => SubscriptionAction::Cancel,
+            Action::Resume => SubscriptionAction::Resume,
+        }
+    }
+}
 
 /// What to do with the subscription.
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct SubscriptionRequest {
     /// `cancel` (stop at the end of the paid period) or `resume` (undo a cancel).
-    pub action: String,
+    pub action: Action,
 }
 
 impl poem_openapi::types::Example for SubscriptionRequest {
     fn example() -> Self {
         SubscriptionRequest {
-            action: "cancel".into(),
+            action: Action::Cancel,
         }
     }
 }
@@ -43,7 +68,7 @@ crate::problem_responses!(
         Conflict = 409: "Nothing to cancel or resume: the FREE plan (`free_plan`) or a subscription that is not active (`not_active`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The change could not be saved.",
-        ServiceUnavailable = 503: "Billing is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`).",
+        ServiceUnavailable = 503: "Auth or billing is switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
     }
 );
 
@@ -69,19 +94,20 @@ impl SubscriptionApi {
         auth: BearerAuth,
         body: JsonBody<SubscriptionRequest>,
     ) -> Result<Json<SubscriptionResult>, SubscriptionErrorResponse> {
-        Ok(Json(change_inner(&state, &auth, &body.action).await?))
+        Ok(Json(change_inner(&state, &auth, body.action.into()).await?))
     }
 }
 
 async fn change_inner(
     state: &AppState,
     auth: &BearerAuth,
-    action: &str,
+    action: SubscriptionAction,
 ) -> Result<SubscriptionResult, ApiError> {
-    state.require(Feature::Billing)?;
-    let user = state.authenticate(auth).await?;
-    let action = SubscriptionAction::parse(action)?;
-    match subscription::change(&state.db, user.user_id, action).await {
+    let user = state.session(auth, Gate::Feature(Feature::Billing)).await?;
+    match state
+        .bounded(subscription::change(&state.db, user.user_id, action))
+        .await?
+    {
         Ok(view) => Ok(SubscriptionResult {
             success: true,
             status: view.status.to_string(),

@@ -9,7 +9,7 @@ use poem_openapi::{Object, OpenApi};
 
 use super::{ApiTags, Success};
 use crate::{
-    payload::JsonBody,
+    payload::{JsonBody, Mailbox},
     problem::{ApiError, RateInfo},
     state::AppState,
 };
@@ -20,15 +20,17 @@ use crate::{
 pub struct WaitlistRequest {
     /// Email address (≤ 254 characters). Stored trimmed and lowercased; the
     /// same address in another case is a duplicate.
-    pub email: String,
+    #[oai(validator(max_length = 254))]
+    pub email: Mailbox,
     /// Name, up to 100 characters; optional.
+    #[oai(validator(max_length = 100))]
     pub name: Option<String>,
 }
 
 impl poem_openapi::types::Example for WaitlistRequest {
     fn example() -> Self {
         WaitlistRequest {
-            email: "ann@example.com".into(),
+            email: Mailbox("ann@example.com".into()),
             name: Some("Ann Lee".into()),
         }
     }
@@ -85,39 +87,14 @@ async fn waitlist_inner(
     state.require(Feature::Waitlist)?;
     let deadline = std::time::Instant::now() + state.settings.dependency_timeout;
     let rate = state.limit_public("waitlist", ip, deadline).await?;
-    let lead = Lead::new(&body.email, body.name.as_deref())?;
-    match tokio::time::timeout(
-        state.settings.dependency_timeout,
-        waitlist::join(&state.db, lead),
-    )
-    .await
-    {
-        Ok(Ok(())) => Ok((Success::yes(), rate)),
-        Ok(Err(WaitlistError::AlreadyRegistered)) => Err(ApiError::Conflict(
+    let lead = Lead::new(&body.email.0, body.name.as_deref())?;
+    match state.bounded(waitlist::join(&state.db, lead)).await? {
+        Ok(()) => Ok((Success::yes(), rate)),
+        Err(WaitlistError::AlreadyRegistered) => Err(ApiError::Conflict(
             "already_registered",
             "this email is already on the waitlist".into(),
         )),
-        Ok(Err(WaitlistError::Invalid(f))) => Err(f.into()),
-        Ok(Err(WaitlistError::Db(e))) if is_unavailable(&e) => {
-            tracing::error!(error = %e, "waitlist insert: database unavailable");
-            Err(ApiError::Unavailable {
-                code: "database_unavailable",
-                detail: "the database is unreachable; try again shortly".into(),
-            })
-        }
-        Ok(Err(WaitlistError::Db(e))) => {
-            Err(ApiError::internal(format!("waitlist insert failed: {e}")))
-        }
-        Err(_) => Err(ApiError::Unavailable {
-            code: "database_unavailable",
-            detail: "the database did not answer in time; try again shortly".into(),
-        }),
+        Err(WaitlistError::Invalid(f)) => Err(f.into()),
+        Err(WaitlistError::Db(e)) => Err(super::db_error("storing the lead", e)),
     }
-}
-
-fn is_unavailable(e: &sea_orm::DbErr) -> bool {
-    matches!(
-        e,
-        sea_orm::DbErr::ConnectionAcquire(_) | sea_orm::DbErr::Conn(_)
-    )
 }

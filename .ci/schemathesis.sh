@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Contract fuzzing: runs schemathesis 4.x (`--checks all`, coverage and
+# fuzzing phases) against the api (debug build) on a fresh PostgreSQL
+# database and Redis prefix, every feature configured, with a session token.
+# Fails on any finding; always stops the api and drops the database.
+#
+#   bash .ci/schemathesis.sh                 # a random seed (printed)
+#   SEED=1234 bash .ci/schemathesis.sh       # replay a run
+#   MAX_EXAMPLES=300 bash .ci/schemathesis.sh # more cases per operation (default 100)
+#
+# Needs: python3 (with venv), PostgreSQL on 127.0.0.1:5432 (user postgres,
+# trust), Redis on 127.0.0.1:6379, and `cargo build --workspace --bins` done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ST_VERSION=4.32.5
+VENV="${SCHEMATHESIS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/schemathesis-venv-$ST_VERSION}"
+SEED="${SEED:-$(( (RANDOM << 15) | RANDOM ))}"
+MAX_EXAMPLES="${MAX_EXAMPLES:-100}"
+API_BIN="${API_BIN:-target/debug/api}"
+PGURL_ADMIN="${PGURL_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}"
+REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+
+log() { printf '\n==> %s\n' "$*"; }
+
+if [ ! -x "$VENV/bin/schemathesis" ]; then
+  log "installing schemathesis $ST_VERSION into $VENV"
+  rm -rf "$VENV"
+  if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+    # Debian splits venv out of python3.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || true
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      rm -rf "$VENV"
+      python3 -m venv "$VENV"
+    else
+      echo "python3 -m venv failed: install python3-venv" >&2
+      exit 1
+    fi
+  fi
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$ST_VERSION"
+fi
+[ -x "$API_BIN" ] || { echo "$API_BIN missing: run cargo build --workspace --bins" >&2; exit 1; }
+
+work=$(mktemp -d)
+db="st_$(date +%s)_$$"
+prefix="st-$db"
+api_pid=""
+cleanup() {
+  if [ -n "$api_pid" ]; then kill "$api_pid" 2>/dev/null || true; wait "$api_pid" 2>/dev/null || true; fi
+  psql -q "$PGURL_ADMIN" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  if command -v redis-cli >/dev/null 2>&1; then
+    redis-cli -u "$REDIS_URL" --scan --pattern "$prefix:*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+psql -q "$PGURL_ADMIN" -c "CREATE DATABASE $db" >/dev/null
+
+# Every feature configured; the secrets are throwaway values of this run.
+export HOST=127.0.0.1 PORT=0 LOG_FORMAT=json RUST_LOG=warn
+export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db" REDIS_URL QUEUE_PREFIX="$prefix"
+export DATA_DIR="$work/data" PLANS_FILE="$PWD/config/plans.toml" MIGRATE_ON_START=true
+export RATE_LIMIT_PUBLIC_PER_HOUR=100000000
+export BACKEND_JWT_SECRET="schemathesis-jwt-secret-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export BACKEND_SERVICE_ROLE_KEY="schemathesis-service-role-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export NEXT_PUBLIC_BACKEND_URL=http://127.0.0.1:9 NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY=pk_schemathesis
+export SMTP_URL=smtp://127.0.0.1:9 EMAIL_FROM=site@example.com
+export PAYMENT_PROVIDER=provider_b PROVIDER_B_CLIENT_ID=client-st PROVIDER_B_SECRET_KEY=secret-st
+export OPENAI_API_KEY=sk-schemathesis
+# The session user is an admin, so the admin route is exercised past its 403.
+user=$(python3 -c 'import uuid; print(uuid.uuid4())')
+export ADMIN_USER_IDS="$user"
+
+"$API_BIN" >"$work/api.out" 2>"$work/api.err" &
+api_pid=$!
+url=""
+for _ in $(seq 1 150); do
+  url=$(sed -n 's/^api listening on \(http:[^ ]*\).*/\1/p' "$work/api.out" | head -n 1)
+  [ -n "$url" ] && break
+  kill -0 "$api_pid" 2>/dev/null || { cat "$work/api.err" >&2; echo "api exited" >&2; exit 1; }
+  sleep 0.2
+done
+[ -n "$url" ] || { cat "$work/api.err" >&2; echo "api did not start" >&2; exit 1; }
+
+token=$("$API_BIN" token --sub "$user" --email "st-$user@example.com" --ttl-secs 3600)
+
+log "schemathesis $ST_VERSION against $url (seed $SEED, max $MAX_EXAMPLES examples per operation)"
+set +e
+"$VENV/bin/schemathesis" run "$url/api/openapi.json" \
+  --url "$url" \
+  -H "Authorization: Bearer $token" \
+  --checks all \
+  --phases examples,coverage,fuzzing \
+  --max-examples "$MAX_EXAMPLES" \
+  --seed "$SEED" \
+  --no-color 2>&1 | tee "$work/st.log"
+status=${PIPESTATUS[0]}
+set -e
+cases=$(grep -Eo '[0-9]+ generated' "$work/st.log" | tail -n 1 | grep -Eo '[0-9]+' || echo "?")
+echo "schemathesis: $cases generated cases, seed $SEED, exit status $status"
+if [ "$status" -ne 0 ]; then
+  echo "--- api stderr (tail) ---"; tail -n 40 "$work/api.err"
+  exit "$status"
+fi

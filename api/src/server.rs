@@ -1,0 +1,173 @@
+//! The HTTP server loop: accepts connections and serves each with hyper,
+//! bounding what a client can hold (RFC 9112 §9.8 leaves these to the server):
+//!
+//! * at most `HTTP_MAX_CONNECTIONS` open connections: beyond that `accept`
+//!   waits (new clients queue in the kernel's listen backlog);
+//! * a request's headers must arrive within `HTTP_HEADER_TIMEOUT_MS` (hyper's
+//!   `header_read_timeout`; for HTTP/1 the clock also runs while a keep-alive
+//!   connection waits for its next request, so an idle HTTP/1 connection is
+//!   closed after the shorter of this and the idle timeout);
+//! * a connection that moves no byte for `HTTP_IDLE_TIMEOUT_SECS` is closed;
+//! * the body deadline (`HTTP_BODY_TIMEOUT_SECS`) is per request:
+//!   [`crate::middleware::BodyDeadline`].
+//!
+//! On shutdown: stop accepting, ask every connection to finish its requests
+//! in flight, wait for them up to the grace period.
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+};
+use poem::{
+    web::{LocalAddr, RemoteAddr},
+    Addr, Endpoint, Response,
+};
+use tokio::{net::TcpListener, sync::Semaphore};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::listener::CappedIo;
+
+/// Connection limits (from the `HTTP_*` settings).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time allowed for a request's headers.
+    pub header_timeout: Duration,
+    /// A connection with no traffic for this long is closed.
+    pub idle_timeout: Duration,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Largest single socket read ([`crate::listener::READ_CAP`]).
+    pub read_cap: usize,
+}
+
+impl Limits {
+    /// From the settings.
+    pub fn from_settings(s: &entity::Settings) -> Self {
+        Limits {
+            header_timeout: s.http_header_timeout,
+            idle_timeout: s.http_idle_timeout,
+            max_connections: s.http_max_connections.max(1),
+            read_cap: crate::listener::READ_CAP,
+        }
+    }
+}
+
+type HyperBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
+
+/// Serves `ep` on `listener` until `shutdown`, then lets connections finish
+/// their requests for up to `grace`.
+pub async fn run<E>(
+    listener: TcpListener,
+    ep: E,
+    limits: Limits,
+    shutdown: CancellationToken,
+    grace: Duration,
+) -> std::io::Result<()>
+where
+    E: Endpoint<Output = Response> + 'static,
+{
+    let ep = Arc::new(ep);
+    let local = listener.local_addr()?;
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let tracker = TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+        };
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a little.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (ep, shutdown) = (ep.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            serve_connection(stream, local, peer, ep, limits, shutdown).await;
+            drop(permit);
+        });
+    }
+    tracker.close();
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!("connections still open after the grace period; closing them");
+    }
+    Ok(())
+}
+
+async fn serve_connection<E>(
+    stream: tokio::net::TcpStream,
+    local: SocketAddr,
+    peer: SocketAddr,
+    ep: Arc<E>,
+    limits: Limits,
+    shutdown: CancellationToken,
+) where
+    E: Endpoint<Output = Response> + 'static,
+{
+    let started = Instant::now();
+    let activity = Arc::new(AtomicU64::new(0));
+    let io = CappedIo::new(stream, limits.read_cap).with_activity(started, activity.clone());
+    let service = hyper::service::service_fn(move |req| {
+        let ep = ep.clone();
+        async move {
+            let req: poem::Request = (
+                req,
+                LocalAddr(Addr::SocketAddr(local)),
+                RemoteAddr(Addr::SocketAddr(peer)),
+                poem::http::uri::Scheme::HTTP,
+            )
+                .into();
+            let resp: hyper::Response<HyperBody> = ep.get_response(req).await.into();
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let idle = async {
+        loop {
+            let last = Duration::from_millis(activity.load(Ordering::Relaxed));
+            let quiet = started.elapsed().saturating_sub(last);
+            if quiet >= limits.idle_timeout {
+                return;
+            }
+            tokio::time::sleep(limits.idle_timeout - quiet).await;
+        }
+    };
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+        }
+        _ = idle => {
+            tracing::debug!(%peer, "closing an idle connection");
+        }
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}

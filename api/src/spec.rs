@@ -1,0 +1,214 @@
+//! The OpenAPI document as served at `/api/openapi.json` and committed as
+//! `openapi/openapi.json`: poem-openapi's output plus the rules it cannot
+//! state itself, applied in one place so no route can forget them:
+//!
+//! * every JSON request body refuses unknown fields ([`crate::payload::JsonBody`]
+//!   does): its schema gets `additionalProperties: false`;
+//! * every operation with a JSON body documents 415 (missing or wrong
+//!   `Content-Type`) and 408 (body deadline) with their problem body.
+//!
+//! The same document gives the methods of each path, which the
+//! [`AllowHeader`] middleware puts in the `Allow` header of every 405
+//! (RFC 9110 §15.5.6).
+
+use std::sync::{Arc, LazyLock};
+
+use poem::{
+    http::{header, HeaderValue, StatusCode},
+    Endpoint, IntoResponse, Middleware, Request, Response, Result,
+};
+use serde_json::{json, Value};
+
+/// The finished document as pretty JSON (built once).
+pub fn document() -> &'static str {
+    static DOC: LazyLock<String> = LazyLock::new(|| {
+        let mut doc: Value =
+            serde_json::from_str(&crate::app::openapi().spec()).expect("poem-openapi writes JSON");
+        patch(&mut doc);
+        serde_json::to_string_pretty(&doc).expect("JSON")
+    });
+    &DOC
+}
+
+fn problem_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {
+            "application/problem+json": {
+                "schema": { "$ref": "#/components/schemas/Problem" }
+            }
+        }
+    })
+}
+
+/// Applies the rules listed in the module documentation to `doc`.
+pub fn patch(doc: &mut Value) {
+    let mut strict = Vec::new();
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for ops in paths.values_mut() {
+            let Some(ops) = ops.as_object_mut() else {
+                continue;
+            };
+            for op in ops.values_mut() {
+                let body = &op["requestBody"]["content"]["application/json"]["schema"];
+                if body.is_null() {
+                    continue;
+                }
+                if let Some(name) = body["$ref"]
+                    .as_str()
+                    .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                {
+                    strict.push(name.to_string());
+                }
+                if let Some(responses) = op["responses"].as_object_mut() {
+                    responses.entry("408").or_insert_with(|| {
+                        problem_response(
+                            "The body did not arrive in full within `HTTP_BODY_TIMEOUT_SECS` \
+                             (`body_timeout`); the connection is closed.",
+                        )
+                    });
+                    responses.entry("415").or_insert_with(|| {
+                        problem_response(
+                            "The body is not JSON: `Content-Type` is missing or not \
+                             `application/json` (`unsupported_media_type`).",
+                        )
+                    });
+                    let mut sorted: Vec<_> = std::mem::take(responses).into_iter().collect();
+                    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+                    responses.extend(sorted);
+                }
+            }
+        }
+    }
+    for name in strict {
+        if let Some(schema) = doc["components"]["schemas"][&name].as_object_mut() {
+            schema.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    }
+}
+
+/// Methods of each path template of the document.
+#[derive(Debug, Clone, Default)]
+pub struct AllowedMethods(Vec<(Vec<String>, String)>);
+
+impl AllowedMethods {
+    /// From the `paths` of an OpenAPI document. `HEAD` is listed beside `GET`
+    /// (poem answers it), `OPTIONS` is not.
+    pub fn from_document(doc: &Value) -> Self {
+        let mut out = Vec::new();
+        if let Some(paths) = doc["paths"].as_object() {
+            for (path, ops) in paths {
+                let mut methods: Vec<String> = ops
+                    .as_object()
+                    .map(|o| o.keys().map(|m| m.to_ascii_uppercase()).collect())
+                    .unwrap_or_default();
+                if methods.iter().any(|m| m == "GET") {
+                    methods.push("HEAD".into());
+                }
+                let segments = path.split('/').map(str::to_string).collect();
+                out.push((segments, methods.join(", ")));
+            }
+        }
+        AllowedMethods(out)
+    }
+
+    /// The `Allow` value for a request path, if a path template matches it
+    /// (`{param}` matches one non-empty segment).
+    pub fn allow(&self, path: &str) -> Option<&str> {
+        let parts: Vec<&str> = path.split('/').collect();
+        self.0.iter().find_map(|(segments, allow)| {
+            let matches = segments.len() == parts.len()
+                && segments.iter().zip(&parts).all(|(s, p)| {
+                    s == p || (s.starts_with('{') && s.ends_with('}') && !p.is_empty())
+                });
+            matches.then_some(allow.as_str())
+        })
+    }
+}
+
+/// Gives every 405 answer an `Allow` header (the path's methods from the
+/// document) and a problem body.
+pub struct AllowHeader(pub Arc<AllowedMethods>);
+
+impl<E: Endpoint> Middleware<E> for AllowHeader {
+    type Output = AllowHeaderEndpoint<E>;
+    fn transform(&self, ep: E) -> Self::Output {
+        AllowHeaderEndpoint {
+            inner: ep,
+            methods: self.0.clone(),
+        }
+    }
+}
+
+/// See [`AllowHeader`].
+pub struct AllowHeaderEndpoint<E> {
+    inner: E,
+    methods: Arc<AllowedMethods>,
+}
+
+impl<E: Endpoint> Endpoint for AllowHeaderEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, req: Request) -> Result<Self::Output> {
+        let path = req.uri().path().to_string();
+        let mut resp = match self.inner.call(req).await {
+            Ok(r) => r.into_response(),
+            Err(e) if e.status() == StatusCode::METHOD_NOT_ALLOWED && !e.is_from_response() => {
+                crate::problem::from_poem_error(e)
+            }
+            Err(e) => return Err(e),
+        };
+        if resp.status() == StatusCode::METHOD_NOT_ALLOWED {
+            if let Some(v) = self
+                .methods
+                .allow(&path)
+                .and_then(|a| HeaderValue::from_str(a).ok())
+            {
+                resp.headers_mut().insert(header::ALLOW, v);
+            }
+        }
+        Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_matches_templates() {
+        let doc = json!({"paths": {
+            "/api/profile": {"post": {}},
+            "/storage/v1/object/public/avatars/{user_id}/avatar": {"get": {}},
+        }});
+        let m = AllowedMethods::from_document(&doc);
+        assert_eq!(m.allow("/api/profile"), Some("POST"));
+        assert_eq!(
+            m.allow("/storage/v1/object/public/avatars/abc/avatar"),
+            Some("GET, HEAD")
+        );
+        assert_eq!(m.allow("/storage/v1/object/public/avatars//avatar"), None);
+        assert_eq!(m.allow("/api/nope"), None);
+    }
+
+    #[test]
+    fn json_bodies_are_closed_and_document_415() {
+        let doc: Value = serde_json::from_str(document()).unwrap();
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+                if schema.is_null() {
+                    continue;
+                }
+                assert!(op["responses"].get("415").is_some(), "{method} {path}");
+                assert!(op["responses"].get("408").is_some(), "{method} {path}");
+                let name = schema["$ref"].as_str().unwrap().rsplit('/').next().unwrap();
+                assert_eq!(
+                    doc["components"]["schemas"][name]["additionalProperties"],
+                    json!(false),
+                    "{name}"
+                );
+            }
+        }
+    }
+}

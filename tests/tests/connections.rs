@@ -1,0 +1,133 @@
+//! Connection deadlines of the api (issue 7): a client that trickles its
+//! request headers is disconnected after `HTTP_HEADER_TIMEOUT_MS`, one that
+//! trickles its body gets 408 after `HTTP_BODY_TIMEOUT_SECS`, and a process
+//! holds at most `HTTP_MAX_CONNECTIONS` connections.
+
+use std::time::Duration;
+
+use tests::Stack;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+fn addr_of(url: &str) -> String {
+    tests::host_port(url)
+}
+
+/// Sends `bytes` one per second; returns how many were written before the
+/// server closed the connection (`None`: all were written and it is still open).
+async fn trickle(stream: &mut TcpStream, bytes: &[u8]) -> Option<usize> {
+    for (i, b) in bytes.iter().enumerate() {
+        if stream.write_all(&[*b]).await.is_err() {
+            return Some(i);
+        }
+        // Closed by the server? A read returns 0 (or an error) without waiting.
+        let mut buf = [0u8; 512];
+        match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(i + 1),
+            Ok(Ok(_)) => {
+                // An answer (a 408 or similar) before the headers were complete;
+                // the connection must close after it.
+                return Some(i + 1);
+            }
+            Err(_) => {}
+        }
+    }
+    None
+}
+
+/// Slowloris: one header byte per second. With a 2 s header deadline the
+/// server closes the connection long before the 40-byte request line and
+/// headers are complete (before the fix it waited forever).
+#[tokio::test(flavor = "multi_thread")]
+async fn slowloris_is_disconnected_after_the_header_timeout() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api(&stack.env().with("HTTP_HEADER_TIMEOUT_MS", "2000"))
+        .await;
+    let mut stream = TcpStream::connect(addr_of(&api.url("/")))
+        .await
+        .expect("connect");
+    let request =
+        b"GET /api/health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let sent = trickle(&mut stream, request).await;
+    match sent {
+        Some(n) => assert!(
+            n < request.len(),
+            "the connection closed only after the whole request ({n} bytes)"
+        ),
+        None => panic!("a client trickling its headers was never disconnected"),
+    }
+}
+
+/// A body that does not arrive in full within `HTTP_BODY_TIMEOUT_SECS` is
+/// answered 408 `body_timeout` and the connection is closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_body_gets_408() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api(&stack.env().with("HTTP_BODY_TIMEOUT_SECS", "1"))
+        .await;
+    let mut stream = TcpStream::connect(addr_of(&api.url("/")))
+        .await
+        .expect("connect");
+    let head = "POST /api/waitlist HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\nX-Forwarded-For: 10.1.2.3\r\n\r\n{\"email\":";
+    stream.write_all(head.as_bytes()).await.expect("write");
+    // The rest of the body never comes; the answer must.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(read.is_ok(), "no answer and no close within 20 s: {text}");
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_timeout"), "{text}");
+}
+
+/// With `HTTP_MAX_CONNECTIONS=2`, a third connection is not served while two
+/// are open, and is served once one of them closes.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_beyond_the_cap_wait() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api(&stack.env().with("HTTP_MAX_CONNECTIONS", "2"))
+        .await;
+    let addr = addr_of(&api.url("/"));
+    let first = TcpStream::connect(&addr).await.expect("connect 1");
+    let second = TcpStream::connect(&addr).await.expect("connect 2");
+    // Both are accepted (their requests would be served); give the server a
+    // request on each so they are surely counted.
+    let mut held = Vec::new();
+    for mut s in [first, second] {
+        s.write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 9];
+        s.read_exact(&mut buf)
+            .await
+            .expect("an answer on a held connection");
+        assert_eq!(
+            &buf,
+            b"HTTP/1.1 " as &[u8],
+            "{}",
+            String::from_utf8_lossy(&buf)
+        );
+        held.push(s);
+    }
+    let mut third = TcpStream::connect(&addr).await.expect("connect 3");
+    third
+        .write_all(b"GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 9];
+    let waited = tokio::time::timeout(Duration::from_secs(2), third.read_exact(&mut buf)).await;
+    assert!(
+        waited.is_err(),
+        "a third connection was served beyond the cap"
+    );
+    drop(held.pop());
+    tokio::time::timeout(Duration::from_secs(20), third.read_exact(&mut buf))
+        .await
+        .expect("the waiting connection was served once a slot freed")
+        .expect("read");
+    assert_eq!(&buf, b"HTTP/1.1 " as &[u8]);
+}
