@@ -29,7 +29,10 @@ impl EnvMap {
     pub fn with_other_features_configured(self) -> Self {
         self.with("NEXT_PUBLIC_BACKEND_URL", "http://127.0.0.1:9")
             .with("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY", "pk_test_dummy")
-            .with("BACKEND_SERVICE_ROLE_KEY", "service-role-dummy-0123456789abcdef0123")
+            .with(
+                "BACKEND_SERVICE_ROLE_KEY",
+                "service-role-dummy-0123456789abcdef0123",
+            )
             .with(
                 "BACKEND_JWT_SECRET",
                 "jwt-secret-dummy-0123456789abcdef0123456789",

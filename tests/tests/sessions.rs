@@ -990,8 +990,8 @@ async fn admin_role_changes_are_guarded_and_audited() {
         "refusals are not audited"
     );
 
-    // Admin demoting their own account → 403 self_demotion (a well-formed
-    // request the rules forbid).
+    // Admin demoting their own account → 400 self_demotion (the contract's
+    // status for it).
     post_as(
         &api,
         ROLE,
@@ -999,7 +999,7 @@ async fn admin_role_changes_are_guarded_and_audited() {
         &json!({"user_id": a, "role": "member"}),
     )
     .await
-    .assert_problem(403, Some("self_demotion"), None);
+    .assert_problem(400, Some("self_demotion"), None);
     assert_eq!(role_of(&pool, admin).await.as_deref(), Some("admin"));
 
     // Unknown user → 404.
@@ -1291,7 +1291,8 @@ async fn profile_save_validates_and_answers_the_saved_profile() {
             failures.push(format!("{body}: {e}"));
         }
     }
-    // Another user's well-formed key: a matter of permission.
+    // Another user's well-formed key: 400 naming the field, as the contract
+    // answers an invalid profile body.
     let r = post_as(
         &api,
         PROFILE,
@@ -1299,7 +1300,7 @@ async fn profile_save_validates_and_answers_the_saved_profile() {
         &json!({"avatar_path": format!("{other}/avatar")}),
     )
     .await;
-    if let Err(e) = r.check_problem(Some(403), Some("not_your_avatar"), None) {
+    if let Err(e) = r.check_problem(Some(400), None, Some("avatar_path")) {
         failures.push(format!("another user's avatar_path: {e}"));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -70,9 +70,9 @@ pub struct RoleResult {
 crate::problem_responses!(
     /// Errors of `POST /api/admin/users/role`.
     RoleErrorResponse {
-        BadRequest = 400: "`user_id` is not a UUID or `role` is not `admin`/`member` (`field` names it).",
+        BadRequest = 400: "`user_id` is not a UUID or `role` is not `admin`/`member` (`field` names it), or an admin tried to demote their own account (`self_demotion`).",
         Unauthorized = 401: "No valid session token.",
-        Forbidden = 403: "Logged in, but not an admin (`forbidden`), or an admin tried to demote their own account (`self_demotion`).",
+        Forbidden = 403: "Logged in, but not an admin (`forbidden`).",
         NotFound = 404: "No user has this id (`unknown_user`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The change could not be saved.",
@@ -138,7 +138,7 @@ async fn set_role_inner(
             "forbidden",
             "the admin role is required".into(),
         )),
-        Err(RoleError::SelfDemotion) => Err(ApiError::Forbidden(
+        Err(RoleError::SelfDemotion) => Err(ApiError::Invalid(
             "self_demotion",
             "an admin cannot demote their own account".into(),
         )),

@@ -17,11 +17,17 @@ use crate::{auth::BearerAuth, payload::JsonBody, problem::ApiError, state::AppSt
 pub struct AvatarUploadRequest {
     /// Size of the file in bytes: 1 to 2,097,152 (2 MiB). The upload may not
     /// send more bytes than this.
-    #[oai(rename = "fileSize")]
+    #[oai(
+        rename = "fileSize",
+        validator(minimum(value = "1"), maximum(value = "2097152"))
+    )]
     pub file_size: i64,
     /// MIME type of the file: `image/jpeg`, `image/png`, `image/webp` or
     /// `image/gif`. The upload must be of this type (checked by magic bytes).
-    #[oai(rename = "fileType")]
+    #[oai(
+        rename = "fileType",
+        validator(pattern = r"^image/(jpeg|png|webp|gif)$")
+    )]
     pub file_type: String,
 }
 
@@ -52,7 +58,7 @@ pub struct SignedUpload {
 crate::problem_responses!(
     /// Errors of `POST /api/profile/avatar`.
     AvatarUploadErrorResponse {
-        BadRequest = 400: "`fileSize` above 2 MB or below 1 (`file_too_large` / `invalid_size`), `fileType` not a supported image type (`unsupported_type`), or the body is not the expected JSON; `field` names the field.",
+        BadRequest = 400: "`fileSize` above 2 MiB or below 1 (`out_of_range`), `fileType` not `image/jpeg`, `image/png`, `image/webp` or `image/gif` (`invalid_format`), or the body is not the expected JSON; `field` names the field.",
         Unauthorized = 401: "No valid session token.",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The signed upload could not be created.",

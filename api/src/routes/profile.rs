@@ -74,9 +74,8 @@ pub struct ProfileResult {
 crate::problem_responses!(
     /// Errors of `POST /api/profile`.
     ProfileErrorResponse {
-        BadRequest = 400: "A field is invalid (`field` names it): name too long, avatar_url not an http(s) URL, avatar_path not of the form `<user id>/avatar`.",
+        BadRequest = 400: "A field is invalid (`field` names it): name too long, avatar_url not an http(s) URL, avatar_path not your own `<user id>/avatar` (`not_your_avatar`).",
         Unauthorized = 401: "No valid session token.",
-        Forbidden = 403: "`avatar_path` is another user's key (`not_your_avatar`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The profile could not be saved.",
         ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or not configured (`not_configured`), server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
@@ -125,16 +124,7 @@ async fn save_inner(
         body.full_name.as_deref(),
         body.avatar_path.as_deref(),
         body.avatar_url.as_deref(),
-    )
-    .map_err(|f| match f.field {
-        // The schema's pattern admits only `<uuid>/avatar`: what is left is
-        // someone else's key, a matter of permission, not of form.
-        "avatar_path" => ApiError::Forbidden(
-            "not_your_avatar",
-            "avatar_path must be your own \"<your user id>/avatar\"".into(),
-        ),
-        _ => f.into(),
-    })?;
+    )?;
     let saved = state
         .bounded_db(
             "saving the profile",

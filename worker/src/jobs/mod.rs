@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod avatar_cleanup;
 pub mod email;
+pub mod settlement;
 
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
+pub use settlement::SettlePayment;
 
 use crate::{mailer::Mailer, retry::RetryState, storage::Storage};
 
@@ -22,17 +24,20 @@ pub enum QueueName {
     Email,
     /// Object-store housekeeping: avatar cleanup (`storage`).
     Storage,
+    /// Payment settlement of recorded provider events (`settlement`).
+    Settlement,
 }
 
 impl QueueName {
     /// Every queue, in start order.
-    pub const ALL: [QueueName; 2] = [QueueName::Email, QueueName::Storage];
+    pub const ALL: [QueueName; 3] = [QueueName::Email, QueueName::Storage, QueueName::Settlement];
 
     /// The base name, before the `QUEUE_PREFIX`.
     pub fn as_str(self) -> &'static str {
         match self {
             QueueName::Email => "email",
             QueueName::Storage => "storage",
+            QueueName::Settlement => "settlement",
         }
     }
 }
@@ -65,6 +70,8 @@ pub enum Job {
     SendEmail(SendEmail),
     /// Delete an avatar object a profile save left unreferenced.
     DeleteAvatar(DeleteAvatar),
+    /// Settle one recorded payment-provider event.
+    SettlePayment(SettlePayment),
 }
 
 impl Job {
@@ -73,6 +80,7 @@ impl Job {
         match self {
             Job::SendEmail(_) => QueueName::Email,
             Job::DeleteAvatar(_) => QueueName::Storage,
+            Job::SettlePayment(_) => QueueName::Settlement,
         }
     }
 
@@ -81,6 +89,7 @@ impl Job {
         match self {
             Job::SendEmail(_) => "send_email",
             Job::DeleteAvatar(_) => "delete_avatar",
+            Job::SettlePayment(_) => "settle_payment",
         }
     }
 }
@@ -161,5 +170,6 @@ pub async fn handle(
     match job {
         Job::SendEmail(j) => email::handle(j, task_id, attempt, ctx).await,
         Job::DeleteAvatar(j) => avatar_cleanup::handle(j, task_id, attempt, ctx).await,
+        Job::SettlePayment(j) => settlement::handle(j, task_id, attempt, ctx).await,
     }
 }
