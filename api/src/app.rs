@@ -49,8 +49,9 @@ api_set!(
 const DESCRIPTION: &str = "\
 JSON API of the subscription backend. Every error is RFC 9457 problem details \
 (`application/problem+json`) with a stable `code`, an `error` string equal to `detail`, \
-and `field` naming the request field at fault. Every answer carries `x-request-id` \
-(the client's own when it sent a sane one). Request bodies under `/api` above 64 KiB \
+and `field` naming the request field at fault. Every answer carries `x-request-id`: \
+the server's own id of the request (a client's `x-request-id` is logged and audited beside it, \
+never in its place). Request bodies under `/api` above 64 KiB \
 get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
 `POST /api/profile/avatar` grants a signed upload, the file goes to \
 `PUT /storage/v1/object/upload/sign/avatars/{user_id}/avatar?token=…` (at most 2 MiB, \

@@ -11,16 +11,36 @@ use tracing::Instrument;
 
 use crate::problem::Problem;
 
-/// The request id of the current request (`x-request-id`), in request extensions.
+/// The server's id of the current request (a ULID the server generates, sent
+/// back as `x-request-id`), in request extensions.
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);
+
+/// The `x-request-id` the client sent, when it is 1–128 visible ASCII
+/// characters, in request extensions. Logged and audited beside the server's
+/// own [`RequestId`], never in its place.
+#[derive(Debug, Clone)]
+pub struct ClientRequestId(pub String);
+
+impl RequestId {
+    /// The server's and the client's ids of `req`.
+    pub fn of(req: &Request) -> (Option<String>, Option<String>) {
+        (
+            req.extensions().get::<RequestId>().map(|r| r.0.clone()),
+            req.extensions()
+                .get::<ClientRequestId>()
+                .map(|r| r.0.clone()),
+        )
+    }
+}
 
 /// Header carrying the request id in both directions.
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// Assigns every request an id (the client's `x-request-id` when it is 1–128
-/// visible ASCII characters, else a new ULID), opens a tracing span with it,
-/// logs one line per request and returns the id on every response.
+/// Assigns every request the server's own id (a new ULID), keeps the
+/// client's `x-request-id` beside it when sane ([`ClientRequestId`]), opens a
+/// tracing span with both, logs one line per request and returns the server's
+/// id as `x-request-id` on every response.
 pub struct Observe;
 
 impl<E: Endpoint> Middleware<E> for Observe {
@@ -37,17 +57,26 @@ impl<E: Endpoint> Endpoint for ObserveEndpoint<E> {
     type Output = Response;
 
     async fn call(&self, mut req: Request) -> Result<Self::Output> {
-        let id = req
+        let id = ulid::Ulid::new().to_string();
+        let client = req
             .headers()
             .get(REQUEST_ID)
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-            .map(str::to_string)
-            .unwrap_or_else(|| ulid::Ulid::new().to_string());
+            .map(str::to_string);
         req.extensions_mut().insert(RequestId(id.clone()));
+        if let Some(c) = &client {
+            req.extensions_mut().insert(ClientRequestId(c.clone()));
+        }
         let method = req.method().clone();
         let path = req.uri().path().to_string();
-        let span = tracing::info_span!("request", request_id = %id, %method, %path);
+        let span = tracing::info_span!(
+            "request",
+            request_id = %id,
+            client_request_id = client.as_deref().unwrap_or(""),
+            %method,
+            %path
+        );
         let started = Instant::now();
         let mut resp = match self.0.call(req).instrument(span.clone()).await {
             Ok(r) => r.into_response(),

@@ -69,6 +69,7 @@ impl ProfileInput {
         avatar_url: Option<&str>,
     ) -> Result<Self, FieldError> {
         let full_name = change(full_name, |v| {
+            crate::validate::no_nul("full_name", v)?;
             if v.chars().count() > FULL_NAME_MAX {
                 return Err(FieldError::new(
                     "full_name",

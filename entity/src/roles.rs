@@ -67,7 +67,7 @@ pub struct RoleChange {
 /// updated (or created if missing) and exactly one `audit_logs` row is
 /// inserted: `actor_id`, action `role.change`, target `user`/`<target id>`,
 /// `old_value {"role": <old or null>}`, `new_value {"role": <new>}`,
-/// `request_id`, `created_at`. Setting the role a user already has succeeds
+/// `request_id` (the server's), `client_request_id` (the client's), `created_at`. Setting the role a user already has succeeds
 /// with `changed: false` and writes nothing.
 pub async fn set_role<C>(
     db: &C,
@@ -75,6 +75,7 @@ pub async fn set_role<C>(
     target: Uuid,
     role: Role,
     request_id: Option<String>,
+    client_request_id: Option<String>,
 ) -> Result<RoleChange, RoleError>
 where
     C: ConnectionTrait + TransactionTrait,
@@ -141,6 +142,7 @@ where
         old_value: Set(Some(json!({ "role": old_role.map(Role::as_str) }))),
         new_value: Set(Some(json!({ "role": role.as_str() }))),
         request_id: Set(request_id),
+        client_request_id: Set(client_request_id),
         created_at: Set(now),
     }
     .insert(&txn)

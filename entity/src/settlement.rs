@@ -250,6 +250,7 @@ async fn apply<T: ConnectionTrait>(
             "period_end": period_end,
         }))),
         request_id: Set(request_id),
+        client_request_id: Set(None),
         created_at: Set(now),
     }
     .insert(txn)
@@ -315,6 +316,7 @@ where
             old_value: Set(Some(old)),
             new_value: Set(Some(json!({ "plan": FREE, "status": "active" }))),
             request_id: Set(None),
+            client_request_id: Set(None),
             created_at: Set(Utc::now()),
         }
         .insert(&txn)

@@ -37,8 +37,23 @@ pub fn is_mailbox(value: &str) -> bool {
     parsed.as_str() == value && parsed.domain().contains('.') && !value.contains(['<', '>', ' '])
 }
 
-/// Trims `value`, requires it non-empty and at most `max` characters.
+/// Refuses a NUL character (U+0000), which PostgreSQL `text` cannot store and
+/// no human-typed text holds: 400 `invalid_character` naming the field.
+pub fn no_nul(field: &'static str, value: &str) -> Result<(), FieldError> {
+    if value.contains('\0') {
+        return Err(FieldError::new(
+            field,
+            "invalid_character",
+            format!("{field} must not contain U+0000 (NUL)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Trims `value`, requires it non-empty, at most `max` characters and free
+/// of NUL ([`no_nul`]).
 pub fn text(field: &'static str, value: &str, max: usize) -> Result<String, FieldError> {
+    no_nul(field, value)?;
     let v = value.trim();
     if v.is_empty() {
         return Err(FieldError::new(
@@ -117,5 +132,9 @@ mod tests {
             "too_long"
         );
         assert!(text("name", &"é".repeat(100), 100).is_ok());
+        assert_eq!(
+            text("name", "a\0b", 100).unwrap_err().code,
+            "invalid_character"
+        );
     }
 }

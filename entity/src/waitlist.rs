@@ -40,6 +40,7 @@ impl Lead {
     pub fn new(email: &str, name: Option<&str>) -> Result<Self, FieldError> {
         let email = validate::email("email", email)?.to_lowercase();
         let name = name.unwrap_or("").trim();
+        validate::no_nul("name", name)?;
         if name.chars().count() > NAME_MAX {
             return Err(FieldError::new(
                 "name",

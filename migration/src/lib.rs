@@ -22,6 +22,7 @@ mod m20261122_000007_create_audit_logs;
 mod m20261122_000008_create_waitlist;
 mod m20261122_000009_create_ai_usage;
 mod m20261123_000001_add_profile_avatar_generation;
+mod m20261123_000002_add_audit_client_request_id;
 
 /// The list of all migrations, in the order they are applied.
 pub struct Migrator;
@@ -40,6 +41,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000008_create_waitlist::Migration),
             Box::new(m20261122_000009_create_ai_usage::Migration),
             Box::new(m20261123_000001_add_profile_avatar_generation::Migration),
+            Box::new(m20261123_000002_add_audit_client_request_id::Migration),
         ]
     }
 }

@@ -574,7 +574,7 @@ async fn role_changes_are_authorised_and_audited() {
 
         // A member cannot change anyone, themselves included.
         for (who, role) in [(target.user_id, Role::Admin), (member.user_id, Role::Admin)] {
-            let e = roles::set_role(&db, &member, who, role, None)
+            let e = roles::set_role(&db, &member, who, role, None, None)
                 .await
                 .unwrap_err();
             assert!(matches!(e, RoleError::Forbidden), "{e:?}");
@@ -582,14 +582,14 @@ async fn role_changes_are_authorised_and_audited() {
         assert_eq!(role_of(&db, member.user_id).await, Role::Member);
 
         // Self-demotion.
-        let e = roles::set_role(&db, &admin, admin.user_id, Role::Member, None)
+        let e = roles::set_role(&db, &admin, admin.user_id, Role::Member, None, None)
             .await
             .unwrap_err();
         assert!(matches!(e, RoleError::SelfDemotion), "{e:?}");
         assert_eq!(role_of(&db, admin.user_id).await, Role::Admin);
 
         // Unknown target.
-        let e = roles::set_role(&db, &admin, Uuid::new_v4(), Role::Admin, None)
+        let e = roles::set_role(&db, &admin, Uuid::new_v4(), Role::Admin, None, None)
             .await
             .unwrap_err();
         assert!(matches!(e, RoleError::UnknownUser), "{e:?}");
@@ -603,6 +603,7 @@ async fn role_changes_are_authorised_and_audited() {
             target.user_id,
             Role::Admin,
             Some("req-1".into()),
+            Some("client-1".into()),
         )
         .await
         .unwrap();
@@ -620,22 +621,23 @@ async fn role_changes_are_authorised_and_audited() {
         assert_eq!(row.old_value, Some(json!({"role": "member"})));
         assert_eq!(row.new_value, Some(json!({"role": "admin"})));
         assert_eq!(row.request_id.as_deref(), Some("req-1"));
+        assert_eq!(row.client_request_id.as_deref(), Some("client-1"));
         assert!(row.created_at > before);
 
         // Same role again: success, nothing written.
-        let same = roles::set_role(&db, &admin, target.user_id, Role::Admin, None)
+        let same = roles::set_role(&db, &admin, target.user_id, Role::Admin, None, None)
             .await
             .unwrap();
         assert!(!same.changed);
         assert_eq!(audit_count(&db).await, 1);
         // An admin re-affirming their own admin role is not a demotion.
-        let own = roles::set_role(&db, &admin, admin.user_id, Role::Admin, None)
+        let own = roles::set_role(&db, &admin, admin.user_id, Role::Admin, None, None)
             .await
             .unwrap();
         assert!(!own.changed);
 
         // Demote back: a second audit row.
-        roles::set_role(&db, &admin, target.user_id, Role::Member, None)
+        roles::set_role(&db, &admin, target.user_id, Role::Member, None, None)
             .await
             .unwrap();
         assert_eq!(role_of(&db, target.user_id).await, Role::Member);
@@ -646,7 +648,7 @@ async fn role_changes_are_authorised_and_audited() {
             role: Role::Admin,
             ..target.clone()
         };
-        let e = roles::set_role(&db, &stale, member.user_id, Role::Admin, None)
+        let e = roles::set_role(&db, &stale, member.user_id, Role::Admin, None, None)
             .await
             .unwrap_err();
         assert!(matches!(e, RoleError::Forbidden), "{e:?}");

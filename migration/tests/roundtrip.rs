@@ -73,13 +73,27 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The last migration steps down and up again.
-    assert!(manager.has_column("profiles", "avatar_generation").await?);
-    Migrator::down(db, Some(1)).await?;
-    assert!(!manager.has_column("profiles", "avatar_generation").await?);
-    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 1);
+    // The column migrations step down and up again, newest first.
+    let added = [
+        ("audit_logs", "client_request_id"),
+        ("profiles", "avatar_generation"),
+    ];
+    for (steps, (table, column)) in added.iter().enumerate() {
+        assert!(manager.has_column(table, column).await?, "{table}.{column}");
+        Migrator::down(db, Some(1)).await?;
+        assert!(
+            !manager.has_column(table, column).await?,
+            "{table}.{column} after down"
+        );
+        assert_eq!(Migrator::get_pending_migrations(db).await?.len(), steps + 1);
+    }
     Migrator::up(db, None).await?;
-    assert!(manager.has_column("profiles", "avatar_generation").await?);
+    for (table, column) in added {
+        assert!(
+            manager.has_column(table, column).await?,
+            "{table}.{column} after up"
+        );
+    }
 
     // users: created_at filled by ActiveModelBehavior...
     let user = users::ActiveModel {
@@ -190,6 +204,7 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         old_value: Set(Some(json!({"role": "member"}))),
         new_value: Set(Some(json!({"role": "admin"}))),
         request_id: Set(Some("req-1".into())),
+        client_request_id: Set(Some("client-1".into())),
         created_at: NotSet,
     }
     .insert(db)

@@ -145,6 +145,15 @@ async fn contact_bad_input_is_4xx_problem_naming_the_field() {
         .await;
     let v = valid_contact;
     let mut cases = common_body_cases();
+    for f in ["name", "message"] {
+        let mut body = v();
+        body[f] = json!("x\u{0}y");
+        cases.push(json_case(
+            format!("{f} with NUL"),
+            body,
+            Expect::Status(400, Some(if f == "name" { "name" } else { "message" })),
+        ));
+    }
     for f in ["name", "email", "message"] {
         let field = Some(match f {
             "name" => "name",
@@ -235,6 +244,13 @@ async fn waitlist_bad_input_is_4xx_problem_naming_the_field() {
     let api = stack.api(&stack.env()).await;
     let mut cases = common_body_cases();
     cases.extend([
+        // PostgreSQL text cannot hold NUL: a 400 naming the field, not a 500
+        // (found by the contract fuzzer).
+        json_case(
+            "name with NUL",
+            json!({"email": "nul@example.com", "name": "a\u{0}b"}),
+            Expect::Status(400, Some("name")),
+        ),
         json_case(
             "email number",
             json!({"email": 5}),

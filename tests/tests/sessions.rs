@@ -191,6 +191,7 @@ struct Audit {
     old_value: Value,
     new_value: Value,
     request_id: Option<String>,
+    client_request_id: Option<String>,
 }
 
 type AuditTuple = (
@@ -201,12 +202,13 @@ type AuditTuple = (
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 async fn audit_rows(pool: &PgPool) -> Vec<Audit> {
     let rows: Vec<AuditTuple> = sqlx::query_as(
         "SELECT actor_id::text, action, target_type, target_id, old_value::text, \
-                new_value::text, request_id \
+                new_value::text, request_id, client_request_id \
          FROM audit_logs ORDER BY created_at, id",
     )
     .fetch_all(pool)
@@ -218,7 +220,16 @@ async fn audit_rows(pool: &PgPool) -> Vec<Audit> {
     };
     rows.into_iter()
         .map(
-            |(actor_id, action, target_type, target_id, old, new, request_id)| Audit {
+            |(
+                actor_id,
+                action,
+                target_type,
+                target_id,
+                old,
+                new,
+                request_id,
+                client_request_id,
+            )| Audit {
                 actor_id,
                 action,
                 target_type,
@@ -226,6 +237,7 @@ async fn audit_rows(pool: &PgPool) -> Vec<Audit> {
                 old_value: parse(old),
                 new_value: parse(new),
                 request_id,
+                client_request_id,
             },
         )
         .collect()
@@ -1041,12 +1053,15 @@ async fn admin_role_changes_are_guarded_and_audited() {
     );
     assert_eq!(role_of(&pool, member).await.as_deref(), Some("member"));
 
-    // Success: the admin promotes the member.
-    let r = post_as(
-        &api,
-        ROLE,
-        &admin_tok,
-        &json!({"user_id": member.to_string(), "role": "admin"}),
+    // Success: the admin promotes the member. The client sends its own
+    // request id: the audit row is filed under the server's id (the one
+    // answered), with the client's kept beside it.
+    let r = Reply::send(
+        client()
+            .post(api.url(ROLE))
+            .bearer_auth(&admin_tok)
+            .header("x-request-id", "client-chosen-id")
+            .json(&json!({"user_id": member.to_string(), "role": "admin"})),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -1071,6 +1086,15 @@ async fn admin_role_changes_are_guarded_and_audited() {
     assert_eq!(
         row.request_id.as_deref(),
         Some(request_id.as_str()),
+        "{row:?}"
+    );
+    assert_ne!(
+        request_id, "client-chosen-id",
+        "the server picks its own id"
+    );
+    assert_eq!(
+        row.client_request_id.as_deref(),
+        Some("client-chosen-id"),
         "{row:?}"
     );
 

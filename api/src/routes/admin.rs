@@ -104,9 +104,8 @@ impl AdminApi {
         auth: BearerAuth,
         body: JsonBody<RoleRequest>,
     ) -> Result<Json<RoleResult>, RoleErrorResponse> {
-        let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
         Ok(Json(
-            set_role_inner(&state, &auth, body.0, request_id).await?,
+            set_role_inner(&state, &auth, body.0, RequestId::of(req)).await?,
         ))
     }
 }
@@ -115,7 +114,7 @@ async fn set_role_inner(
     state: &AppState,
     auth: &BearerAuth,
     body: RoleRequest,
-    request_id: Option<String>,
+    (request_id, client_request_id): (Option<String>, Option<String>),
 ) -> Result<RoleResult, ApiError> {
     let actor = state.session(auth, Gate::Feature(Feature::Admin)).await?;
     if !actor.is_admin() {
@@ -126,7 +125,14 @@ async fn set_role_inner(
     }
     let (target, role) = (body.user_id, Role::from(body.role));
     match state
-        .bounded(roles::set_role(&state.db, &actor, target, role, request_id))
+        .bounded(roles::set_role(
+            &state.db,
+            &actor,
+            target,
+            role,
+            request_id,
+            client_request_id,
+        ))
         .await?
     {
         Ok(change) => Ok(RoleResult {

@@ -15,18 +15,29 @@ use crate::{
     state::AppState,
 };
 
-/// A contact-form message.
+/// A contact-form message. "Not only whitespace" is the pattern "a character
+/// outside Unicode `White_Space`", spelled out so that JSON Schema (ECMAScript
+/// `\s` lacks U+0085 and has U+FEFF), the server's regex and its trimming agree;
+/// no text field may hold U+0000 (NUL).
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct ContactRequest {
-    /// Sender's name, 1–100 characters, not only whitespace (trimmed).
-    #[oai(validator(min_length = 1, max_length = 100, pattern = r"\S"))]
+    /// Sender's name, 1–100 characters, not only whitespace (trimmed), no NUL.
+    #[oai(validator(
+        min_length = 1,
+        max_length = 100,
+        pattern = r"^[^\u0000]*[^\t\n\v\f\r \u0000\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
+    ))]
     pub name: String,
     /// Sender's email address (≤ 254 characters); replies go there.
     #[oai(validator(max_length = 254))]
     pub email: Mailbox,
-    /// The message, 1–5,000 characters, not only whitespace (trimmed).
-    #[oai(validator(min_length = 1, max_length = 5000, pattern = r"\S"))]
+    /// The message, 1–5,000 characters, not only whitespace (trimmed), no NUL.
+    #[oai(validator(
+        min_length = 1,
+        max_length = 5000,
+        pattern = r"^[^\u0000]*[^\t\n\v\f\r \u0000\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
+    ))]
     pub message: String,
 }
 

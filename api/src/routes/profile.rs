@@ -20,11 +20,11 @@ use crate::{
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct ProfileRequest {
-    /// Display name, at most 100 characters (trimmed).
-    #[oai(validator(max_length = 100))]
+    /// Display name, at most 100 characters (trimmed), no NUL.
+    #[oai(validator(max_length = 100, pattern = r"^[^\u0000]*$"))]
     pub full_name: Option<String>,
     /// Object key of the avatar: exactly `<your user id>/avatar` (lowercase
-    /// hyphenated UUID), or empty. Another user's key is 403.
+    /// hyphenated UUID), or empty. Another user's key is 400.
     #[oai(validator(
         max_length = 43,
         pattern = r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/avatar)?$"

@@ -22,8 +22,8 @@ pub struct WaitlistRequest {
     /// same address in another case is a duplicate.
     #[oai(validator(max_length = 254))]
     pub email: Mailbox,
-    /// Name, up to 100 characters; optional.
-    #[oai(validator(max_length = 100))]
+    /// Name, up to 100 characters, no NUL; optional.
+    #[oai(validator(max_length = 100, pattern = r"^[^\u0000]*$"))]
     pub name: Option<String>,
 }
 
