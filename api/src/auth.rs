@@ -8,7 +8,11 @@ use entity::{
     users::{self, AdminGrant, Identity, UserContext},
     Feature,
 };
-use poem_openapi::{auth::Bearer, SecurityScheme};
+use poem::Request;
+use poem_openapi::{
+    auth::Bearer, registry::Registry, ApiExtractor, ApiExtractorType, ExtractParamOptions,
+    SecurityScheme,
+};
 
 use crate::{problem::ApiError, session::AuthError, state::AppState};
 
@@ -16,8 +20,43 @@ use crate::{problem::ApiError, session::AuthError, state::AppState};
 /// `BACKEND_JWT_SECRET` or with a key from the platform's JWKS (RS256, ES256,
 /// EdDSA); `aud` must be `authenticated`, `sub` the user id (UUID).
 #[derive(SecurityScheme)]
-#[oai(ty = "bearer", bearer_format = "JWT")]
-pub struct BearerAuth(pub Bearer);
+#[oai(rename = "BearerAuth", ty = "bearer", bearer_format = "JWT")]
+struct BearerScheme(Bearer);
+
+/// The session credential of a request: the bearer token when one was sent.
+///
+/// Declared in the OpenAPI document as the `BearerAuth` scheme, but unlike
+/// poem-openapi's own extractor a missing or malformed `Authorization` header
+/// does not answer 401 before the handler runs: [`AppState::session`] first
+/// checks the route's gates (so a switched-off feature answers 503 whether or
+/// not a token came), then answers 401 `missing_token`.
+pub struct BearerAuth(pub Option<String>);
+
+impl<'a> ApiExtractor<'a> for BearerAuth {
+    const TYPES: &'static [ApiExtractorType] = &[ApiExtractorType::SecurityScheme];
+    type ParamType = ();
+    type ParamRawType = ();
+
+    fn register(registry: &mut Registry) {
+        <BearerScheme as ApiExtractor<'a>>::register(registry);
+    }
+
+    fn security_schemes() -> Vec<&'static str> {
+        <BearerScheme as ApiExtractor<'a>>::security_schemes()
+    }
+
+    async fn from_request(
+        request: &'a Request,
+        body: &mut poem::RequestBody,
+        param_opts: ExtractParamOptions<Self::ParamType>,
+    ) -> poem::Result<Self> {
+        let token = <BearerScheme as ApiExtractor<'a>>::from_request(request, body, param_opts)
+            .await
+            .ok()
+            .map(|b| b.0.token);
+        Ok(BearerAuth(token))
+    }
+}
 
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> Self {
@@ -48,7 +87,8 @@ impl AppState {
     /// The one entry of every session route. In this order:
     /// 1. auth toggle and readiness → 503 `feature_disabled` / `not_configured`;
     /// 2. the route's own `gate` → 503 `feature_disabled` / `not_configured`;
-    /// 3. the token → 401 (`missing_token`, `invalid_token`, `token_expired`, …),
+    /// 3. the token → 401 (`missing_token` when none was sent, then `malformed`,
+    ///    `bad_signature`, `expired`, …),
     ///    503 when the keys cannot be fetched;
     /// 4. the stored account (created on first sight), bounded by
     ///    `DEPENDENCY_TIMEOUT_MS` → 503 `database_unavailable`.
@@ -59,7 +99,13 @@ impl AppState {
             Gate::ServerWrites => self.require_server_writes()?,
             Gate::Feature(f) => self.require(f)?,
         }
-        let claims = self.sessions.verify(&auth.0.token).await?;
+        let Some(token) = auth.0.as_deref() else {
+            return Err(ApiError::Unauthorized(
+                "missing_token",
+                "log in first: send Authorization: Bearer <session token>".into(),
+            ));
+        };
+        let claims = self.sessions.verify(token).await?;
         // An external issuer's email counts only when the deployment says it
         // issues sessions for confirmed emails only.
         let email_confirmed = !claims.external || self.settings.auth_trust_email_claim;

@@ -1472,6 +1472,11 @@ async fn auth_toggle_off_gates_every_session_route() {
         if let Err(e) = r.check_problem(Some(503), Some("feature_disabled"), None) {
             panic!("{route}: {e}");
         }
+        // Without a token too: the gate answers before the session check.
+        let r = post(&api, route, None, &body).await;
+        if let Err(e) = r.check_problem(Some(503), Some("feature_disabled"), None) {
+            panic!("{route} without a token: {e}");
+        }
     }
 }
 
