@@ -326,3 +326,128 @@ where
     }
     Ok(moved)
 }
+
+/// Why a verified notification was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// No payment of this provider has the order id (HTTP 404).
+    #[error("no {provider} payment has order id {order_id}")]
+    UnknownOrder {
+        /// The provider that sent it.
+        provider: &'static str,
+        /// The order id it names.
+        order_id: String,
+    },
+    /// The notified amount is not the stored one (HTTP 400 `amount_mismatch`);
+    /// nothing is recorded.
+    #[error("notified amount {notified:?} differs from the stored {stored}")]
+    AmountMismatch {
+        /// The stored amount.
+        stored: i64,
+        /// The notified amount (`None`: it had a non-zero fraction).
+        notified: Option<i64>,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbErr),
+}
+
+/// The outcome of [`record_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// A first delivery: the event is stored under this id, unsettled; its
+    /// settlement is to be queued.
+    New(Uuid),
+    /// The dedupe key is known: a repeat delivery. Nothing was written.
+    Duplicate {
+        /// The event recorded by the first delivery.
+        event_id: Uuid,
+        /// Whether it has been settled yet.
+        settled: bool,
+    },
+}
+
+/// Records a verified notification (record-then-enqueue): the payment must
+/// exist for this provider ([`RecordError::UnknownOrder`]) and the notified
+/// amount must equal the stored one ([`RecordError::AmountMismatch`]); then
+/// the event is inserted under its dedupe key (unique index), or recognised as
+/// a repeat ([`Recorded::Duplicate`]) — also under concurrent deliveries.
+pub async fn record_event<C: ConnectionTrait>(
+    db: &C,
+    n: &crate::webhook::Notification,
+) -> Result<Recorded, RecordError> {
+    let pay = payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(n.order_id.as_str()))
+        .filter(payments::Column::Provider.eq(n.provider))
+        .one(db)
+        .await?
+        .ok_or_else(|| RecordError::UnknownOrder {
+            provider: n.provider,
+            order_id: n.order_id.clone(),
+        })?;
+    if n.amount != Some(pay.amount) {
+        return Err(RecordError::AmountMismatch {
+            stored: pay.amount,
+            notified: n.amount,
+        });
+    }
+    let id = Uuid::now_v7();
+    let inserted = webhook_events::Entity::insert(webhook_events::ActiveModel {
+        id: Set(id),
+        provider: Set(n.provider.to_string()),
+        dedupe_key: Set(n.dedupe_key.clone()),
+        order_id: Set(n.order_id.clone()),
+        provider_status: Set(n.provider_status.clone()),
+        payload: Set(n.payload.clone()),
+        received_at: Set(Utc::now()),
+        settled_at: Set(None),
+        settlement_error: Set(None),
+    })
+    .on_conflict_do_nothing_on([webhook_events::Column::DedupeKey])
+    .exec_without_returning(db)
+    .await?;
+    if matches!(inserted, sea_orm::TryInsertResult::Inserted(n) if n == 1) {
+        return Ok(Recorded::New(id));
+    }
+    let first = webhook_events::Entity::find()
+        .filter(webhook_events::Column::DedupeKey.eq(n.dedupe_key.as_str()))
+        .one(db)
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("the conflicting webhook event".into()))?;
+    Ok(Recorded::Duplicate {
+        event_id: first.id,
+        settled: first.settled_at.is_some(),
+    })
+}
+
+/// Removes an event that was recorded but whose settlement could not be
+/// queued (the webhook then answers 503), so that the provider's retry is a
+/// first delivery again. Only an unsettled event is removed.
+pub async fn forget_unqueued_event<C: ConnectionTrait>(db: &C, id: Uuid) -> Result<bool, DbErr> {
+    let res = webhook_events::Entity::delete_many()
+        .filter(webhook_events::Column::Id.eq(id))
+        .filter(webhook_events::Column::SettledAt.is_null())
+        .exec(db)
+        .await?;
+    Ok(res.rows_affected == 1)
+}
+
+/// Events recorded before `received_before` and still unsettled, oldest
+/// first, at most `limit`: what the settlement sweep queues again.
+pub async fn unsettled_events<C: ConnectionTrait>(
+    db: &C,
+    received_before: DateTime<Utc>,
+    limit: u64,
+) -> Result<Vec<Uuid>, DbErr> {
+    use sea_orm::QueryOrder;
+    webhook_events::Entity::find()
+        .select_only()
+        .column(webhook_events::Column::Id)
+        .filter(webhook_events::Column::SettledAt.is_null())
+        .filter(webhook_events::Column::ReceivedAt.lt(received_before))
+        .order_by_asc(webhook_events::Column::ReceivedAt)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await
+}

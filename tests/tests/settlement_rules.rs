@@ -10,7 +10,8 @@ use entity::{
         subscriptions::{self, SubscriptionStatus},
         users, webhook_events,
     },
-    settlement::{self, Settled},
+    settlement::{self, RecordError, Recorded, Settled},
+    webhook::{Notification, ProviderA, WebhookHeaders, WebhookVerifier},
 };
 use migration::MigratorTrait;
 use sea_orm::{
@@ -323,4 +324,126 @@ async fn a_lapsed_paid_subscription_falls_back_to_free_once() {
     assert_eq!(s.plan, "FREE");
     assert_eq!(s.current_period_end, None);
     assert_eq!(audit_rows(&db, &u.to_string()).await, 1);
+}
+
+/// A provider_a notification for `order_id`, verified by the real verifier.
+fn notification(order_id: &str, status: &str, gross_amount: &str) -> Notification {
+    const KEY: &str = "SB-Mid-server-rules";
+    let body = json!({
+        "transaction_status": status,
+        "status_code": "200",
+        "gross_amount": gross_amount,
+        "order_id": order_id,
+        "payment_type": "bank_transfer",
+        "signature_key": entity::payment::provider_a_signature(order_id, "200", gross_amount, KEY),
+    });
+    ProviderA {
+        server_key: KEY.into(),
+    }
+    .verify(
+        &serde_json::to_vec(&body).unwrap(),
+        &WebhookHeaders::default(),
+    )
+    .expect("a correctly signed notification verifies")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notification_is_recorded_once_even_when_delivered_concurrently() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let order = pending(&db, u, "PRO", "provider_a").await;
+    let n = notification(&order, "settlement", "99000.00");
+
+    let runs = (0..50).map(|_| {
+        let (db, n) = (db.clone(), n.clone());
+        tokio::spawn(async move { settlement::record_event(&db, &n).await })
+    });
+    let outcomes: Vec<Recorded> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    let new: Vec<Uuid> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Recorded::New(id) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(new.len(), 1, "{outcomes:?}");
+    assert!(outcomes.iter().all(|o| match o {
+        Recorded::New(_) => true,
+        Recorded::Duplicate { event_id, settled } => *event_id == new[0] && !settled,
+    }));
+    assert_eq!(webhook_events::Entity::find().count(&db).await.unwrap(), 1);
+
+    // The sweep sees it while unsettled, not after settlement.
+    let later = Utc::now() + Span::seconds(1);
+    assert_eq!(
+        settlement::unsettled_events(&db, later, 10).await.unwrap(),
+        vec![new[0]]
+    );
+    settlement::settle_event(&db, new[0], None).await.unwrap();
+    assert!(settlement::unsettled_events(&db, later, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        settlement::record_event(&db, &n).await.unwrap(),
+        Recorded::Duplicate {
+            event_id: new[0],
+            settled: true
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_orders_and_other_amounts_record_nothing() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let order = pending(&db, u, "PRO", "provider_a").await;
+
+    let wrong_amount = notification(&order, "settlement", "1000.00");
+    assert!(matches!(
+        settlement::record_event(&db, &wrong_amount).await,
+        Err(RecordError::AmountMismatch {
+            stored: 99_000,
+            notified: Some(1_000)
+        })
+    ));
+    let fraction = notification(&order, "settlement", "99000.50");
+    assert!(matches!(
+        settlement::record_event(&db, &fraction).await,
+        Err(RecordError::AmountMismatch { notified: None, .. })
+    ));
+    let unknown = notification("ORD-1-NOTHERE1", "settlement", "99000.00");
+    assert!(matches!(
+        settlement::record_event(&db, &unknown).await,
+        Err(RecordError::UnknownOrder { .. })
+    ));
+    // A provider_b payment is not settled by a provider_a notification.
+    let other = pending(&db, u, "PRO", "provider_b").await;
+    assert!(matches!(
+        settlement::record_event(&db, &notification(&other, "settlement", "99000")).await,
+        Err(RecordError::UnknownOrder { .. })
+    ));
+    assert_eq!(webhook_events::Entity::find().count(&db).await.unwrap(), 0);
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_whose_settlement_was_not_queued_can_be_forgotten_for_the_retry() {
+    let (_tdb, db) = migrated().await;
+    let u = user(&db).await;
+    let order = pending(&db, u, "BASIC", "provider_a").await;
+    let n = notification(&order, "settlement", "99000");
+    let Recorded::New(id) = settlement::record_event(&db, &n).await.unwrap() else {
+        panic!("first delivery");
+    };
+    assert!(settlement::forget_unqueued_event(&db, id).await.unwrap());
+    // The provider's retry is a first delivery again.
+    assert!(matches!(
+        settlement::record_event(&db, &n).await.unwrap(),
+        Recorded::New(_)
+    ));
 }
