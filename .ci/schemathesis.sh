@@ -68,6 +68,7 @@ export BACKEND_SERVICE_ROLE_KEY="schemathesis-service-role-$(head -c 16 /dev/ura
 export NEXT_PUBLIC_BACKEND_URL=http://127.0.0.1:9 NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY=pk_schemathesis
 export SMTP_URL=smtp://127.0.0.1:9 EMAIL_FROM=site@example.com
 export PAYMENT_PROVIDER=provider_b PROVIDER_B_CLIENT_ID=client-st PROVIDER_B_SECRET_KEY=secret-st
+export PROVIDER_A_SERVER_KEY=server-key-st
 export OPENAI_API_KEY=sk-schemathesis
 # The session user is an admin, so the admin route is exercised past its 403.
 user=$(python3 -c 'import uuid; print(uuid.uuid4())')

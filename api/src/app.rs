@@ -15,7 +15,7 @@ use crate::{
     routes::{
         admin::AdminApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
         profile::ProfileApi, storage::StorageApi, subscription::SubscriptionApi,
-        waitlist::WaitlistApi,
+        waitlist::WaitlistApi, webhooks::WebhookApi,
     },
     state::AppState,
 };
@@ -44,6 +44,7 @@ api_set!(
     AvatarApi,
     AdminApi,
     StorageApi,
+    WebhookApi,
 );
 
 const DESCRIPTION: &str = "\

@@ -369,3 +369,43 @@ impl poem_openapi::types::ToJSON for Mailbox {
         Some(Value::String(self.0.clone()))
     }
 }
+
+/// A JSON request body kept as the exact bytes received (content type
+/// `application/json`), documented with `T`'s schema. For bodies whose
+/// signature covers the bytes as sent (provider webhooks): nothing is parsed
+/// here; the verifier reads the bytes. Extra fields are allowed (the OpenAPI
+/// document leaves such schemas open).
+#[derive(Debug, Clone)]
+pub struct RawJson<T> {
+    /// The body as received (at most the `/api` body limit).
+    pub bytes: bytes::Bytes,
+    _schema: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Type> Payload for RawJson<T> {
+    const CONTENT_TYPE: &'static str = "application/json";
+
+    fn check_content_type(content_type: &str) -> bool {
+        <JsonBody<T> as Payload>::check_content_type(content_type)
+    }
+
+    fn schema_ref() -> MetaSchemaRef {
+        T::schema_ref()
+    }
+
+    fn register(registry: &mut Registry) {
+        T::register(registry);
+    }
+}
+
+impl<T: Type> ParsePayload for RawJson<T> {
+    const IS_REQUIRED: bool = true;
+
+    async fn from_request(request: &Request, body: &mut RequestBody) -> Result<Self> {
+        Ok(RawJson {
+            bytes: bytes::Bytes::from_request(request, body).await?,
+            _schema: std::marker::PhantomData,
+        })
+    }
+}
+poem_openapi::impl_apirequest_for_payload!(RawJson<T>, T: Type + 'static);

@@ -3,7 +3,8 @@
 //! state itself, applied in one place so no route can forget them:
 //!
 //! * every JSON request body refuses unknown fields ([`crate::payload::JsonBody`]
-//!   does): its schema gets `additionalProperties: false`;
+//!   does): its schema gets `additionalProperties: false`, except the provider
+//!   notifications (tag `Webhooks`), whose senders add fields at will;
 //! * every operation with a JSON body documents 415 (missing or wrong
 //!   `Content-Type`) and 408 (body deadline) with their problem body.
 //!
@@ -54,9 +55,13 @@ pub fn patch(doc: &mut Value) {
                 if body.is_null() {
                     continue;
                 }
+                let open = op["tags"]
+                    .as_array()
+                    .is_some_and(|t| t.iter().any(|t| t == "Webhooks"));
                 if let Some(name) = body["$ref"]
                     .as_str()
                     .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                    .filter(|_| !open)
                 {
                     strict.push(name.to_string());
                 }

@@ -93,6 +93,15 @@ pub struct ProviderA {
     pub server_key: String,
 }
 
+impl ProviderA {
+    /// The verifier when `PROVIDER_A_SERVER_KEY` is set.
+    pub fn from_settings(s: &crate::Settings) -> Option<Self> {
+        s.provider_a_server_key
+            .clone()
+            .map(|server_key| ProviderA { server_key })
+    }
+}
+
 /// provider_b's verifier.
 #[derive(Debug, Clone)]
 pub struct ProviderB {
@@ -102,6 +111,18 @@ pub struct ProviderB {
     pub secret_key: String,
     /// The path the notifications are posted to (`Request-Target`).
     pub path: String,
+}
+
+impl ProviderB {
+    /// The verifier when `PROVIDER_B_CLIENT_ID` and `PROVIDER_B_SECRET_KEY`
+    /// are set; `path` is the webhook's path (the signed `Request-Target`).
+    pub fn from_settings(s: &crate::Settings, path: &str) -> Option<Self> {
+        Some(ProviderB {
+            client_id: s.provider_b_client_id.clone()?,
+            secret_key: s.provider_b_secret_key.clone()?,
+            path: path.to_string(),
+        })
+    }
 }
 
 fn object(body: &[u8]) -> Result<Value, WebhookError> {

@@ -10,6 +10,7 @@ pub mod profile;
 pub mod storage;
 pub mod subscription;
 pub mod waitlist;
+pub mod webhooks;
 
 use crate::problem::ApiError;
 
@@ -24,6 +25,8 @@ pub enum ApiTags {
     Admin,
     /// File storage: signed uploads and public files (the `avatars` bucket).
     Storage,
+    /// Payment-provider callbacks: signed by the provider, no session.
+    Webhooks,
 }
 
 /// Maps a database error: unreachable → 503 `database_unavailable`, anything

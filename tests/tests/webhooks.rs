@@ -1,0 +1,350 @@
+//! Payment-provider webhooks against the real api and worker, PostgreSQL and
+//! Redis: signed notifications of both providers settle the payment once,
+//! repeats answer `duplicate: true`, forged or foreign ones change nothing.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use entity::{
+    entities::{
+        audit_logs,
+        payments::{self, PaymentStatus},
+        subscriptions::{self, SubscriptionStatus},
+        users, webhook_events,
+    },
+    payment::{
+        provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
+    },
+};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, Database, DatabaseConnection, EntityTrait, PaginatorTrait,
+    QueryFilter, Set,
+};
+use serde_json::{json, Value};
+use tests::{client, wait_until, EnvMap, Proc, Reply, Stack};
+use uuid::Uuid;
+
+const A_KEY: &str = "SB-Mid-server-webhook-tests";
+const B_CLIENT: &str = "BRN-0001-TEST";
+const B_SECRET: &str = "SK-webhook-tests-secret";
+
+fn env(stack: &Stack) -> EnvMap {
+    stack
+        .env()
+        .with("PROVIDER_A_SERVER_KEY", A_KEY)
+        .with("PROVIDER_B_CLIENT_ID", B_CLIENT)
+        .with("PROVIDER_B_SECRET_KEY", B_SECRET)
+}
+
+async fn connect(stack: &Stack) -> DatabaseConnection {
+    Database::connect(&stack.db.url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {}: {e}", stack.db.url))
+}
+
+/// A user on FREE with a PENDING payment of PRO (99,000) with `provider`.
+async fn pending_payment(db: &DatabaseConnection, provider: &str) -> (Uuid, String) {
+    let user = Uuid::new_v4();
+    let now = Utc::now();
+    users::ActiveModel {
+        id: Set(user),
+        email: Set(Some(format!("{user}@example.com"))),
+        created_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .unwrap();
+    subscriptions::ActiveModel {
+        user_id: Set(user),
+        plan: Set("FREE".into()),
+        status: Set(SubscriptionStatus::Active),
+        cancel_at_period_end: Set(false),
+        current_period_start: Set(None),
+        current_period_end: Set(None),
+        canceled_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .unwrap();
+    let order_id = entity::payment::new_order_id("ORD", now);
+    payments::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        order_id: Set(order_id.clone()),
+        user_id: Set(user),
+        plan: Set("PRO".into()),
+        amount: Set(99_000),
+        currency: Set("IDR".into()),
+        provider: Set(provider.into()),
+        status: Set(PaymentStatus::Pending),
+        checkout_token: Set(None),
+        payment_url: Set(None),
+        provider_reference: Set(None),
+        paid_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .unwrap();
+    (user, order_id)
+}
+
+/// A provider_a notification as Midtrans documents it, signed with `key`.
+fn a_notification(order_id: &str, status: &str, amount: &str, key: &str) -> Value {
+    json!({
+        "transaction_time": "2026-11-23 10:00:00",
+        "transaction_status": status,
+        "transaction_id": Uuid::new_v4().to_string(),
+        "status_message": "midtrans payment notification",
+        "status_code": "200",
+        "signature_key": provider_a_signature(order_id, "200", amount, key),
+        "payment_type": "bank_transfer",
+        "order_id": order_id,
+        "merchant_id": "G000000000",
+        "gross_amount": amount,
+        "fraud_status": "accept",
+        "currency": "IDR",
+        "va_numbers": [{"va_number": "9888800000000000", "bank": "bca"}],
+    })
+}
+
+async fn post_raw(api: &Proc, path: &str, body: Vec<u8>, headers: &[(&str, String)]) -> Reply {
+    let mut req = client()
+        .post(api.url(path))
+        .header("content-type", "application/json")
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    Reply::send(req).await
+}
+
+async fn payment(db: &DatabaseConnection, order_id: &str) -> payments::Model {
+    payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(order_id))
+        .one(db)
+        .await
+        .unwrap()
+        .expect("payment row")
+}
+
+async fn counts(db: &DatabaseConnection, order_id: &str) -> (u64, u64) {
+    let events = webhook_events::Entity::find()
+        .filter(webhook_events::Column::OrderId.eq(order_id))
+        .count(db)
+        .await
+        .unwrap();
+    let audits = audit_logs::Entity::find()
+        .filter(audit_logs::Column::TargetId.eq(order_id))
+        .count(db)
+        .await
+        .unwrap();
+    (events, audits)
+}
+
+async fn wait_paid(db: &DatabaseConnection, order_id: &str) {
+    let paid = wait_until(Duration::from_secs(30), || async {
+        payment(db, order_id).await.status == PaymentStatus::Paid
+    })
+    .await;
+    assert!(paid, "the payment was not settled as PAID within 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_a_settlement_pays_once_whatever_is_repeated() {
+    let stack = Stack::new().await;
+    let api = stack.api_with_worker(&env(&stack)).await;
+    let db = connect(&stack).await;
+    let (user, order) = pending_payment(&db, "provider_a").await;
+    let body =
+        serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
+
+    let r = post_raw(&api, "/api/webhooks/provider_a", body.clone(), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json, json!({"received": true}));
+    wait_paid(&db, &order).await;
+    let sub = subscriptions::Entity::find_by_id(user)
+        .one(&db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sub.plan, "PRO");
+    assert_eq!(sub.status, SubscriptionStatus::Active);
+    let (start, end) = (
+        sub.current_period_start.unwrap(),
+        sub.current_period_end.unwrap(),
+    );
+    assert!(
+        (28..=31).contains(&(end - start).num_days()),
+        "{start} → {end}"
+    );
+
+    // The same notification 50 times at once: duplicates, nothing more.
+    let repeats = (0..50).map(|_| post_raw(&api, "/api/webhooks/provider_a", body.clone(), &[]));
+    for r in futures::future::join_all(repeats).await {
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(r.json, json!({"received": true, "duplicate": true}));
+    }
+    // A late `pending` does not regress the payment.
+    let late = serde_json::to_vec(&a_notification(&order, "pending", "99000.00", A_KEY)).unwrap();
+    let r = post_raw(&api, "/api/webhooks/provider_a", late, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let settled_late = wait_until(Duration::from_secs(30), || async {
+        webhook_events::Entity::find()
+            .filter(webhook_events::Column::OrderId.eq(order.as_str()))
+            .filter(webhook_events::Column::SettledAt.is_not_null())
+            .count(&db)
+            .await
+            .unwrap()
+            == 2
+    })
+    .await;
+    assert!(
+        settled_late,
+        "the late event was settled (refused) by the worker"
+    );
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Paid);
+    assert_eq!(
+        counts(&db, &order).await,
+        (2, 1),
+        "two events, one audit row"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_a_refusals_change_nothing() {
+    let stack = Stack::new().await;
+    let api = stack.api_with_worker(&env(&stack)).await;
+    let db = connect(&stack).await;
+    let (_, order) = pending_payment(&db, "provider_a").await;
+    let path = "/api/webhooks/provider_a";
+    let good = a_notification(&order, "settlement", "99000.00", A_KEY);
+
+    let mut forged = good.clone();
+    forged["signature_key"] = json!("0".repeat(128));
+    let mut truncated = good.clone();
+    truncated["signature_key"] = json!(good["signature_key"].as_str().unwrap()[..64].to_string());
+    let wrong_key = a_notification(&order, "settlement", "99000.00", "another-server-key");
+    let mut tampered_amount = good.clone();
+    tampered_amount["gross_amount"] = json!("1.00");
+    let mut unsigned = good.clone();
+    unsigned.as_object_mut().unwrap().remove("signature_key");
+    for (label, body) in [
+        ("forged", forged),
+        ("truncated", truncated),
+        ("wrong key", wrong_key),
+        ("tampered amount", tampered_amount),
+        ("unsigned", unsigned),
+    ] {
+        let r = post_raw(&api, path, serde_json::to_vec(&body).unwrap(), &[]).await;
+        r.check_problem(Some(401), Some("invalid_signature"), None)
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+    }
+
+    // Signed, but for an amount that is not the payment's: 400, nothing recorded.
+    let other_amount = a_notification(&order, "settlement", "1000.00", A_KEY);
+    post_raw(&api, path, serde_json::to_vec(&other_amount).unwrap(), &[])
+        .await
+        .assert_problem(400, Some("amount_mismatch"), None);
+    // Unknown order: 404.
+    let unknown = a_notification("ORD-1-NOSUCHID", "settlement", "99000.00", A_KEY);
+    post_raw(&api, path, serde_json::to_vec(&unknown).unwrap(), &[])
+        .await
+        .assert_problem(404, Some("unknown_order"), None);
+    // Not JSON, not an object, a signed but undefined status.
+    post_raw(&api, path, b"not json".to_vec(), &[])
+        .await
+        .assert_problem(400, None, Some("body"));
+    post_raw(&api, path, b"[1,2,3]".to_vec(), &[])
+        .await
+        .assert_problem(400, None, Some("body"));
+    let odd = a_notification(&order, "teleported", "99000.00", A_KEY);
+    post_raw(&api, path, serde_json::to_vec(&odd).unwrap(), &[])
+        .await
+        .assert_problem(400, Some("invalid_payload"), Some("transaction_status"));
+    // Oversized.
+    let mut big = good.clone();
+    big["padding"] = json!("x".repeat(70 * 1024));
+    let r = post_raw(&api, path, serde_json::to_vec(&big).unwrap(), &[]).await;
+    assert_eq!(r.status, 413, "{}", r.text);
+
+    // Nothing was recorded, so nothing can be settled later either.
+    assert_eq!(counts(&db, &order).await, (0, 0));
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
+}
+
+/// provider_b notification text with the amount written as `amount_text`.
+fn b_notification(order_id: &str, status: &str, amount_text: &str) -> String {
+    let word = provider_b_check_word(B_CLIENT, order_id, amount_text, status, B_SECRET);
+    format!(
+        r#"{{"service":{{"id":"VIRTUAL_ACCOUNT"}},"acquirer":{{"id":"BCA"}},"channel":{{"id":"VIRTUAL_ACCOUNT_BCA"}},"order":{{"invoice_number":"{order_id}","amount":{amount_text}}},"virtual_account_info":{{"virtual_account_number":"1900600000000001"}},"transaction":{{"status":"{status}","date":"2026-11-23T10:00:00Z","original_request_id":"req-{order_id}"}},"security":{{"check_word":"{word}"}}}}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_b_success_pays_and_a_bad_signature_header_is_refused() {
+    let stack = Stack::new().await;
+    let api = stack.api_with_worker(&env(&stack)).await;
+    let db = connect(&stack).await;
+    let (_, order) = pending_payment(&db, "provider_b").await;
+    let path = "/api/webhooks/provider_b";
+    let body = b_notification(&order, "SUCCESS", "99000");
+
+    // A valid check_word with a Signature header that does not verify: 401.
+    let headers = |sig: String| {
+        vec![
+            ("client-id", B_CLIENT.to_string()),
+            ("request-id", "notif-1".to_string()),
+            ("request-timestamp", "2026-11-23T10:00:01Z".to_string()),
+            ("signature", sig),
+        ]
+    };
+    let bad = headers("HMACSHA256=AAAA".into());
+    post_raw(&api, path, body.clone().into_bytes(), &bad)
+        .await
+        .assert_problem(401, Some("invalid_signature"), None);
+    // Tampered status: the check_word no longer verifies.
+    let tampered = b_notification(&order, "FAILED", "99000").replace("FAILED", "SUCCESS");
+    post_raw(&api, path, tampered.into_bytes(), &[])
+        .await
+        .assert_problem(401, Some("invalid_signature"), None);
+    assert_eq!(counts(&db, &order).await, (0, 0));
+
+    // With a correct Signature header (HMAC over this path and the body).
+    let sig = provider_b_signature(
+        B_SECRET,
+        &ProviderBRequest {
+            client_id: B_CLIENT,
+            request_id: "notif-1",
+            timestamp: "2026-11-23T10:00:01Z",
+            target: path,
+            body: Some(body.as_bytes()),
+        },
+    );
+    let r = post_raw(&api, path, body.clone().into_bytes(), &headers(sig)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json, json!({"received": true}));
+    wait_paid(&db, &order).await;
+    // Without the header the check_word alone verifies; it is the same event.
+    let r = post_raw(&api, path, body.into_bytes(), &[]).await;
+    assert_eq!(
+        r.json,
+        json!({"received": true, "duplicate": true}),
+        "{}",
+        r.text
+    );
+    assert_eq!(counts(&db, &order).await, (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unconfigured_providers_answer_503() {
+    let stack = Stack::new().await;
+    let api = stack.api(&stack.env()).await;
+    for path in ["/api/webhooks/provider_a", "/api/webhooks/provider_b"] {
+        post_raw(&api, path, b"{}".to_vec(), &[])
+            .await
+            .assert_problem(503, Some("not_configured"), None);
+    }
+}
