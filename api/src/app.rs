@@ -57,7 +57,9 @@ get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
 `POST /api/profile/avatar` grants a signed upload, the file goes to \
 `PUT /storage/v1/object/upload/sign/avatars/{user_id}/avatar?token=…` (at most 2 MiB, \
 JPEG, PNG, WebP or GIF) and is served by `GET /storage/v1/object/public/avatars/{user_id}/avatar`. \
-Unknown JSON fields are rejected (400 `unknown_field`); a JSON body without \
+Unknown JSON fields are rejected (400 `unknown_field`), except in the payment providers' \
+notifications (`/api/webhooks/*`), which take extra fields and no session: they are verified by \
+the provider's signature over the body as sent. A JSON body without \
 `Content-Type: application/json` gets 415; a body that does not arrive within \
 `HTTP_BODY_TIMEOUT_SECS` gets 408 `body_timeout`; a method a path does not serve gets 405 \
 with `Allow`. Rate-limited routes answer with \
