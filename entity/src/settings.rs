@@ -128,6 +128,15 @@ pub struct Settings {
     /// `WORKER_HEARTBEAT_MS`: worker heartbeat (Redis and SQLite queues); a worker silent for 4 beats is presumed
     /// dead and its jobs in flight go back to the queue (default 5000, 100–60000).
     pub worker_heartbeat: Duration,
+    /// `SCHEDULER_TICK_SECS`: how often the scheduled jobs run (sweep, expiries); one
+    /// worker per tick (default 60, 1–86400).
+    pub scheduler_tick: Duration,
+    /// `SETTLEMENT_SWEEP_AFTER_SECS`: a recorded webhook event still unsettled this long
+    /// after it arrived is queued for settlement again (default 120, 1–86400).
+    pub settlement_sweep_after: Duration,
+    /// `PAYMENT_EXPIRE_AFTER_SECS`: a payment still `PENDING` this long after it was
+    /// created becomes `EXPIRED` (default 86400, 60–2592000).
+    pub payment_expire_after: Duration,
     /// `DEPENDENCY_TIMEOUT_MS`: bound on one database or queue call made while answering a request (default 2000).
     pub dependency_timeout: Duration,
     /// `DB_MAX_CONNECTIONS`: size of the database pool per process (default 20).
@@ -618,6 +627,24 @@ impl Settings {
                 5000u64,
                 100,
                 60_000,
+            )?),
+            scheduler_tick: Duration::from_secs(r.num_or(
+                "SCHEDULER_TICK_SECS",
+                60u64,
+                1,
+                86_400,
+            )?),
+            settlement_sweep_after: Duration::from_secs(r.num_or(
+                "SETTLEMENT_SWEEP_AFTER_SECS",
+                120u64,
+                1,
+                86_400,
+            )?),
+            payment_expire_after: Duration::from_secs(r.num_or(
+                "PAYMENT_EXPIRE_AFTER_SECS",
+                86_400u64,
+                60,
+                30 * 86_400,
             )?),
             dependency_timeout: Duration::from_millis(r.num_or(
                 "DEPENDENCY_TIMEOUT_MS",

@@ -451,3 +451,25 @@ pub async fn unsettled_events<C: ConnectionTrait>(
         .all(db)
         .await
 }
+
+/// Payments still `PENDING` that were created before `created_before`,
+/// oldest first, at most `limit`: what the expiry job moves to `EXPIRED`
+/// (through [`settle_status_check`], so the state machine and the audit
+/// trail apply, and a payment settled meanwhile is left alone).
+pub async fn stale_pending_payments<C: ConnectionTrait>(
+    db: &C,
+    created_before: DateTime<Utc>,
+    limit: u64,
+) -> Result<Vec<String>, DbErr> {
+    use sea_orm::QueryOrder;
+    payments::Entity::find()
+        .select_only()
+        .column(payments::Column::OrderId)
+        .filter(payments::Column::Status.eq(PaymentStatus::Pending))
+        .filter(payments::Column::CreatedAt.lt(created_before))
+        .order_by_asc(payments::Column::CreatedAt)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await
+}

@@ -44,6 +44,7 @@ use tokio::{
 pub use reqwest;
 pub use serde_json::json;
 
+mod billing;
 mod db;
 mod http;
 mod proc;
@@ -55,6 +56,7 @@ mod stack;
 mod tokens;
 mod util;
 
+pub use billing::*;
 pub use db::*;
 pub use http::*;
 pub use proc::*;

@@ -4,24 +4,20 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use entity::{
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
         subscriptions::{self, SubscriptionStatus},
-        users, webhook_events,
+        webhook_events,
     },
     payment::{
         provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
     },
 };
-use sea_orm::{
-    ActiveModelTrait, ColumnTrait, Database, DatabaseConnection, EntityTrait, PaginatorTrait,
-    QueryFilter, Set,
-};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};
-use tests::{client, wait_until, EnvMap, Proc, Reply, Stack};
+use tests::{client, connect_db, pending_payment, wait_until, EnvMap, Proc, Reply, Stack};
 use uuid::Uuid;
 
 const A_KEY: &str = "SB-Mid-server-webhook-tests";
@@ -34,61 +30,6 @@ fn env(stack: &Stack) -> EnvMap {
         .with("PROVIDER_A_SERVER_KEY", A_KEY)
         .with("PROVIDER_B_CLIENT_ID", B_CLIENT)
         .with("PROVIDER_B_SECRET_KEY", B_SECRET)
-}
-
-async fn connect(stack: &Stack) -> DatabaseConnection {
-    Database::connect(&stack.db.url)
-        .await
-        .unwrap_or_else(|e| panic!("connect {}: {e}", stack.db.url))
-}
-
-/// A user on FREE with a PENDING payment of PRO (99,000) with `provider`.
-async fn pending_payment(db: &DatabaseConnection, provider: &str) -> (Uuid, String) {
-    let user = Uuid::new_v4();
-    let now = Utc::now();
-    users::ActiveModel {
-        id: Set(user),
-        email: Set(Some(format!("{user}@example.com"))),
-        created_at: Set(now),
-    }
-    .insert(db)
-    .await
-    .unwrap();
-    subscriptions::ActiveModel {
-        user_id: Set(user),
-        plan: Set("FREE".into()),
-        status: Set(SubscriptionStatus::Active),
-        cancel_at_period_end: Set(false),
-        current_period_start: Set(None),
-        current_period_end: Set(None),
-        canceled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }
-    .insert(db)
-    .await
-    .unwrap();
-    let order_id = entity::payment::new_order_id("ORD", now);
-    payments::ActiveModel {
-        id: Set(Uuid::new_v4()),
-        order_id: Set(order_id.clone()),
-        user_id: Set(user),
-        plan: Set("PRO".into()),
-        amount: Set(99_000),
-        currency: Set("IDR".into()),
-        provider: Set(provider.into()),
-        status: Set(PaymentStatus::Pending),
-        checkout_token: Set(None),
-        payment_url: Set(None),
-        provider_reference: Set(None),
-        paid_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }
-    .insert(db)
-    .await
-    .unwrap();
-    (user, order_id)
 }
 
 /// A provider_a notification as Midtrans documents it, signed with `key`.
@@ -156,7 +97,7 @@ async fn wait_paid(db: &DatabaseConnection, order_id: &str) {
 async fn provider_a_settlement_pays_once_whatever_is_repeated() {
     let stack = Stack::new().await;
     let api = stack.api_with_worker(&env(&stack)).await;
-    let db = connect(&stack).await;
+    let db = connect_db(&stack).await;
     let (user, order) = pending_payment(&db, "provider_a").await;
     let body =
         serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
@@ -217,7 +158,7 @@ async fn provider_a_settlement_pays_once_whatever_is_repeated() {
 async fn provider_a_refusals_change_nothing() {
     let stack = Stack::new().await;
     let api = stack.api_with_worker(&env(&stack)).await;
-    let db = connect(&stack).await;
+    let db = connect_db(&stack).await;
     let (_, order) = pending_payment(&db, "provider_a").await;
     let path = "/api/webhooks/provider_a";
     let good = a_notification(&order, "settlement", "99000.00", A_KEY);
@@ -287,7 +228,7 @@ fn b_notification(order_id: &str, status: &str, amount_text: &str) -> String {
 async fn provider_b_success_pays_and_a_bad_signature_header_is_refused() {
     let stack = Stack::new().await;
     let api = stack.api_with_worker(&env(&stack)).await;
-    let db = connect(&stack).await;
+    let db = connect_db(&stack).await;
     let (_, order) = pending_payment(&db, "provider_b").await;
     let path = "/api/webhooks/provider_b";
     let body = b_notification(&order, "SUCCESS", "99000");

@@ -7,6 +7,7 @@ pub mod mailer;
 pub mod queue;
 pub mod retry;
 pub mod runtime;
+pub mod scheduler;
 pub mod storage;
 
 pub use jobs::{Job, QueueName};

@@ -325,6 +325,37 @@ impl Queues {
             .map_err(|_| QueueError::Timeout)?
     }
 
+    /// Takes the scheduler's tick lock `key` for `ttl` on behalf of `owner`
+    /// (Redis `SET key owner NX PX ttl`): true when this worker got it, so it
+    /// runs this tick. On SQLite (a single process) always true.
+    pub async fn take_tick_lock(
+        &self,
+        key: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool, QueueError> {
+        match &self.backend {
+            Backend::Redis { conn, .. } => {
+                let mut conn = conn.clone();
+                let ms = ttl.as_millis().max(1) as u64;
+                let set: Option<String> = tokio::time::timeout(
+                    self.timeout,
+                    redis::cmd("SET")
+                        .arg(key)
+                        .arg(owner)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ms)
+                        .query_async(&mut conn),
+                )
+                .await
+                .map_err(|_| QueueError::Timeout)??;
+                Ok(set.is_some())
+            }
+            Backend::Sqlite { .. } => Ok(true),
+        }
+    }
+
     /// The Redis connection (None on SQLite); the api's rate limiter shares it.
     pub fn redis(&self) -> Option<ConnectionManager> {
         match &self.backend {

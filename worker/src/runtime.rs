@@ -161,6 +161,13 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
         }
     }
     set.spawn(promote(queues.clone(), served.clone(), shutdown.clone()));
+    set.spawn(crate::scheduler::run(
+        ctx.db.clone(),
+        queues.clone(),
+        settings.clone(),
+        format!("worker-{}", ulid::Ulid::new()),
+        shutdown.clone(),
+    ));
     set.spawn(maintain(
         queues.clone(),
         served.clone(),

@@ -424,3 +424,35 @@ async fn sqlite_dead_letters_are_redriven_and_purged() {
     pool.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The scheduler's tick lock: one worker per tick. A second taker within the
+/// hold is refused; once the hold lapses (Redis's clock alone) the next tick's
+/// taker gets it.
+#[tokio::test]
+async fn the_tick_lock_admits_one_worker_per_tick() {
+    let rq = RedisQueues::new().await;
+    let key = format!("{}:scheduler:lock", rq.prefix);
+    let hold = Duration::from_millis(400);
+    assert!(rq
+        .queues
+        .take_tick_lock(&key, "worker-a", hold)
+        .await
+        .unwrap());
+    assert!(!rq
+        .queues
+        .take_tick_lock(&key, "worker-b", hold)
+        .await
+        .unwrap());
+    assert!(!rq
+        .queues
+        .take_tick_lock(&key, "worker-a", hold)
+        .await
+        .unwrap());
+    tokio::time::sleep(hold + Duration::from_millis(200)).await;
+    assert!(rq
+        .queues
+        .take_tick_lock(&key, "worker-b", hold)
+        .await
+        .unwrap());
+    rq.cleanup().await;
+}

@@ -1,0 +1,113 @@
+//! Scheduled jobs, run every `SCHEDULER_TICK_SECS` by one worker at a time:
+//!
+//! * the settlement sweep: webhook events recorded but still unsettled
+//!   `SETTLEMENT_SWEEP_AFTER_SECS` after they arrived (their job was lost, or
+//!   the enqueue failed and could not be undone) are queued again;
+//! * subscription expiry: paid subscriptions past their period end fall back
+//!   to FREE, with an audit row;
+//! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
+//!   after creation become `EXPIRED` through the state machine.
+//!
+//! One run per tick across workers: on Redis a worker runs a tick only when it
+//! sets the lock `<QUEUE_PREFIX>:scheduler:lock` (`SET NX PX`, expiring just
+//! before the next tick, so the lock's clock is Redis's alone); on SQLite (one
+//! process, the embedded default) every tick runs. Each task is idempotent,
+//! so a rare second run (a lock that expired mid-run) changes nothing.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use entity::{payment::PaymentStatus, settlement, Settings};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    jobs::{Job, SettlePayment},
+    queue::Queues,
+};
+
+/// Rows one task handles per tick at most.
+pub const BATCH: u64 = 500;
+
+/// What one tick did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TickReport {
+    /// Unsettled events queued again.
+    pub swept: usize,
+    /// Subscriptions moved back to FREE.
+    pub subscriptions_expired: usize,
+    /// Payments moved from PENDING to EXPIRED.
+    pub payments_expired: usize,
+}
+
+/// Runs the scheduled jobs until `shutdown`.
+pub async fn run(
+    db: sea_orm::DatabaseConnection,
+    queues: Queues,
+    settings: std::sync::Arc<Settings>,
+    worker_id: String,
+    shutdown: CancellationToken,
+) {
+    let tick = settings.scheduler_tick;
+    let lock = settings.queue_name("scheduler:lock");
+    // The lock lapses a little before the next tick, so the next tick's
+    // winner is free to take it.
+    let hold = tick.mul_f64(0.9);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        match queues.take_tick_lock(&lock, &worker_id, hold).await {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "scheduler: could not take the tick lock");
+                continue;
+            }
+        }
+        match run_tick(&db, &queues, &settings).await {
+            Ok(r) if r != TickReport::default() => tracing::info!(
+                swept = r.swept,
+                subscriptions_expired = r.subscriptions_expired,
+                payments_expired = r.payments_expired,
+                "scheduler tick"
+            ),
+            Ok(_) => tracing::debug!("scheduler tick: nothing to do"),
+            Err(e) => tracing::warn!(error = %e, "scheduler tick failed; next tick retries"),
+        }
+    }
+}
+
+/// One tick of every scheduled task.
+pub async fn run_tick(
+    db: &sea_orm::DatabaseConnection,
+    queues: &Queues,
+    settings: &Settings,
+) -> anyhow::Result<TickReport> {
+    let now = Utc::now();
+    let mut report = TickReport::default();
+    let age = |d: Duration| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+
+    for event_id in
+        settlement::unsettled_events(db, now - age(settings.settlement_sweep_after), BATCH).await?
+    {
+        let job = Job::SettlePayment(SettlePayment {
+            event_id,
+            request_id: None,
+        });
+        queues.push(job).await?;
+        report.swept += 1;
+    }
+    report.subscriptions_expired = settlement::expire_subscriptions(db, now, BATCH).await?;
+    for order_id in
+        settlement::stale_pending_payments(db, now - age(settings.payment_expire_after), BATCH)
+            .await?
+    {
+        let outcome =
+            settlement::settle_status_check(db, &order_id, PaymentStatus::Expired, None).await?;
+        if matches!(outcome, settlement::Settled::Moved { .. }) {
+            report.payments_expired += 1;
+        }
+    }
+    Ok(report)
+}
