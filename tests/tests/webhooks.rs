@@ -289,3 +289,37 @@ async fn unconfigured_providers_answer_503() {
             .assert_problem(503, Some("not_configured"), None);
     }
 }
+
+/// Redis down when a notification arrives: 503 and nothing recorded, so the
+/// provider's retry once Redis is back is a first delivery that settles.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notification_that_cannot_be_queued_is_503_and_its_retry_settles() {
+    let stack = Stack::new().await;
+    let proxy = tests::TcpProxy::start(&tests::host_port(&stack.redis.url)).await;
+    let env = env(&stack)
+        .with("REDIS_URL", stack.redis.url_via(proxy.addr))
+        .with("DEPENDENCY_TIMEOUT_MS", "500");
+    let api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    let (_, order) = pending_payment(&db, "provider_a").await;
+    let body =
+        serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
+
+    proxy.set(tests::ProxyMode::Refuse);
+    post_raw(&api, "/api/webhooks/provider_a", body.clone(), &[])
+        .await
+        .assert_problem(503, Some("queue_unavailable"), None);
+    assert_eq!(counts(&db, &order).await, (0, 0), "the record was undone");
+
+    proxy.set(tests::ProxyMode::Forward);
+    let _worker = stack.worker(&env).await;
+    let r = post_raw(&api, "/api/webhooks/provider_a", body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json,
+        json!({"received": true}),
+        "the retry is a first delivery"
+    );
+    wait_paid(&db, &order).await;
+    assert_eq!(counts(&db, &order).await, (1, 1));
+}
