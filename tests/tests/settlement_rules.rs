@@ -8,7 +8,7 @@ use entity::{
         audit_logs,
         payments::{self, PaymentStatus},
         subscriptions::{self, SubscriptionStatus},
-        users, webhook_events,
+        webhook_events,
     },
     settlement::{self, RecordError, Recorded, Settled},
     webhook::{Notification, ProviderA, WebhookHeaders, WebhookVerifier},
@@ -19,7 +19,7 @@ use sea_orm::{
     QueryFilter, Set,
 };
 use serde_json::json;
-use tests::TestDb;
+use tests::{free_user, TestDb};
 use uuid::Uuid;
 
 /// A scratch database with the production schema.
@@ -32,35 +32,6 @@ async fn migrated() -> (TestDb, DatabaseConnection) {
         .await
         .expect("migrations apply on PostgreSQL");
     (tdb, db)
-}
-
-/// A user on FREE, as first sight leaves them.
-async fn user(db: &DatabaseConnection) -> Uuid {
-    let id = Uuid::new_v4();
-    let now = Utc::now();
-    users::ActiveModel {
-        id: Set(id),
-        email: Set(Some(format!("{id}@example.com"))),
-        created_at: Set(now),
-    }
-    .insert(db)
-    .await
-    .expect("user");
-    subscriptions::ActiveModel {
-        user_id: Set(id),
-        plan: Set("FREE".into()),
-        status: Set(SubscriptionStatus::Active),
-        cancel_at_period_end: Set(false),
-        current_period_start: Set(None),
-        current_period_end: Set(None),
-        canceled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }
-    .insert(db)
-    .await
-    .expect("subscription");
-    id
 }
 
 /// A PENDING payment of `plan` for `user`; answers its order id.
@@ -143,7 +114,7 @@ async fn audit_rows(db: &DatabaseConnection, target: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_settlement_event_pays_and_activates_once_even_when_settled_concurrently() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let order = pending(&db, u, "PRO", "provider_a").await;
     let ev = event(&db, "provider_a", &order, "settlement", json!({})).await;
 
@@ -190,7 +161,7 @@ async fn a_settlement_event_pays_and_activates_once_even_when_settled_concurrent
 #[tokio::test(flavor = "multi_thread")]
 async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let order = pending(&db, u, "PRO", "provider_b").await;
     let paid = event(&db, "provider_b", &order, "SUCCESS", json!({})).await;
     assert!(matches!(
@@ -236,7 +207,7 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let order = pending(&db, u, "BASIC", "provider_a").await;
     let challenged = event(
         &db,
@@ -272,7 +243,7 @@ async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let first = pending(&db, u, "PRO", "provider_a").await;
     settlement::settle_status_check(&db, &first, PaymentStatus::Paid, None)
         .await
@@ -300,7 +271,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lapsed_paid_subscription_falls_back_to_free_once() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let order = pending(&db, u, "PRO", "provider_b").await;
     settlement::settle_status_check(&db, &order, PaymentStatus::Paid, None)
         .await
@@ -350,7 +321,7 @@ fn notification(order_id: &str, status: &str, gross_amount: &str) -> Notificatio
 #[tokio::test(flavor = "multi_thread")]
 async fn a_notification_is_recorded_once_even_when_delivered_concurrently() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let order = pending(&db, u, "PRO", "provider_a").await;
     let n = notification(&order, "settlement", "99000.00");
 
@@ -400,7 +371,7 @@ async fn a_notification_is_recorded_once_even_when_delivered_concurrently() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_orders_and_other_amounts_record_nothing() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let order = pending(&db, u, "PRO", "provider_a").await;
 
     let wrong_amount = notification(&order, "settlement", "1000.00");
@@ -434,7 +405,7 @@ async fn unknown_orders_and_other_amounts_record_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_event_whose_settlement_was_not_queued_can_be_forgotten_for_the_retry() {
     let (_tdb, db) = migrated().await;
-    let u = user(&db).await;
+    let u = free_user(&db).await;
     let order = pending(&db, u, "BASIC", "provider_a").await;
     let n = notification(&order, "settlement", "99000");
     let Recorded::New(id) = settlement::record_event(&db, &n).await.unwrap() else {
