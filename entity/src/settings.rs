@@ -137,6 +137,16 @@ pub struct Settings {
     /// `PAYMENT_EXPIRE_AFTER_SECS`: a payment still `PENDING` this long after it was
     /// created becomes `EXPIRED` (default 86400, 60–2592000).
     pub payment_expire_after: Duration,
+    /// `PAYMENT_RECONCILE_AFTER_SECS`: a payment still `PENDING` this long after it was
+    /// created (or after the last status check) is checked with the provider's status
+    /// API (default 900, 1–2592000).
+    pub payment_reconcile_after: Duration,
+    /// `PROVIDER_CONNECT_TIMEOUT_MS`: bound on connecting to a payment provider
+    /// (default 3000, 50–60000).
+    pub provider_connect_timeout: Duration,
+    /// `PROVIDER_TIMEOUT_MS`: bound on one whole call to a payment provider, connect
+    /// included (default 10000, 100–120000).
+    pub provider_timeout: Duration,
     /// `DEPENDENCY_TIMEOUT_MS`: bound on one database or queue call made while answering a request (default 2000).
     pub dependency_timeout: Duration,
     /// `DB_MAX_CONNECTIONS`: size of the database pool per process (default 20).
@@ -186,8 +196,12 @@ pub struct Settings {
     pub payment_provider: PaymentProvider,
     /// `PROVIDER_A_SERVER_KEY`
     pub provider_a_server_key: Option<String>,
-    /// `PROVIDER_A_BASE_URL`
+    /// `PROVIDER_A_BASE_URL`: the Snap host checkout goes to (default the sandbox,
+    /// `https://app.sandbox.midtrans.com`).
     pub provider_a_base_url: String,
+    /// `PROVIDER_A_API_BASE_URL`: the Core API host status checks go to (default the
+    /// sandbox, `https://api.sandbox.midtrans.com`).
+    pub provider_a_api_base_url: String,
     /// `PROVIDER_B_CLIENT_ID`
     pub provider_b_client_id: Option<String>,
     /// `PROVIDER_B_SECRET_KEY`
@@ -646,6 +660,24 @@ impl Settings {
                 60,
                 30 * 86_400,
             )?),
+            payment_reconcile_after: Duration::from_secs(r.num_or(
+                "PAYMENT_RECONCILE_AFTER_SECS",
+                900u64,
+                1,
+                30 * 86_400,
+            )?),
+            provider_connect_timeout: Duration::from_millis(r.num_or(
+                "PROVIDER_CONNECT_TIMEOUT_MS",
+                3000u64,
+                50,
+                60_000,
+            )?),
+            provider_timeout: Duration::from_millis(r.num_or(
+                "PROVIDER_TIMEOUT_MS",
+                10_000u64,
+                100,
+                120_000,
+            )?),
             dependency_timeout: Duration::from_millis(r.num_or(
                 "DEPENDENCY_TIMEOUT_MS",
                 2000u64,
@@ -702,6 +734,9 @@ impl Settings {
             provider_a_base_url: r
                 .url("PROVIDER_A_BASE_URL", &["http", "https"])?
                 .unwrap_or_else(|| "https://app.sandbox.midtrans.com".into()),
+            provider_a_api_base_url: r
+                .url("PROVIDER_A_API_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api.sandbox.midtrans.com".into()),
             provider_b_client_id: r.opt("PROVIDER_B_CLIENT_ID"),
             provider_b_secret_key: r.opt("PROVIDER_B_SECRET_KEY"),
             provider_b_base_url: r

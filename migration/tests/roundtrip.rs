@@ -73,22 +73,31 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The column migrations step down and up again, newest first.
-    let added = [
-        ("audit_logs", "client_request_id"),
-        ("profiles", "avatar_generation"),
+    // The column migrations step down and up again, newest first; each
+    // names the columns it adds.
+    let added: [&[(&str, &str)]; 3] = [
+        &[
+            ("payments", "idempotency_key"),
+            ("payments", "reconciled_at"),
+        ],
+        &[("audit_logs", "client_request_id")],
+        &[("profiles", "avatar_generation")],
     ];
-    for (steps, (table, column)) in added.iter().enumerate() {
-        assert!(manager.has_column(table, column).await?, "{table}.{column}");
+    for (steps, columns) in added.iter().enumerate() {
+        for (table, column) in columns.iter() {
+            assert!(manager.has_column(table, column).await?, "{table}.{column}");
+        }
         Migrator::down(db, Some(1)).await?;
-        assert!(
-            !manager.has_column(table, column).await?,
-            "{table}.{column} after down"
-        );
+        for (table, column) in columns.iter() {
+            assert!(
+                !manager.has_column(table, column).await?,
+                "{table}.{column} after down"
+            );
+        }
         assert_eq!(Migrator::get_pending_migrations(db).await?.len(), steps + 1);
     }
     Migrator::up(db, None).await?;
-    for (table, column) in added {
+    for (table, column) in added.iter().flat_map(|c| c.iter()) {
         assert!(
             manager.has_column(table, column).await?,
             "{table}.{column} after up"

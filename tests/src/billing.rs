@@ -70,6 +70,8 @@ pub async fn pending_payment_at(
         payment_url: Set(None),
         provider_reference: Set(None),
         paid_at: Set(None),
+        idempotency_key: Set(None),
+        reconciled_at: Set(None),
         created_at: Set(created_at),
         updated_at: Set(created_at),
     }

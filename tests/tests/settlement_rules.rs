@@ -51,6 +51,8 @@ async fn pending(db: &DatabaseConnection, user: Uuid, plan: &str, provider: &str
         payment_url: Set(None),
         provider_reference: Set(None),
         paid_at: Set(None),
+        idempotency_key: Set(None),
+        reconciled_at: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
     }

@@ -4,6 +4,7 @@
 
 pub mod jobs;
 pub mod mailer;
+pub mod providers;
 pub mod queue;
 pub mod retry;
 pub mod runtime;

@@ -114,6 +114,7 @@ pub struct ProviderBRef {
 /// `Signature` headers, the signature (HMAC-SHA256 over those, this path and
 /// the body's SHA-256) must verify too. Other fields are accepted.
 #[derive(Debug, Clone, Object)]
+#[oai(example)]
 pub struct ProviderBNotification {
     /// The order.
     pub order: ProviderBOrder,
@@ -127,6 +128,33 @@ pub struct ProviderBNotification {
     pub service: Option<ProviderBRef>,
     /// The acquirer.
     pub acquirer: Option<ProviderBRef>,
+}
+
+impl poem_openapi::types::Example for ProviderBNotification {
+    fn example() -> Self {
+        let r = |id: &str| {
+            Some(ProviderBRef {
+                id: Some(id.into()),
+            })
+        };
+        ProviderBNotification {
+            order: ProviderBOrder {
+                invoice_number: "ORD-1764500000000-K3Q9ZP2A".into(),
+                amount: 99_000.0,
+            },
+            transaction: ProviderBTransaction {
+                status: "SUCCESS".into(),
+                date: Some("2026-11-23T10:00:05Z".into()),
+                original_request_id: "5e7d4c43-2f0a-4c8e-9b1a-0d6f3b2a1c9e".into(),
+            },
+            security: ProviderBSecurity {
+                check_word: "A7F12C…(40 upper-case hex digits)".into(),
+            },
+            channel: r("VIRTUAL_ACCOUNT_BCA"),
+            service: r("VIRTUAL_ACCOUNT"),
+            acquirer: r("BCA"),
+        }
+    }
 }
 
 /// `{received: true}`, with `duplicate: true` on a repeat delivery.

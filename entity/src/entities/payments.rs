@@ -90,6 +90,12 @@ pub struct Model {
     pub provider_reference: Option<String>,
     /// When the payment was settled as paid (UTC).
     pub paid_at: Option<DateTimeUtc>,
+    /// `Idempotency-Key` header of the request that created the row, if any;
+    /// unique per user (index `payments_user_idempotency_key_uidx`).
+    #[sea_orm(column_type = "Text", nullable)]
+    pub idempotency_key: Option<String>,
+    /// When reconciliation last asked the provider about this payment (UTC).
+    pub reconciled_at: Option<DateTimeUtc>,
     /// When the row was created (UTC).
     pub created_at: DateTimeUtc,
     /// When the row was last changed (UTC).

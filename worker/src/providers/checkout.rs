@@ -1,0 +1,1 @@
+//! Checkout: starting a payment with the configured provider (to be written).

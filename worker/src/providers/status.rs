@@ -1,0 +1,1 @@
+//! Status checks of reconciliation (to be written).
