@@ -14,8 +14,8 @@ use crate::{
     rate_limit::RateLimiter,
     routes::{
         admin::AdminApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
-        profile::ProfileApi, storage::StorageApi, subscription::SubscriptionApi,
-        waitlist::WaitlistApi, webhooks::WebhookApi,
+        payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
+        subscription::SubscriptionApi, waitlist::WaitlistApi, webhooks::WebhookApi,
     },
     state::AppState,
 };
@@ -40,6 +40,7 @@ api_set!(
     WaitlistApi,
     HealthApi,
     SubscriptionApi,
+    PaymentApi,
     ProfileApi,
     AvatarApi,
     AdminApi,
@@ -143,7 +144,10 @@ pub async fn build_state(
     let queues = worker::runtime::connect_queues(&settings, shutdown).await?;
     let storage = worker::storage::Storage::open(&settings.storage_url)?;
     let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);
+    let providers =
+        worker::providers::Providers::new(settings.clone()).context("payment provider client")?;
     Ok(AppState {
+        providers,
         sessions: crate::session::SessionVerifier::from_settings(&settings),
         settings,
         features: Arc::new(features),

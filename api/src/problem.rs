@@ -127,6 +127,14 @@ pub enum ApiError {
     /// 409 with a code.
     #[error("{1}")]
     Conflict(&'static str, String),
+    /// 422 with a code: well-formed, but conflicts with an earlier request
+    /// (`idempotency_key_reused`).
+    #[error("{1}")]
+    Unprocessable(&'static str, String),
+    /// 502 with a code: an upstream (payment provider) failed or answered
+    /// something undocumented (`provider_error`); its body is logged, not sent.
+    #[error("{1}")]
+    BadGateway(&'static str, String),
     /// 413: the body is larger than allowed.
     #[error("{0}")]
     TooLarge(String),
@@ -163,6 +171,8 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotFound(..) => StatusCode::NOT_FOUND,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
+            ApiError::Unprocessable(..) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::BadGateway(..) => StatusCode::BAD_GATEWAY,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -178,6 +188,8 @@ impl ApiError {
             ApiError::Unauthorized(code, m)
             | ApiError::NotFound(code, m)
             | ApiError::Conflict(code, m)
+            | ApiError::Unprocessable(code, m)
+            | ApiError::BadGateway(code, m)
             | ApiError::Invalid(code, m)
             | ApiError::Forbidden(code, m) => Problem::new(status, code, m.clone(), None),
             ApiError::TooLarge(m) => Problem::new(status, "payload_too_large", m.clone(), None),
@@ -311,6 +323,10 @@ pub fn from_poem_error(err: poem::Error) -> Response {
 
 /// Finds the offending field in a poem-openapi / serde parse message.
 fn classify_parse_error(raw: &str) -> (&'static str, String, Option<String>) {
+    // A header or query parameter poem-openapi refused (its validators).
+    if let Some(p) = backticked_after(raw, "failed to parse parameter ") {
+        return ("invalid_parameter", format!("{p} is not valid"), Some(p));
+    }
     let field = backticked_after(raw, "missing field ")
         .map(|f| ("required", f))
         .or_else(|| backticked_after(raw, "unknown field ").map(|f| ("unknown_field", f)))

@@ -33,6 +33,9 @@ pub struct AppState {
     pub storage: worker::storage::Storage,
     /// Health probe results shared by concurrent health requests.
     pub probes: Arc<crate::probes::ProbeCache>,
+    /// HTTP client of the payment providers (checkout), bounded by
+    /// `PROVIDER_CONNECT_TIMEOUT_MS` / `PROVIDER_TIMEOUT_MS`.
+    pub providers: worker::providers::Providers,
 }
 
 impl AppState {
@@ -97,6 +100,30 @@ impl AppState {
             window: std::time::Duration::from_secs(3600),
         };
         let decision = self.limiter.check(limit, ip, deadline).await;
+        if decision.allowed {
+            Ok(decision.info)
+        } else {
+            Err(ApiError::RateLimited(decision.info))
+        }
+    }
+
+    /// Counts this request against the per-user limit `name`: `max` requests
+    /// per `window` for the subject `user_id` (a logged-in route's limit, e.g.
+    /// checkout's 5 per 15 minutes); 429 when over. The shared store is given
+    /// until `deadline`.
+    pub async fn limit_user(
+        &self,
+        name: &'static str,
+        user_id: uuid::Uuid,
+        max: u32,
+        window: std::time::Duration,
+        deadline: std::time::Instant,
+    ) -> Result<RateInfo, ApiError> {
+        let limit = Limit { name, max, window };
+        let decision = self
+            .limiter
+            .check(limit, &user_id.to_string(), deadline)
+            .await;
         if decision.allowed {
             Ok(decision.info)
         } else {

@@ -5,6 +5,7 @@
 //! testable with a database connection alone.
 
 pub mod avatar;
+pub mod checkout;
 pub mod contact;
 pub mod db;
 pub mod entities;

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod avatar;
 pub mod contact;
 pub mod health;
+pub mod payments;
 pub mod profile;
 pub mod storage;
 pub mod subscription;
