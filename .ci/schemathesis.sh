@@ -46,8 +46,10 @@ work=$(mktemp -d)
 db="st_$(date +%s)_$$"
 prefix="st-$db"
 api_pid=""
+fake_pid=""
 cleanup() {
   if [ -n "$api_pid" ]; then kill "$api_pid" 2>/dev/null || true; wait "$api_pid" 2>/dev/null || true; fi
+  if [ -n "$fake_pid" ]; then kill "$fake_pid" 2>/dev/null || true; wait "$fake_pid" 2>/dev/null || true; fi
   psql -q "$PGURL_ADMIN" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
   if command -v redis-cli >/dev/null 2>&1; then
     redis-cli -u "$REDIS_URL" --scan --pattern "$prefix:*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
@@ -69,6 +71,18 @@ export NEXT_PUBLIC_BACKEND_URL=http://127.0.0.1:9 NEXT_PUBLIC_BACKEND_PUBLISHABL
 export SMTP_URL=smtp://127.0.0.1:9 EMAIL_FROM=site@example.com
 export PAYMENT_PROVIDER=provider_b PROVIDER_B_CLIENT_ID=client-st PROVIDER_B_SECRET_KEY=secret-st
 export PROVIDER_A_SERVER_KEY=server-key-st
+# POST /api/payments calls the provider: a local fake answers the documented
+# success shapes (.ci/fake_provider.py), so checkout answers 200, not 502.
+python3 .ci/fake_provider.py >"$work/fake.out" 2>"$work/fake.err" &
+fake_pid=$!
+fake_url=""
+for _ in $(seq 1 50); do
+  fake_url=$(sed -n 's/^listening on \(http:[^ ]*\).*/\1/p' "$work/fake.out" | head -n 1)
+  [ -n "$fake_url" ] && break
+  sleep 0.1
+done
+[ -n "$fake_url" ] || { cat "$work/fake.err" >&2; echo "fake provider did not start" >&2; exit 1; }
+export PROVIDER_A_BASE_URL="$fake_url" PROVIDER_B_BASE_URL="$fake_url"
 export OPENAI_API_KEY=sk-schemathesis
 # The session user is an admin, so the admin route is exercised past its 403.
 user=$(python3 -c 'import uuid; print(uuid.uuid4())')
