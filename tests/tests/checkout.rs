@@ -654,3 +654,48 @@ async fn bad_input_gates_and_rate_limit() {
     r.assert_problem(503, Some("not_configured"), None);
     assert!(r.text.contains("PROVIDER_A_SERVER_KEY"), "{}", r.text);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_hanging_up_mid_checkout_does_not_strand_the_payment() {
+    let stack = Stack::new().await;
+    let fake = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/snap/v1/transactions"))
+        .respond_with(a_created("snap-after-hangup").set_delay(Duration::from_millis(200)))
+        .mount(&fake)
+        .await;
+    let api = stack.api(&env_a(&stack, &fake.uri())).await;
+    let db = connect_db(&stack).await;
+    let user = Uuid::new_v4();
+
+    // The client gives up while the provider is still answering.
+    let gave_up = client()
+        .post(api.url("/api/payments"))
+        .timeout(Duration::from_millis(100))
+        .bearer_auth(token(user))
+        .header("content-type", "application/json")
+        .header("Idempotency-Key", "hangup-1")
+        .body(json!({"plan": "PRO"}).to_string())
+        .send()
+        .await;
+    assert!(
+        gave_up.is_err(),
+        "the request should have timed out client-side"
+    );
+
+    // The checkout still completes and is stored.
+    let stored = tests::wait_until(Duration::from_secs(5), || async {
+        rows_of(&db, user)
+            .await
+            .first()
+            .is_some_and(|p| p.checkout_token.as_deref() == Some("snap-after-hangup"))
+    })
+    .await;
+    assert!(stored, "{:?}", rows_of(&db, user).await);
+    let again = pay(&api, Some(user), json!({"plan": "PRO"}), Some("hangup-1")).await;
+    assert_eq!(again.status, 200, "{}", again.text);
+    assert_eq!(again.json["token"], "snap-after-hangup");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(fake.received_requests().await.unwrap().len(), 1);
+    assert_eq!(rows_of(&db, user).await[0].status, PaymentStatus::Pending);
+}

@@ -343,6 +343,26 @@ async fn create_inner(
         plan_name: plan.name.clone(),
         email: user.email.clone(),
     };
+    // The provider call and what it leads to run in their own task: a client
+    // that hangs up mid-call does not cancel them, so the payment never stays
+    // PENDING without its token/URL (a replay would answer 409 until expiry).
+    let task = tokio::spawn(start_checkout(state.clone(), payment, order));
+    let answer = task
+        .await
+        .map_err(|e| ApiError::internal(format!("checkout task: {e}")))??;
+    tracing::info!(provider, plan = %plan.id, "checkout started");
+    Ok((answer, rate, false))
+}
+
+/// Calls the provider for the new `payment` (bounded by
+/// `PROVIDER_TIMEOUT_MS`), stores the token/URL, or marks the payment
+/// `FAILED` and answers 502.
+async fn start_checkout(
+    state: AppState,
+    payment: payments::Model,
+    order: CheckoutOrder,
+) -> Result<CheckoutAnswer, ApiError> {
+    let provider = payment.provider.as_str();
     let result = match tokio::time::timeout(
         state.settings.provider_timeout,
         state.providers.checkout(&order),
@@ -396,8 +416,8 @@ async fn create_inner(
             checkout::record_started(&state.db, payment.id, stored),
         )
         .await?;
-    tracing::info!(order_id = %payment.order_id, provider, plan = %plan.id, "checkout started");
-    Ok((answer, rate, false))
+    tracing::info!(order_id = %payment.order_id, provider, "checkout recorded");
+    Ok(answer)
 }
 
 #[cfg(test)]
