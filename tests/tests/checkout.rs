@@ -699,3 +699,47 @@ async fn a_client_hanging_up_mid_checkout_does_not_strand_the_payment() {
     assert_eq!(fake.received_requests().await.unwrap().len(), 1);
     assert_eq!(rows_of(&db, user).await[0].status, PaymentStatus::Pending);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idempotency_key_older_than_24_hours_starts_a_new_payment() {
+    use sea_orm::{ActiveModelTrait, IntoActiveModel, Set};
+    let stack = Stack::new().await;
+    let fake = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/snap/v1/transactions"))
+        .respond_with(a_created("snap-fresh"))
+        .mount(&fake)
+        .await;
+    let api = stack.api(&env_a(&stack, &fake.uri())).await;
+    let db = connect_db(&stack).await;
+    // A payment with key "old-key" made 25 h ago (for another plan, even).
+    let user = tests::free_user(&db).await;
+    let old_order = tests::pending_payment_at(
+        &db,
+        user,
+        "provider_a",
+        chrono::Utc::now() - chrono::Duration::hours(25),
+    )
+    .await;
+    let mut old = payment(&db, &old_order).await.into_active_model();
+    old.idempotency_key = Set(Some("old-key".into()));
+    old.plan = Set("BASIC".into());
+    old.update(&db).await.unwrap();
+
+    let r = pay(&api, Some(user), json!({"plan": "PRO"}), Some("old-key")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.header("idempotent-replayed").is_none());
+    let new_order = r.json["orderId"].as_str().unwrap().to_string();
+    assert_ne!(new_order, old_order);
+    // The key moved to the new payment; the old one keeps its history.
+    assert_eq!(payment(&db, &old_order).await.idempotency_key, None);
+    assert_eq!(
+        payment(&db, &new_order).await.idempotency_key.as_deref(),
+        Some("old-key")
+    );
+    assert_eq!(fake.received_requests().await.unwrap().len(), 1);
+    // Within 24 h of the new one, the key replays it.
+    let again = pay(&api, Some(user), json!({"plan": "PRO"}), Some("old-key")).await;
+    assert_eq!(again.json["orderId"], new_order.as_str());
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+}
