@@ -11,7 +11,7 @@
 //! conditions in its `WHERE`), so of two concurrent claims exactly one
 //! changes the row; the other sees zero rows affected and skips it.
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, SubsecRound, Utc};
 use sea_orm::{
     sea_query::{Condition, Expr},
     ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -63,9 +63,12 @@ pub async fn claim_due_payments<C: ConnectionTrait>(
         .all(db)
         .await?;
     let mut claimed = Vec::with_capacity(due.len());
+    // Stored as the database keeps it (microseconds), so that
+    // [`release_claim`] can recognise its own stamp.
+    let stamp = now.trunc_subsecs(6);
     for (id, order_id) in due {
         let res = payments::Entity::update_many()
-            .col_expr(payments::Column::ReconciledAt, Expr::value(now))
+            .col_expr(payments::Column::ReconciledAt, Expr::value(stamp))
             .filter(payments::Column::Id.eq(id))
             .filter(due_condition(now, reconcile_after, expire_after))
             .exec(db)
@@ -75,4 +78,25 @@ pub async fn claim_due_payments<C: ConnectionTrait>(
         }
     }
     Ok(claimed)
+}
+
+/// Gives back a claim [`claim_due_payments`] made at `claimed_at` (the `now`
+/// it was given; its job could not be queued), so
+/// the next round claims the payment again instead of waiting a period.
+/// Answers whether the claim was still this one's.
+pub async fn release_claim<C: ConnectionTrait>(
+    db: &C,
+    order_id: &str,
+    claimed_at: DateTime<Utc>,
+) -> Result<bool, DbErr> {
+    let res = payments::Entity::update_many()
+        .col_expr(
+            payments::Column::ReconciledAt,
+            Expr::value(Option::<DateTime<Utc>>::None),
+        )
+        .filter(payments::Column::OrderId.eq(order_id))
+        .filter(payments::Column::ReconciledAt.eq(claimed_at.trunc_subsecs(6)))
+        .exec(db)
+        .await?;
+    Ok(res.rows_affected == 1)
 }

@@ -5,7 +5,10 @@
 use std::collections::BTreeSet;
 
 use chrono::{DateTime, Duration as Span, Utc};
-use entity::{entities::payments::PaymentStatus, reconcile::claim_due_payments};
+use entity::{
+    entities::payments::PaymentStatus,
+    reconcile::{claim_due_payments, release_claim},
+};
 use migration::MigratorTrait;
 use sea_orm::{Database, DatabaseConnection};
 use tests::{free_user, pending_payment_at, TestDb};
@@ -74,4 +77,20 @@ async fn concurrent_claims_hand_each_payment_out_once() {
     let distinct: BTreeSet<_> = seen.iter().cloned().collect();
     assert_eq!(seen.len(), distinct.len(), "no payment claimed twice");
     assert_eq!(distinct, all, "every due payment claimed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_released_claim_is_due_again_at_once() {
+    let (_tdb, db) = migrated().await;
+    let now = Utc::now();
+    let user = free_user(&db).await;
+    let order = pending_payment_at(&db, user, "provider_b", now - Span::hours(1)).await;
+    assert_eq!(claim(&db, now).await, vec![order.clone()]);
+    // Another round's claim is not released by mistake.
+    assert!(!release_claim(&db, &order, now - Span::seconds(1))
+        .await
+        .unwrap());
+    assert!(claim(&db, now + Span::seconds(1)).await.is_empty());
+    assert!(release_claim(&db, &order, now).await.unwrap());
+    assert_eq!(claim(&db, now + Span::seconds(1)).await, vec![order]);
 }

@@ -116,9 +116,16 @@ pub async fn run_tick(
     )
     .await?
     {
-        queues
-            .push(Job::ReconcilePayment(ReconcilePayment { order_id }))
-            .await?;
+        let job = Job::ReconcilePayment(ReconcilePayment {
+            order_id: order_id.clone(),
+        });
+        if let Err(e) = queues.push(job).await {
+            // Unclaimed, the payment is due again at the next tick.
+            if let Err(e) = reconcile::release_claim(db, &order_id, now).await {
+                tracing::warn!(order_id, error = %e, "scheduler: could not release a reconciliation claim");
+            }
+            return Err(e.into());
+        }
         report.reconciling += 1;
     }
     report.subscriptions_expired = settlement::expire_subscriptions(db, now, BATCH).await?;

@@ -121,6 +121,22 @@ impl Providers {
         if status_code == "404" {
             return Ok(None);
         }
+        // An error the API answers inside an HTTP 200 (`status_code` 4xx or
+        // 5xx, no signature): the same as that HTTP status.
+        if v.get("signature_key").is_none() {
+            if let Ok(code @ 400..=599) = status_code.parse::<u16>() {
+                return Err(ProviderError::Status {
+                    status: code,
+                    body: v
+                        .get("status_message")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .chars()
+                        .take(512)
+                        .collect(),
+                });
+            }
+        }
         let answered_order = str_at(&v, "/order_id")?;
         let gross_amount = str_at(&v, "/gross_amount")?;
         let given = str_at(&v, "/signature_key")?;
