@@ -427,3 +427,37 @@ async fn a_payment_is_asked_about_at_most_once_per_period_even_with_two_workers(
         "pending → pending: no change"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_status_api_failure_is_retried_and_then_settles() {
+    let stack = Stack::new().await;
+    let fake = MockServer::start().await;
+    let env = env(&stack, &fake).with("JOB_RETRY_BASE_SECS", "1");
+    let _api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    let (user, order) = old_pending(&db, "provider_a").await;
+    // First a 503, then the signed answer.
+    Mock::given(method("GET"))
+        .and(path(a_path(&order)))
+        .respond_with(ResponseTemplate::new(503).set_body_string("maintenance"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&fake)
+        .await;
+    answer(
+        &fake,
+        &a_path(&order),
+        200,
+        a_status(&order, "settlement", "99000.00", A_KEY),
+    )
+    .await;
+
+    let _worker = stack.worker(&env).await;
+    wait_paid(&db, &order).await;
+    assert_activated(&db, user, &order).await;
+    assert_eq!(
+        requests_to(&fake, &a_path(&order)).await.len(),
+        2,
+        "the 503, then the retry"
+    );
+}
