@@ -107,22 +107,24 @@ pub async fn run_tick(
         queues.push(job).await?;
         report.swept += 1;
     }
-    for order_id in reconcile::claim_due_payments(
+    let claimed = reconcile::claim_due_payments(
         db,
         now,
         age(settings.payment_reconcile_after),
         age(settings.payment_expire_after),
         BATCH,
     )
-    .await?
-    {
+    .await?;
+    for (i, order_id) in claimed.iter().enumerate() {
         let job = Job::ReconcilePayment(ReconcilePayment {
             order_id: order_id.clone(),
         });
         if let Err(e) = queues.push(job).await {
-            // Unclaimed, the payment is due again at the next tick.
-            if let Err(e) = reconcile::release_claim(db, &order_id, now).await {
-                tracing::warn!(order_id, error = %e, "scheduler: could not release a reconciliation claim");
+            // Give back the claims not queued: due again at the next tick.
+            for order_id in &claimed[i..] {
+                if let Err(e) = reconcile::release_claim(db, order_id, now).await {
+                    tracing::warn!(order_id, error = %e, "scheduler: could not release a reconciliation claim");
+                }
             }
             return Err(e.into());
         }
