@@ -14,6 +14,7 @@ pub mod mail;
 pub mod payment;
 pub mod plans;
 pub mod profile;
+pub mod reconcile;
 pub mod roles;
 pub mod settings;
 pub mod settlement;

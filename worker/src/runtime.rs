@@ -115,10 +115,13 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     let queues = connect_queues(&settings, &shutdown).await?;
     let storage = crate::storage::Storage::open(&settings.storage_url)
         .context("object store (STORAGE_URL)")?;
+    let providers = crate::providers::Providers::new(settings.clone())
+        .context("payment providers' HTTP client")?;
     let ctx = JobContext {
         db,
         mailer,
         storage,
+        providers,
     };
     let retrier = Retrier {
         queues: queues.clone(),

@@ -3,6 +3,12 @@
 //! * the settlement sweep: webhook events recorded but still unsettled
 //!   `SETTLEMENT_SWEEP_AFTER_SECS` after they arrived (their job was lost, or
 //!   the enqueue failed and could not be undone) are queued again;
+//! * reconciliation: payments still `PENDING` `PAYMENT_RECONCILE_AFTER_SECS`
+//!   after creation, and not asked about within that time, get a
+//!   `reconcile_payment` job that asks the provider's status API
+//!   ([`entity::reconcile::claim_due_payments`] stamps `reconciled_at` so no
+//!   payment is queued twice in one round, even by two workers); payments
+//!   past `PAYMENT_EXPIRE_AFTER_SECS` are left to payment expiry;
 //! * subscription expiry: paid subscriptions past their period end fall back
 //!   to FREE, with an audit row;
 //! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
@@ -17,11 +23,11 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use entity::{payment::PaymentStatus, settlement, Settings};
+use entity::{payment::PaymentStatus, reconcile, settlement, Settings};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    jobs::{Job, SettlePayment},
+    jobs::{Job, ReconcilePayment, SettlePayment},
     queue::Queues,
 };
 
@@ -33,6 +39,8 @@ pub const BATCH: u64 = 500;
 pub struct TickReport {
     /// Unsettled events queued again.
     pub swept: usize,
+    /// Pending payments queued for a status check with their provider.
+    pub reconciling: usize,
     /// Subscriptions moved back to FREE.
     pub subscriptions_expired: usize,
     /// Payments moved from PENDING to EXPIRED.
@@ -68,6 +76,7 @@ pub async fn run(
         match run_tick(&db, &queues, &settings).await {
             Ok(r) if r != TickReport::default() => tracing::info!(
                 swept = r.swept,
+                reconciling = r.reconciling,
                 subscriptions_expired = r.subscriptions_expired,
                 payments_expired = r.payments_expired,
                 "scheduler tick"
@@ -97,6 +106,29 @@ pub async fn run_tick(
         });
         queues.push(job).await?;
         report.swept += 1;
+    }
+    let claimed = reconcile::claim_due_payments(
+        db,
+        now,
+        age(settings.payment_reconcile_after),
+        age(settings.payment_expire_after),
+        BATCH,
+    )
+    .await?;
+    for (i, order_id) in claimed.iter().enumerate() {
+        let job = Job::ReconcilePayment(ReconcilePayment {
+            order_id: order_id.clone(),
+        });
+        if let Err(e) = queues.push(job).await {
+            // Give back the claims not queued: due again at the next tick.
+            for order_id in &claimed[i..] {
+                if let Err(e) = reconcile::release_claim(db, order_id, now).await {
+                    tracing::warn!(order_id, error = %e, "scheduler: could not release a reconciliation claim");
+                }
+            }
+            return Err(e.into());
+        }
+        report.reconciling += 1;
     }
     report.subscriptions_expired = settlement::expire_subscriptions(db, now, BATCH).await?;
     for order_id in

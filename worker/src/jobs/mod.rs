@@ -8,13 +8,15 @@ use serde::{Deserialize, Serialize};
 
 pub mod avatar_cleanup;
 pub mod email;
+pub mod reconcile;
 pub mod settlement;
 
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
+pub use reconcile::ReconcilePayment;
 pub use settlement::SettlePayment;
 
-use crate::{mailer::Mailer, retry::RetryState, storage::Storage};
+use crate::{mailer::Mailer, providers::Providers, retry::RetryState, storage::Storage};
 
 /// A queue: one apalis storage (Redis key space `<QUEUE_PREFIX>:<name>:*`, or
 /// SQLite `job_type`), served by its own worker loop.
@@ -72,6 +74,8 @@ pub enum Job {
     DeleteAvatar(DeleteAvatar),
     /// Settle one recorded payment-provider event.
     SettlePayment(SettlePayment),
+    /// Ask the provider about a payment still `PENDING` and settle its answer.
+    ReconcilePayment(ReconcilePayment),
 }
 
 impl Job {
@@ -80,7 +84,7 @@ impl Job {
         match self {
             Job::SendEmail(_) => QueueName::Email,
             Job::DeleteAvatar(_) => QueueName::Storage,
-            Job::SettlePayment(_) => QueueName::Settlement,
+            Job::SettlePayment(_) | Job::ReconcilePayment(_) => QueueName::Settlement,
         }
     }
 
@@ -90,6 +94,7 @@ impl Job {
             Job::SendEmail(_) => "send_email",
             Job::DeleteAvatar(_) => "delete_avatar",
             Job::SettlePayment(_) => "settle_payment",
+            Job::ReconcilePayment(_) => "reconcile_payment",
         }
     }
 }
@@ -134,6 +139,8 @@ pub struct JobContext {
     pub mailer: Option<Arc<Mailer>>,
     /// The object store (`STORAGE_URL`).
     pub storage: Storage,
+    /// The payment providers' HTTP client (status checks of reconciliation).
+    pub providers: Providers,
 }
 
 /// How a job attempt ended when it did not succeed.
@@ -171,5 +178,6 @@ pub async fn handle(
         Job::SendEmail(j) => email::handle(j, task_id, attempt, ctx).await,
         Job::DeleteAvatar(j) => avatar_cleanup::handle(j, task_id, attempt, ctx).await,
         Job::SettlePayment(j) => settlement::handle(j, task_id, attempt, ctx).await,
+        Job::ReconcilePayment(j) => reconcile::handle(j, task_id, attempt, ctx).await,
     }
 }
