@@ -88,7 +88,7 @@ pub enum KeyUse {
 
 /// Decides what an earlier payment (`earlier_plan`, created at
 /// `earlier_created`) with the same key means for a request for `plan` at
-/// `now` (both times from the api's clock).
+/// `now` (both times from the database's clock).
 pub fn key_use(
     earlier_plan: &str,
     earlier_created: DateTime<Utc>,
@@ -118,13 +118,15 @@ async fn by_key<C: ConnectionTrait>(
 
 /// Begins a checkout (see the module docs): a new `PENDING` payment with a
 /// new order id ([`payment::new_order_id`]), or the payment an earlier request
-/// with the same `Idempotency-Key` created. `now` is the time to stamp and
-/// to age keys by.
-pub async fn begin<C>(db: &C, new: NewCheckout, now: DateTime<Utc>) -> Result<Begun, CheckoutError>
+/// with the same `Idempotency-Key` created. The row is stamped, and keys are
+/// aged, by the database's clock ([`crate::db::now`]), so api hosts whose
+/// clocks disagree still agree on a key's lifetime.
+pub async fn begin<C>(db: &C, new: NewCheckout) -> Result<Begun, CheckoutError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
     let txn = begin_write(db).await?;
+    let now = crate::db::now(&txn).await?;
     if let Some(key) = new.idempotency_key.as_deref() {
         if let Some(earlier) = by_key(&txn, new.user_id, key).await? {
             match key_use(&earlier.plan, earlier.created_at, &new.plan, now) {

@@ -54,3 +54,30 @@ pub fn sqlite_path(url: &str) -> Option<String> {
 pub async fn ping(db: &DatabaseConnection) -> Result<(), DbErr> {
     db.execute_unprepared("SELECT 1").await.map(|_| ())
 }
+
+/// The database's own clock, as UTC with microseconds: the one clock every
+/// time-based payment decision uses (key lifetimes, sweep, reconciliation and
+/// expiry cut-offs, paid periods), so that api and worker hosts whose clocks
+/// disagree still decide alike. PostgreSQL: `clock_timestamp()`; SQLite:
+/// `strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')` (millisecond precision).
+pub async fn now<C: ConnectionTrait>(db: &C) -> Result<chrono::DateTime<chrono::Utc>, DbErr> {
+    use sea_orm::{DbBackend, Statement};
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        DbBackend::Sqlite => "SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now') AS now",
+        _ => "SELECT clock_timestamp() AS now",
+    };
+    let row = db
+        .query_one_raw(Statement::from_string(backend, sql))
+        .await?
+        .ok_or_else(|| DbErr::Custom("the database gave no time".into()))?;
+    match backend {
+        DbBackend::Sqlite => {
+            let text: String = row.try_get("", "now")?;
+            chrono::DateTime::parse_from_rfc3339(&text)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .map_err(|e| DbErr::Custom(format!("the database's time {text:?}: {e}")))
+        }
+        _ => row.try_get("", "now"),
+    }
+}

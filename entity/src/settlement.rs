@@ -175,7 +175,9 @@ async fn apply<T: ConnectionTrait>(
         Transition::Refused(reason) => return Ok(Settled::Refused(reason)),
         Transition::Apply { from, to } => (from, to),
     };
-    let now = Utc::now();
+    // The database's clock: paid periods are later compared with it by the
+    // expiry task, whichever host runs that.
+    let now = crate::db::now(txn).await?;
     let mut period_end = None;
     if to == PaymentStatus::Paid {
         let mut find = subscriptions::Entity::find_by_id(pay.user_id);
@@ -399,7 +401,8 @@ pub async fn record_event<C: ConnectionTrait>(
         order_id: Set(n.order_id.clone()),
         provider_status: Set(n.provider_status.clone()),
         payload: Set(n.payload.clone()),
-        received_at: Set(Utc::now()),
+        // The database's default (its clock), which the sweep's cut-off uses.
+        received_at: sea_orm::NotSet,
         settled_at: Set(None),
         settlement_error: Set(None),
     })

@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use entity::{payment::PaymentStatus, reconcile, settlement, Settings};
 use tokio_util::sync::CancellationToken;
 
@@ -93,7 +92,8 @@ pub async fn run_tick(
     queues: &Queues,
     settings: &Settings,
 ) -> anyhow::Result<TickReport> {
-    let now = Utc::now();
+    // Every cut-off by the database's clock, the one that stamped the rows.
+    let now = entity::db::now(db).await?;
     let mut report = TickReport::default();
     let age = |d: Duration| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
 

@@ -308,10 +308,7 @@ async fn create_inner(
         order_prefix: state.settings.order_id_prefix.clone(),
         idempotency_key: key,
     };
-    let begun = match state
-        .bounded(checkout::begin(&state.db, new, chrono::Utc::now()))
-        .await?
-    {
+    let begun = match state.bounded(checkout::begin(&state.db, new)).await? {
         Ok(b) => b,
         Err(CheckoutError::KeyReused) => {
             return Err(ApiError::Unprocessable(
