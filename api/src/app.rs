@@ -13,7 +13,7 @@ use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
     routes::{
-        admin::AdminApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
+        admin::AdminApi, ai::AiApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
         profile::ProfileApi, storage::StorageApi, subscription::SubscriptionApi,
         waitlist::WaitlistApi, webhooks::WebhookApi,
     },
@@ -45,6 +45,7 @@ api_set!(
     AdminApi,
     StorageApi,
     WebhookApi,
+    AiApi,
 );
 
 const DESCRIPTION: &str = "\
@@ -143,6 +144,7 @@ pub async fn build_state(
     let queues = worker::runtime::connect_queues(&settings, shutdown).await?;
     let storage = worker::storage::Storage::open(&settings.storage_url)?;
     let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);
+    let settings_for_ai = settings.clone();
     Ok(AppState {
         sessions: crate::session::SessionVerifier::from_settings(&settings),
         settings,
@@ -153,6 +155,7 @@ pub async fn build_state(
         limiter,
         probes: Default::default(),
         storage,
+        ai: worker::ai::AiClients::new(settings_for_ai)?,
     })
 }
 

@@ -33,6 +33,8 @@ pub struct AppState {
     pub storage: worker::storage::Storage,
     /// Health probe results shared by concurrent health requests.
     pub probes: Arc<crate::probes::ProbeCache>,
+    /// The AI providers' HTTP clients.
+    pub ai: worker::ai::AiClients,
 }
 
 impl AppState {
@@ -97,6 +99,27 @@ impl AppState {
             window: std::time::Duration::from_secs(3600),
         };
         let decision = self.limiter.check(limit, ip, deadline).await;
+        if decision.allowed {
+            Ok(decision.info)
+        } else {
+            Err(ApiError::RateLimited(decision.info))
+        }
+    }
+
+    /// Counts this AI request of `user` against its plan's `max` requests per
+    /// 5 minutes (limit `ai`, shared by chat and generate); 429 when over.
+    pub async fn limit_ai(
+        &self,
+        user: &str,
+        max: u32,
+        deadline: std::time::Instant,
+    ) -> Result<RateInfo, ApiError> {
+        let limit = Limit {
+            name: "ai",
+            max,
+            window: std::time::Duration::from_secs(300),
+        };
+        let decision = self.limiter.check(limit, user, deadline).await;
         if decision.allowed {
             Ok(decision.info)
         } else {

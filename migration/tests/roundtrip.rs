@@ -236,6 +236,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         route: Set(ai_usage::ROUTE_CHAT.into()),
         input_tokens: Set(120),
         output_tokens: Set(480),
+        aborted: Set(false),
+        estimated: Set(false),
         created_at: NotSet,
     }
     .insert(db)

@@ -6,10 +6,12 @@ use std::{fmt, str::FromStr, sync::Arc};
 use apalis::prelude::{AbortError, BoxDynError};
 use serde::{Deserialize, Serialize};
 
+pub mod ai_usage;
 pub mod avatar_cleanup;
 pub mod email;
 pub mod settlement;
 
+pub use ai_usage::RecordAiUsage;
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
 pub use settlement::SettlePayment;
@@ -26,11 +28,18 @@ pub enum QueueName {
     Storage,
     /// Payment settlement of recorded provider events (`settlement`).
     Settlement,
+    /// AI usage records (`ai_usage`).
+    AiUsage,
 }
 
 impl QueueName {
     /// Every queue, in start order.
-    pub const ALL: [QueueName; 3] = [QueueName::Email, QueueName::Storage, QueueName::Settlement];
+    pub const ALL: [QueueName; 4] = [
+        QueueName::Email,
+        QueueName::Storage,
+        QueueName::Settlement,
+        QueueName::AiUsage,
+    ];
 
     /// The base name, before the `QUEUE_PREFIX`.
     pub fn as_str(self) -> &'static str {
@@ -38,6 +47,7 @@ impl QueueName {
             QueueName::Email => "email",
             QueueName::Storage => "storage",
             QueueName::Settlement => "settlement",
+            QueueName::AiUsage => "ai_usage",
         }
     }
 }
@@ -72,6 +82,8 @@ pub enum Job {
     DeleteAvatar(DeleteAvatar),
     /// Settle one recorded payment-provider event.
     SettlePayment(SettlePayment),
+    /// Write the usage row of one AI request.
+    RecordAiUsage(RecordAiUsage),
 }
 
 impl Job {
@@ -81,6 +93,7 @@ impl Job {
             Job::SendEmail(_) => QueueName::Email,
             Job::DeleteAvatar(_) => QueueName::Storage,
             Job::SettlePayment(_) => QueueName::Settlement,
+            Job::RecordAiUsage(_) => QueueName::AiUsage,
         }
     }
 
@@ -90,6 +103,7 @@ impl Job {
             Job::SendEmail(_) => "send_email",
             Job::DeleteAvatar(_) => "delete_avatar",
             Job::SettlePayment(_) => "settle_payment",
+            Job::RecordAiUsage(_) => "record_ai_usage",
         }
     }
 }
@@ -171,5 +185,6 @@ pub async fn handle(
         Job::SendEmail(j) => email::handle(j, task_id, attempt, ctx).await,
         Job::DeleteAvatar(j) => avatar_cleanup::handle(j, task_id, attempt, ctx).await,
         Job::SettlePayment(j) => settlement::handle(j, task_id, attempt, ctx).await,
+        Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
     }
 }
