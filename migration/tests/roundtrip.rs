@@ -75,7 +75,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
 
     // The column migrations step down and up again, newest first; each
     // names the columns it adds.
-    let added: [&[(&str, &str)]; 3] = [
+    let added: [&[(&str, &str)]; 4] = [
+        &[("ai_usage", "aborted"), ("ai_usage", "estimated")],
         &[
             ("payments", "idempotency_key"),
             ("payments", "reconciled_at"),
