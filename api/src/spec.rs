@@ -95,6 +95,31 @@ pub fn patch(doc: &mut Value) {
             }
         }
     }
+    // The chat stream: each server-sent event's `data` is one chunk's JSON,
+    // or `[DONE]` after the last chunk (poem-openapi can only say "an array
+    // of chunks", which no SSE reader validates an event against).
+    if let Some(content) =
+        doc.pointer_mut("/paths/~1api~1ai~1chat/post/responses/200/content/text~1event-stream")
+    {
+        content["schema"] = json!({
+            "type": "object",
+            "description": "One server-sent event of the AI SDK UI message stream v1: `data` \
+                is the JSON of a `UiChunk`, or `[DONE]` after the last chunk.",
+            "required": ["data"],
+            "properties": {
+                "data": {
+                    "anyOf": [
+                        {"type": "string", "enum": ["[DONE]"]},
+                        {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/UiChunk"}
+                        }
+                    ]
+                }
+            }
+        });
+    }
     for name in strict {
         if let Some(schema) = doc["components"]["schemas"][&name].as_object_mut() {
             schema.insert("additionalProperties".into(), Value::Bool(false));

@@ -77,7 +77,6 @@ fn sdk_body(text: &str) -> Value {
             {"id": "m1", "role": "user", "parts": [{"type": "text", "text": text}]}
         ],
         "trigger": "submit-message",
-        "messageId": null,
         "someAppKey": {"x": 1}
     })
 }

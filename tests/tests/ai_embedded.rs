@@ -60,8 +60,9 @@ async fn quota_is_summed_from_sqlite_and_usage_goes_through_the_sqlite_queue() {
     // answers queued but not yet written), each by one answer's tokens.
     let mut oks = 1;
     let mut last = None;
-    for _ in 0..8 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    // At most 9 more: FREE allows 10 requests per 5 minutes.
+    for _ in 0..9 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         let r = generate().await;
         if r.status == 429 {
             last = Some(r);

@@ -24,7 +24,7 @@ use poem::{http::StatusCode, web::Data};
 use poem_openapi::{
     payload::{EventStream, Json},
     types::ToJSON,
-    ApiResponse, Object, OpenApi, Union,
+    ApiResponse, Enum, Object, OpenApi, Union,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -55,6 +55,40 @@ pub struct UiMessagePart {
     pub text: Option<String>,
 }
 
+/// An AI provider, as the `provider` field names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[oai(rename_all = "snake_case")]
+pub enum AiProvider {
+    /// OpenAI Chat Completions (`OPENAI_API_KEY`).
+    Openai,
+    /// Anthropic Messages API (`ANTHROPIC_API_KEY`).
+    Anthropic,
+    /// Any server speaking Chat Completions (`OPENAI_COMPATIBLE_BASE_URL`).
+    OpenaiCompatible,
+}
+
+impl From<AiProvider> for Provider {
+    fn from(p: AiProvider) -> Self {
+        match p {
+            AiProvider::Openai => Provider::Openai,
+            AiProvider::Anthropic => Provider::Anthropic,
+            AiProvider::OpenaiCompatible => Provider::OpenaiCompatible,
+        }
+    }
+}
+
+/// Who wrote a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
+#[oai(rename_all = "lowercase")]
+pub enum ChatRole {
+    /// Instructions.
+    System,
+    /// The person chatting.
+    User,
+    /// The model.
+    Assistant,
+}
+
 /// A chat message: the AI SDK's `UIMessage` (`{id, role, parts}`) or the
 /// simple `{role, content}` shape. `content` wins when both are given.
 #[derive(Debug, Clone, Object)]
@@ -62,7 +96,7 @@ pub struct ChatMessageIn {
     /// Message id (AI SDK; ignored).
     pub id: Option<String>,
     /// `system`, `user` or `assistant`.
-    pub role: String,
+    pub role: ChatRole,
     /// The text (simple shape).
     pub content: Option<String>,
     /// The parts (AI SDK shape); the texts of the `text` parts are joined.
@@ -76,8 +110,10 @@ pub struct ChatMessageIn {
 pub struct ChatRequest {
     /// AI provider: `openai`, `anthropic` or `openai_compatible`; default
     /// `AI_DEFAULT_PROVIDER`. Another value is 400 `unknown_provider`.
-    pub provider: Option<String>,
-    /// The conversation, oldest first; at least one message with text.
+    pub provider: Option<AiProvider>,
+    /// The conversation, oldest first; at least one message with text
+    /// (`content`, or `text` parts).
+    #[oai(validator(min_items = 1))]
     pub messages: Vec<ChatMessageIn>,
     /// Chat id (AI SDK; ignored).
     pub id: Option<String>,
@@ -99,7 +135,7 @@ pub struct GenerateRequest {
     pub system: Option<String>,
     /// AI provider: `openai`, `anthropic` or `openai_compatible`; default
     /// `AI_DEFAULT_PROVIDER`.
-    pub provider: Option<String>,
+    pub provider: Option<AiProvider>,
 }
 
 /// Token counts of one answer.
@@ -486,9 +522,14 @@ impl AiApi {
     }
 }
 
-/// The parsed chat body: provider name (if any) and the messages.
+/// The parsed chat body: provider name (if any) and the messages. Every
+/// documented field is checked for its type (a present field must have it;
+/// `null` is not a string); unknown keys are ignored.
 fn parse_chat(bytes: &[u8]) -> Result<(Option<String>, Vec<ChatMessage>), ApiError> {
     use entity::validate::FieldError;
+    let bad = |field: &'static str, code: &'static str, msg: String| -> ApiError {
+        FieldError::new(field, code, msg).into()
+    };
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))?;
     let Value::Object(map) = v else {
@@ -496,78 +537,113 @@ fn parse_chat(bytes: &[u8]) -> Result<(Option<String>, Vec<ChatMessage>), ApiErr
             "the body must be a JSON object".into(),
         ));
     };
+    for field in ["id", "trigger", "messageId"] {
+        if map.get(field).is_some_and(|v| !v.is_string()) {
+            let name = match field {
+                "id" => "id",
+                "trigger" => "trigger",
+                _ => "messageId",
+            };
+            return Err(bad(
+                name,
+                "invalid_type",
+                format!("{name} must be a string"),
+            ));
+        }
+    }
     let provider = match map.get("provider") {
-        None | Some(Value::Null) => None,
+        None => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => {
-            return Err(
-                FieldError::new("provider", "invalid_type", "provider must be a string").into(),
-            )
+            return Err(bad(
+                "provider",
+                "invalid_type",
+                "provider must be a string".into(),
+            ))
         }
     };
     let list = match map.get("messages") {
         None | Some(Value::Null) => {
-            return Err(FieldError::new("messages", "required", "messages is required").into())
+            return Err(bad("messages", "required", "messages is required".into()))
         }
         Some(Value::Array(a)) if a.is_empty() => {
-            return Err(FieldError::new(
+            return Err(bad(
                 "messages",
                 "empty",
-                "messages must hold at least one message",
-            )
-            .into())
+                "messages must hold at least one message".into(),
+            ))
         }
         Some(Value::Array(a)) => a,
         Some(_) => {
-            return Err(
-                FieldError::new("messages", "invalid_type", "messages must be an array").into(),
-            )
+            return Err(bad(
+                "messages",
+                "invalid_type",
+                "messages must be an array".into(),
+            ))
         }
     };
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
+        let invalid = |what: &str| bad("messages", "invalid_type", format!("messages[{i}]{what}"));
         let Value::Object(m) = m else {
-            return Err(FieldError::new(
-                "messages",
-                "invalid_type",
-                format!("messages[{i}] must be an object"),
-            )
-            .into());
+            return Err(invalid(" must be an object"));
         };
         let role = m
             .get("role")
             .and_then(Value::as_str)
             .and_then(Role::parse)
             .ok_or_else(|| {
-                FieldError::new(
+                bad(
                     "messages",
                     "invalid_role",
                     format!("messages[{i}].role must be system, user or assistant"),
                 )
             })?;
-        let content = match (m.get("content"), m.get("parts")) {
-            (Some(Value::String(c)), _) => c.clone(),
-            (_, Some(Value::Array(parts))) => parts
-                .iter()
-                .filter(|p| p["type"] == "text")
-                .filter_map(|p| p["text"].as_str())
-                .collect::<Vec<_>>()
-                .join(""),
-            _ => {
-                return Err(FieldError::new(
-                    "messages",
-                    "required",
-                    format!("messages[{i}] needs content (a string) or parts (an array)"),
-                )
-                .into())
+        if m.get("id").is_some_and(|v| !v.is_string()) {
+            return Err(invalid(".id must be a string"));
+        }
+        let content = match m.get("content") {
+            None => None,
+            Some(Value::String(c)) => Some(c.clone()),
+            Some(_) => return Err(invalid(".content must be a string")),
+        };
+        let parts = match m.get("parts") {
+            None => None,
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    let Value::Object(p) = p else {
+                        return Err(invalid(&format!(".parts[{j}] must be an object")));
+                    };
+                    let Some(kind) = p.get("type").and_then(Value::as_str) else {
+                        return Err(invalid(&format!(".parts[{j}].type must be a string")));
+                    };
+                    match p.get("text") {
+                        None => {}
+                        Some(Value::String(t)) if kind == "text" => text.push_str(t),
+                        Some(Value::String(_)) => {}
+                        Some(_) => {
+                            return Err(invalid(&format!(".parts[{j}].text must be a string")))
+                        }
+                    }
+                }
+                Some(text)
             }
+            Some(_) => return Err(invalid(".parts must be an array")),
+        };
+        let Some(content) = content.or(parts) else {
+            return Err(bad(
+                "messages",
+                "required",
+                format!("messages[{i}] needs content (a string) or parts (an array)"),
+            ));
         };
         if !content.is_empty() {
             out.push(ChatMessage { role, content });
         }
     }
     if out.is_empty() {
-        return Err(FieldError::new("messages", "empty", "no message holds any text").into());
+        return Err(bad("messages", "empty", "no message holds any text".into()));
     }
     Ok((provider, out))
 }
@@ -788,7 +864,8 @@ async fn generate_inner(
         role: Role::User,
         content: body.prompt,
     });
-    let admitted = admit(state, user.user_id, body.provider.as_deref(), &messages).await?;
+    let provider = body.provider.map(|p| Provider::from(p).as_str());
+    let admitted = admit(state, user.user_id, provider, &messages).await?;
     let mut guard = UsageGuard::new(state, &admitted, rules::input_bytes(&messages), "generate");
     let mut upstream = match state.ai.start(&admitted.target, &messages).await {
         Ok(s) => s,
@@ -1021,7 +1098,7 @@ mod tests {
 
     #[test]
     fn parses_ui_messages_and_simple_messages() {
-        let body = br#"{"id":"c1","trigger":"submit-message","messageId":null,"extra":1,
+        let body = br#"{"id":"c1","trigger":"submit-message","extra":1,
             "messages":[{"id":"m1","role":"system","parts":[{"type":"text","text":"Be brief."}]},
                         {"id":"m2","role":"user","parts":[{"type":"step-start"},{"type":"text","text":"Hi "},{"type":"text","text":"there"}]},
                         {"role":"assistant","content":"Hello"}]}"#;
@@ -1040,6 +1117,9 @@ mod tests {
             br#"{"messages":[{"role":"tool","content":"x"}]}"#,
             br#"{"messages":[{"role":"user"}]}"#,
             br#"[1]"#,
+            br#"{"messages":[{"role":"user","parts":["x"]}]}"#,
+            br#"{"messages":[{"role":"user","content":"x"}],"messageId":null}"#,
+            br#"{"messages":[{"role":"user","content":1}]}"#,
         ] {
             assert!(
                 parse_chat(body).is_err(),
