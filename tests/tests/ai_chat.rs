@@ -652,3 +652,60 @@ async fn deltas_are_relayed_as_they_come_and_a_client_hanging_up_cancels_upstrea
     assert!(aborted.estimated);
     assert_eq!(aborted.output_tokens, 2); // "first": 5 bytes ≈ 2 tokens
 }
+
+#[tokio::test]
+async fn a_request_in_flight_counts_against_the_quota_until_it_settles() {
+    let stack = Stack::new().await;
+    let slow = SlowUpstream::start().await;
+    let api = stack.api_with_worker(&env(&stack, &slow.url)).await;
+    let db = connect_db(&stack).await;
+    // FREE: 20,000 tokens; 19,995 used.
+    let user = free_user(&db).await;
+    ai_usage::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        user_id: Set(user),
+        provider: Set("openai".into()),
+        model: Set("gpt-test".into()),
+        route: Set("chat".into()),
+        input_tokens: Set(19_995),
+        output_tokens: Set(0),
+        aborted: Set(false),
+        estimated: Set(false),
+        created_at: Set(chrono::Utc::now()),
+    }
+    .insert(&db)
+    .await
+    .unwrap();
+    let t = token(user);
+
+    // 40 bytes of input ≈ 10 tokens are reserved while the answer streams.
+    let resp = client()
+        .post(api.url("/api/ai/chat"))
+        .bearer_auth(&t)
+        .json(&sdk_body(&"x".repeat(40)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut s = resp.bytes_stream();
+    read_until(&mut s, "\"delta\":\"first\"").await;
+    let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+    let p = r.assert_problem(429, Some("quota_exceeded"), None);
+    assert_eq!(p["used"], 20_005, "{p}");
+
+    // Once it ends, the counter holds its real tokens (3 + 2): 20,000.
+    slow.release.notify_one();
+    read_until(&mut s, "[DONE]").await;
+    let settled = wait_until(Duration::from_secs(10), || async {
+        let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+        r.status == 429 && r.json["used"] == 20_000
+    })
+    .await;
+    assert!(
+        settled,
+        "the reservation was not settled to the real tokens"
+    );
+    let rows = wait_usage(&db, user, 2).await;
+    let total: i32 = rows.iter().map(|r| r.input_tokens + r.output_tokens).sum();
+    assert_eq!(total, 20_000);
+}

@@ -6,11 +6,12 @@
 //! plan's monthly tokens (429 with `used`, `limit`, `plan`, `resets_at`).
 //!
 //! The monthly counter lives in Redis (`<QUEUE_PREFIX>:ai:tokens:<user>:<YYYYMM>`),
-//! seeded from `SUM(input_tokens + output_tokens)` over `ai_usage` when absent
-//! and raised by each answer's tokens when its usage job is queued; without
-//! Redis (embedded mode) the sum is read from the database on each request.
-//! Requests in flight are counted when they end, so concurrent requests can
-//! overshoot the quota by at most what they themselves use.
+//! seeded from `SUM(input_tokens + output_tokens)` over `ai_usage` when absent.
+//! An admitted request adds its estimated input tokens at once (in flight) and
+//! the difference to its real tokens when its usage job is queued (a request
+//! the provider refused gives its reservation back); without Redis (embedded
+//! mode) the sum is read from the database on each request. Concurrent
+//! requests can overshoot the quota by at most the output of those in flight.
 
 use std::{
     sync::LazyLock,
@@ -653,6 +654,9 @@ struct Admitted {
     user_id: Uuid,
     target: Target,
     rate: RateInfo,
+    /// Tokens reserved in the month counter for this request while it runs
+    /// (its estimated input), and when: settled when it ends.
+    reserved: (i64, chrono::DateTime<Utc>),
 }
 
 /// Provider, size, configuration and both limits, in that order.
@@ -697,6 +701,7 @@ async fn admit(
     let rate = state
         .limit_ai(&user_id.to_string(), plan.ai_requests_per_5min, deadline)
         .await?;
+    let mut reserved = (0, Utc::now());
     if let Some(limit) = plan.ai_tokens_per_month {
         let now = Utc::now();
         let used = quota_used(state, user_id, now).await?;
@@ -727,11 +732,18 @@ async fn admit(
                 },
             ));
         }
+        // Count the request as in flight: its estimated input now, the
+        // difference to its real tokens when it ends.
+        let estimate = i64::from(rules::estimate_tokens(bytes));
+        if quota_add(state, user_id, now, estimate).await {
+            reserved = (estimate, now);
+        }
     }
     Ok(Admitted {
         user_id,
         target,
         rate,
+        reserved,
     })
 }
 
@@ -915,6 +927,7 @@ struct UsageGuard {
     input_bytes: usize,
     output_bytes: usize,
     usage: Usage,
+    reserved: (i64, chrono::DateTime<Utc>),
 }
 
 impl UsageGuard {
@@ -928,12 +941,23 @@ impl UsageGuard {
             input_bytes,
             output_bytes: 0,
             usage: Usage::default(),
+            reserved: a.reserved,
         }
     }
 
-    /// Nothing was produced (the provider refused before any text): no record.
+    /// Nothing was produced (the provider refused before any text): no
+    /// record, and the reservation is given back.
     fn disarm(&mut self) {
-        self.state = None;
+        let Some(state) = self.state.take() else {
+            return;
+        };
+        let (reserved, at) = self.reserved;
+        if reserved > 0 {
+            let user_id = self.user_id;
+            tokio::spawn(async move {
+                quota_add(&state, user_id, at, -reserved).await;
+            });
+        }
     }
 
     /// Input and output tokens (the provider's, else estimated) and whether
@@ -970,9 +994,11 @@ impl UsageGuard {
             tracing::error!(usage_id = %usage.id, "no runtime to queue AI usage; lost");
             return;
         };
+        let (reserved, reserved_at) = self.reserved;
         rt.spawn(async move {
             let tokens = i64::from(usage.input_tokens) + i64::from(usage.output_tokens);
-            let (user_id, at, id) = (usage.user_id, usage.at, usage.id);
+            let (user_id, id) = (usage.user_id, usage.id);
+            let at = if reserved > 0 { reserved_at } else { usage.at };
             let job = Job::RecordAiUsage(RecordAiUsage { usage });
             match state
                 .queues
@@ -984,7 +1010,7 @@ impl UsageGuard {
                     tracing::error!(error = %e, usage_id = %id, "could not queue AI usage; lost")
                 }
             }
-            quota_add(&state, user_id, at, tokens).await;
+            quota_add(&state, user_id, at, tokens - reserved).await;
         });
     }
 }
@@ -1070,11 +1096,17 @@ async fn quota_used(
     }
 }
 
-/// Adds an answer's tokens to the month counter when it exists (an absent
-/// counter is seeded from the database at the next check).
-async fn quota_add(state: &AppState, user_id: Uuid, at: chrono::DateTime<Utc>, tokens: i64) {
+/// Adds `tokens` (negative: gives back) to the month counter when it exists
+/// (an absent counter is seeded from the database at the next check).
+/// Returns whether the counter took it.
+async fn quota_add(
+    state: &AppState,
+    user_id: Uuid,
+    at: chrono::DateTime<Utc>,
+    tokens: i64,
+) -> bool {
     let Some(mut conn) = state.queues.redis() else {
-        return;
+        return false;
     };
     let key = counter_key(state, user_id, at);
     let mut inv = ADD_IF_PRESENT.key(key);
@@ -1087,8 +1119,12 @@ async fn quota_add(state: &AppState, user_id: Uuid, at: chrono::DateTime<Utc>, t
         inv.invoke_async::<i64>(&mut conn),
     )
     .await;
-    if !matches!(r, Ok(Ok(_))) {
-        tracing::warn!("could not add to the AI quota counter");
+    match r {
+        Ok(Ok(n)) => n >= 0,
+        _ => {
+            tracing::warn!("could not add to the AI quota counter");
+            false
+        }
     }
 }
 
