@@ -60,7 +60,8 @@ get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
 JPEG, PNG, WebP or GIF) and is served by `GET /storage/v1/object/public/avatars/{user_id}/avatar`. \
 Unknown JSON fields are rejected (400 `unknown_field`), except in the payment providers' \
 notifications (`/api/webhooks/*`), which take extra fields and no session: they are verified by \
-the provider's signature over the body as sent. A JSON body without \
+the provider's signature over the body as sent, and in the AI chat body (`/api/ai/chat`), which \
+is what the AI SDK's `DefaultChatTransport` sends. A JSON body without \
 `Content-Type: application/json` gets 415; a body that does not arrive within \
 `HTTP_BODY_TIMEOUT_SECS` gets 408 `body_timeout`; a method a path does not serve gets 405 \
 with `Allow`. Rate-limited routes answer with \
