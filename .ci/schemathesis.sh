@@ -47,9 +47,11 @@ db="st_$(date +%s)_$$"
 prefix="st-$db"
 api_pid=""
 fake_pid=""
+fake_ai_pid=""
 cleanup() {
   if [ -n "$api_pid" ]; then kill "$api_pid" 2>/dev/null || true; wait "$api_pid" 2>/dev/null || true; fi
   if [ -n "$fake_pid" ]; then kill "$fake_pid" 2>/dev/null || true; wait "$fake_pid" 2>/dev/null || true; fi
+  if [ -n "$fake_ai_pid" ]; then kill "$fake_ai_pid" 2>/dev/null || true; wait "$fake_ai_pid" 2>/dev/null || true; fi
   psql -q "$PGURL_ADMIN" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
   if command -v redis-cli >/dev/null 2>&1; then
     redis-cli -u "$REDIS_URL" --scan --pattern "$prefix:*" | xargs -r redis-cli -u "$REDIS_URL" del >/dev/null || true
@@ -84,6 +86,40 @@ done
 [ -n "$fake_url" ] || { cat "$work/fake.err" >&2; echo "fake provider did not start" >&2; exit 1; }
 export PROVIDER_A_BASE_URL="$fake_url" PROVIDER_B_BASE_URL="$fake_url"
 export OPENAI_API_KEY=sk-schemathesis
+# A fake AI provider (no outbound call) for all three providers: a short
+# documented SSE answer with usage (Anthropic's events on `/v1/messages`,
+# OpenAI Chat Completions chunks elsewhere).
+cat >"$work/fake_openai.py" <<'PY'
+import http.server, socketserver
+OPENAI = (b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}\n\n'
+          b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: [DONE]\n\n')
+ANTHROPIC = (b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":1,"output_tokens":1}}}\n\n'
+             b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}\n\n'
+             b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        BODY = ANTHROPIC if self.path.endswith("/messages") else OPENAI
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+    def log_message(self, *a):
+        pass
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+s = S(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+PY
+python3 "$work/fake_openai.py" >"$work/fake_openai.port" &
+fake_ai_pid=$!
+for _ in $(seq 1 50); do [ -s "$work/fake_openai.port" ] && break; sleep 0.1; done
+fake_ai="http://127.0.0.1:$(cat "$work/fake_openai.port")"
+export OPENAI_BASE_URL="$fake_ai/v1" OPENAI_COMPATIBLE_BASE_URL="$fake_ai/v1"
+export ANTHROPIC_BASE_URL="$fake_ai" ANTHROPIC_API_KEY=sk-ant-schemathesis
 # The session user is an admin, so the admin route is exercised past its 403.
 user=$(python3 -c 'import uuid; print(uuid.uuid4())')
 export ADMIN_USER_IDS="$user"

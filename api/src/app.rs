@@ -13,7 +13,7 @@ use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
     routes::{
-        admin::AdminApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
+        admin::AdminApi, ai::AiApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
         payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
         subscription::SubscriptionApi, waitlist::WaitlistApi, webhooks::WebhookApi,
     },
@@ -46,6 +46,7 @@ api_set!(
     AdminApi,
     StorageApi,
     WebhookApi,
+    AiApi,
 );
 
 const DESCRIPTION: &str = "\
@@ -60,7 +61,8 @@ get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
 JPEG, PNG, WebP or GIF) and is served by `GET /storage/v1/object/public/avatars/{user_id}/avatar`. \
 Unknown JSON fields are rejected (400 `unknown_field`), except in the payment providers' \
 notifications (`/api/webhooks/*`), which take extra fields and no session: they are verified by \
-the provider's signature over the body as sent. A JSON body without \
+the provider's signature over the body as sent, and in the AI chat body (`/api/ai/chat`), which \
+is what the AI SDK's `DefaultChatTransport` sends. A JSON body without \
 `Content-Type: application/json` gets 415; a body that does not arrive within \
 `HTTP_BODY_TIMEOUT_SECS` gets 408 `body_timeout`; a method a path does not serve gets 405 \
 with `Allow`. Rate-limited routes answer with \
@@ -146,6 +148,7 @@ pub async fn build_state(
     let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);
     let providers =
         worker::providers::Providers::new(settings.clone()).context("payment provider client")?;
+    let settings_for_ai = settings.clone();
     Ok(AppState {
         providers,
         sessions: crate::session::SessionVerifier::from_settings(&settings),
@@ -157,6 +160,7 @@ pub async fn build_state(
         limiter,
         probes: Default::default(),
         storage,
+        ai: worker::ai::AiClients::new(settings_for_ai)?,
     })
 }
 

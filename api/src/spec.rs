@@ -4,7 +4,8 @@
 //!
 //! * every JSON request body refuses unknown fields ([`crate::payload::JsonBody`]
 //!   does): its schema gets `additionalProperties: false`, except the provider
-//!   notifications (tag `Webhooks`), whose senders add fields at will;
+//!   notifications (tag `Webhooks`) and the AI chat (`aiChat`), whose senders
+//!   add fields at will;
 //! * every operation with a JSON body documents 415 (missing or wrong
 //!   `Content-Type`) and 408 (body deadline) with their problem body.
 //!
@@ -42,6 +43,17 @@ fn problem_response(description: &str) -> Value {
     })
 }
 
+/// Operations whose JSON body takes extra fields: the provider notifications
+/// (tag `Webhooks`) and the AI chat, whose body is what the AI SDK's
+/// `DefaultChatTransport` sends (`id`, `messages`, `trigger`, `messageId` and
+/// whatever the app adds).
+fn open_body(op: &Value) -> bool {
+    op["tags"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t == "Webhooks"))
+        || op["operationId"] == "aiChat"
+}
+
 /// Applies the rules listed in the module documentation to `doc`.
 pub fn patch(doc: &mut Value) {
     let mut strict = Vec::new();
@@ -55,9 +67,7 @@ pub fn patch(doc: &mut Value) {
                 if body.is_null() {
                     continue;
                 }
-                let open = op["tags"]
-                    .as_array()
-                    .is_some_and(|t| t.iter().any(|t| t == "Webhooks"));
+                let open = open_body(op);
                 if let Some(name) = body["$ref"]
                     .as_str()
                     .and_then(|r| r.strip_prefix("#/components/schemas/"))
@@ -84,6 +94,31 @@ pub fn patch(doc: &mut Value) {
                 }
             }
         }
+    }
+    // The chat stream: each server-sent event's `data` is one chunk's JSON,
+    // or `[DONE]` after the last chunk (poem-openapi can only say "an array
+    // of chunks", which no SSE reader validates an event against).
+    if let Some(content) =
+        doc.pointer_mut("/paths/~1api~1ai~1chat/post/responses/200/content/text~1event-stream")
+    {
+        content["schema"] = json!({
+            "type": "object",
+            "description": "One server-sent event of the AI SDK UI message stream v1: `data` \
+                is the JSON of a `UiChunk`, or `[DONE]` after the last chunk.",
+            "required": ["data"],
+            "properties": {
+                "data": {
+                    "anyOf": [
+                        {"type": "string", "enum": ["[DONE]"]},
+                        {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/UiChunk"}
+                        }
+                    ]
+                }
+            }
+        });
     }
     for name in strict {
         if let Some(schema) = doc["components"]["schemas"][&name].as_object_mut() {
@@ -208,9 +243,13 @@ mod tests {
                 assert!(op["responses"].get("415").is_some(), "{method} {path}");
                 assert!(op["responses"].get("408").is_some(), "{method} {path}");
                 let name = schema["$ref"].as_str().unwrap().rsplit('/').next().unwrap();
-                let webhook = op["tags"].as_array().unwrap().contains(&json!("Webhooks"));
-                // Provider notifications stay open: senders add fields at will.
-                let expected = if webhook { Value::Null } else { json!(false) };
+                // Provider notifications and the AI SDK's chat body stay open:
+                // senders add fields at will.
+                let expected = if open_body(op) {
+                    Value::Null
+                } else {
+                    json!(false)
+                };
                 assert_eq!(
                     doc["components"]["schemas"][name]["additionalProperties"], expected,
                     "{name}"

@@ -36,6 +36,8 @@ pub struct AppState {
     /// HTTP client of the payment providers (checkout), bounded by
     /// `PROVIDER_CONNECT_TIMEOUT_MS` / `PROVIDER_TIMEOUT_MS`.
     pub providers: worker::providers::Providers,
+    /// The AI providers' HTTP clients.
+    pub ai: worker::ai::AiClients,
 }
 
 impl AppState {

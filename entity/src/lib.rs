@@ -4,6 +4,7 @@
 //! This crate knows nothing about HTTP or the job queue; everything here is
 //! testable with a database connection alone.
 
+pub mod ai;
 pub mod avatar;
 pub mod checkout;
 pub mod contact;

@@ -218,6 +218,29 @@ pub struct Settings {
     pub anthropic_api_key: Option<String>,
     /// `OPENAI_COMPATIBLE_BASE_URL`
     pub openai_compatible_base_url: Option<String>,
+    /// `OPENAI_BASE_URL`: Chat Completions base, `POST {base}/chat/completions`
+    /// (default `https://api.openai.com/v1`).
+    pub openai_base_url: String,
+    /// `OPENAI_MODEL` (default `gpt-4o-mini`).
+    pub openai_model: String,
+    /// `ANTHROPIC_BASE_URL`: Messages API host, `POST {base}/v1/messages`
+    /// (default `https://api.anthropic.com`).
+    pub anthropic_base_url: String,
+    /// `ANTHROPIC_MODEL` (default `claude-haiku-4-5`).
+    pub anthropic_model: String,
+    /// `OPENAI_COMPATIBLE_API_KEY`: optional Bearer key of the compatible server.
+    pub openai_compatible_api_key: Option<String>,
+    /// `OPENAI_COMPATIBLE_MODEL` (default `default`).
+    pub openai_compatible_model: String,
+    /// `AI_MAX_INPUT_BYTES`: total UTF-8 bytes of all message texts (or prompt
+    /// + system) one AI request may carry (default 65536, 1–10485760); over → 413.
+    pub ai_max_input_bytes: usize,
+    /// `AI_CONNECT_TIMEOUT_MS`: bound on connecting to the AI provider
+    /// (default 5000, 100–60000).
+    pub ai_connect_timeout: Duration,
+    /// `AI_IDLE_TIMEOUT_MS`: longest wait for the provider's answer headers and
+    /// between two chunks of its stream (default 60000, 100–600000).
+    pub ai_idle_timeout: Duration,
 }
 
 impl fmt::Debug for Settings {
@@ -747,6 +770,35 @@ impl Settings {
             openai_api_key: r.opt("OPENAI_API_KEY"),
             anthropic_api_key: r.opt("ANTHROPIC_API_KEY"),
             openai_compatible_base_url: r.url("OPENAI_COMPATIBLE_BASE_URL", &["http", "https"])?,
+            openai_base_url: r
+                .url("OPENAI_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api.openai.com/v1".into()),
+            openai_model: r
+                .opt("OPENAI_MODEL")
+                .unwrap_or_else(|| "gpt-4o-mini".into()),
+            anthropic_base_url: r
+                .url("ANTHROPIC_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api.anthropic.com".into()),
+            anthropic_model: r
+                .opt("ANTHROPIC_MODEL")
+                .unwrap_or_else(|| "claude-haiku-4-5".into()),
+            openai_compatible_api_key: r.opt("OPENAI_COMPATIBLE_API_KEY"),
+            openai_compatible_model: r
+                .opt("OPENAI_COMPATIBLE_MODEL")
+                .unwrap_or_else(|| "default".into()),
+            ai_max_input_bytes: r.num_or("AI_MAX_INPUT_BYTES", 65_536usize, 1, 10_485_760)?,
+            ai_connect_timeout: Duration::from_millis(r.num_or(
+                "AI_CONNECT_TIMEOUT_MS",
+                5_000u64,
+                100,
+                60_000,
+            )?),
+            ai_idle_timeout: Duration::from_millis(r.num_or(
+                "AI_IDLE_TIMEOUT_MS",
+                60_000u64,
+                100,
+                600_000,
+            )?),
         };
         if settings.email_from.is_none() && settings.email_transport() == EmailTransport::Outbox {
             settings.email_from = Some(OUTBOX_DEFAULT_FROM.to_string());

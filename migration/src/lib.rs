@@ -24,6 +24,7 @@ mod m20261122_000009_create_ai_usage;
 mod m20261123_000001_add_profile_avatar_generation;
 mod m20261123_000002_add_audit_client_request_id;
 mod m20261123_000003_add_payment_idempotency_and_reconcile;
+mod m20261123_000010_add_ai_usage_outcome;
 
 /// The list of all migrations, in the order they are applied.
 pub struct Migrator;
@@ -44,6 +45,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000001_add_profile_avatar_generation::Migration),
             Box::new(m20261123_000002_add_audit_client_request_id::Migration),
             Box::new(m20261123_000003_add_payment_idempotency_and_reconcile::Migration),
+            Box::new(m20261123_000010_add_ai_usage_outcome::Migration),
         ]
     }
 }

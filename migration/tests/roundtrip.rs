@@ -75,7 +75,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
 
     // The column migrations step down and up again, newest first; each
     // names the columns it adds.
-    let added: [&[(&str, &str)]; 3] = [
+    let added: [&[(&str, &str)]; 4] = [
+        &[("ai_usage", "aborted"), ("ai_usage", "estimated")],
         &[
             ("payments", "idempotency_key"),
             ("payments", "reconciled_at"),
@@ -236,6 +237,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         route: Set(ai_usage::ROUTE_CHAT.into()),
         input_tokens: Set(120),
         output_tokens: Set(480),
+        aborted: Set(false),
+        estimated: Set(false),
         created_at: NotSet,
     }
     .insert(db)

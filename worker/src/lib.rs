@@ -2,6 +2,7 @@
 //! handlers, the queue backends (Redis in production, SQLite embedded), and the
 //! worker runtime. The `api` crate enqueues [`Job`]s through a [`queue::Producer`].
 
+pub mod ai;
 pub mod jobs;
 pub mod mailer;
 pub mod providers;

@@ -3,6 +3,7 @@
 use poem_openapi::{Object, Tags};
 
 pub mod admin;
+pub mod ai;
 pub mod avatar;
 pub mod contact;
 pub mod health;
@@ -28,6 +29,8 @@ pub enum ApiTags {
     Storage,
     /// Payment-provider callbacks: signed by the provider, no session.
     Webhooks,
+    /// AI chat and generation (logged-in user, per-plan limits).
+    Ai,
 }
 
 /// Maps a database error: unreachable → 503 `database_unavailable`, anything

@@ -33,6 +33,12 @@ pub struct Model {
     pub input_tokens: i32,
     /// Completion tokens counted by the provider.
     pub output_tokens: i32,
+    /// The answer did not end normally: the client disconnected or the
+    /// provider's stream broke; the tokens are what was produced until then.
+    pub aborted: bool,
+    /// The token counts are an estimate (about 4 bytes per token) because the
+    /// provider sent no count before the answer ended.
+    pub estimated: bool,
     /// When the call was made (UTC).
     pub created_at: DateTimeUtc,
 }

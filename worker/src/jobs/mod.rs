@@ -6,11 +6,13 @@ use std::{fmt, str::FromStr, sync::Arc};
 use apalis::prelude::{AbortError, BoxDynError};
 use serde::{Deserialize, Serialize};
 
+pub mod ai_usage;
 pub mod avatar_cleanup;
 pub mod email;
 pub mod reconcile;
 pub mod settlement;
 
+pub use ai_usage::RecordAiUsage;
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
 pub use reconcile::ReconcilePayment;
@@ -28,11 +30,18 @@ pub enum QueueName {
     Storage,
     /// Payment settlement of recorded provider events (`settlement`).
     Settlement,
+    /// AI usage records (`ai_usage`).
+    AiUsage,
 }
 
 impl QueueName {
     /// Every queue, in start order.
-    pub const ALL: [QueueName; 3] = [QueueName::Email, QueueName::Storage, QueueName::Settlement];
+    pub const ALL: [QueueName; 4] = [
+        QueueName::Email,
+        QueueName::Storage,
+        QueueName::Settlement,
+        QueueName::AiUsage,
+    ];
 
     /// The base name, before the `QUEUE_PREFIX`.
     pub fn as_str(self) -> &'static str {
@@ -40,6 +49,7 @@ impl QueueName {
             QueueName::Email => "email",
             QueueName::Storage => "storage",
             QueueName::Settlement => "settlement",
+            QueueName::AiUsage => "ai_usage",
         }
     }
 }
@@ -76,6 +86,8 @@ pub enum Job {
     SettlePayment(SettlePayment),
     /// Ask the provider about a payment still `PENDING` and settle its answer.
     ReconcilePayment(ReconcilePayment),
+    /// Write the usage row of one AI request.
+    RecordAiUsage(RecordAiUsage),
 }
 
 impl Job {
@@ -85,6 +97,8 @@ impl Job {
             Job::SendEmail(_) => QueueName::Email,
             Job::DeleteAvatar(_) => QueueName::Storage,
             Job::SettlePayment(_) | Job::ReconcilePayment(_) => QueueName::Settlement,
+
+            Job::RecordAiUsage(_) => QueueName::AiUsage,
         }
     }
 
@@ -95,6 +109,7 @@ impl Job {
             Job::DeleteAvatar(_) => "delete_avatar",
             Job::SettlePayment(_) => "settle_payment",
             Job::ReconcilePayment(_) => "reconcile_payment",
+            Job::RecordAiUsage(_) => "record_ai_usage",
         }
     }
 }
@@ -179,5 +194,6 @@ pub async fn handle(
         Job::DeleteAvatar(j) => avatar_cleanup::handle(j, task_id, attempt, ctx).await,
         Job::SettlePayment(j) => settlement::handle(j, task_id, attempt, ctx).await,
         Job::ReconcilePayment(j) => reconcile::handle(j, task_id, attempt, ctx).await,
+        Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
     }
 }

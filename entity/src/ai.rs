@@ -1,0 +1,285 @@
+//! AI rules without HTTP: the provider names, message roles, the input bound,
+//! the monthly token quota (its window, its check, its figures) and the
+//! `ai_usage` record written by the worker.
+//!
+//! Quota (decisions.md, "Plans"): input + output tokens recorded in `ai_usage`
+//! since the first day of the month (UTC) against the plan's
+//! `ai_tokens_per_month`; `None` (ULTIMATE) is unlimited.
+
+use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use sea_orm::{
+    sea_query::Expr, ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait,
+    QueryFilter, QuerySelect,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{
+    entities::{ai_usage, subscriptions},
+    plans::FREE,
+};
+
+/// An AI provider (`provider` in requests and `ai_usage.provider`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    /// OpenAI Chat Completions (`OPENAI_API_KEY`).
+    Openai,
+    /// Anthropic Messages API (`ANTHROPIC_API_KEY`).
+    Anthropic,
+    /// Any server speaking Chat Completions (`OPENAI_COMPATIBLE_BASE_URL`).
+    OpenaiCompatible,
+}
+
+impl Provider {
+    /// Every provider.
+    pub const ALL: [Provider; 3] = [
+        Provider::Openai,
+        Provider::Anthropic,
+        Provider::OpenaiCompatible,
+    ];
+
+    /// The wire name: `openai`, `anthropic`, `openai_compatible`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+            Provider::OpenaiCompatible => "openai_compatible",
+        }
+    }
+
+    /// The provider with this wire name (exact, lower case).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
+/// Who wrote a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// The person chatting.
+    User,
+    /// The model.
+    Assistant,
+}
+
+impl Role {
+    /// `system`, `user` or `assistant`; anything else is `None`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "system" => Some(Role::System),
+            "user" => Some(Role::User),
+            "assistant" => Some(Role::Assistant),
+            _ => None,
+        }
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One message as sent upstream: role and plain text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// Author.
+    pub role: Role,
+    /// Text (UTF-8).
+    pub content: String,
+}
+
+/// Total UTF-8 bytes of the messages' texts: what `AI_MAX_INPUT_BYTES` bounds.
+pub fn input_bytes(messages: &[ChatMessage]) -> usize {
+    messages.iter().map(|m| m.content.len()).sum()
+}
+
+/// Our token estimate for `bytes` bytes of text when the provider sent no
+/// count: one token per 4 bytes, rounded up (the providers' rule of thumb for
+/// English text).
+pub fn estimate_tokens(bytes: usize) -> i32 {
+    i32::try_from(bytes.div_ceil(4)).unwrap_or(i32::MAX)
+}
+
+/// First instant of the calendar month (UTC) that contains `now`.
+pub fn month_start(now: DateTime<Utc>) -> DateTime<Utc> {
+    let d = NaiveDate::from_ymd_opt(now.year(), now.month(), 1).expect("day 1 exists");
+    Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).expect("midnight exists"))
+}
+
+/// First instant of the next calendar month (UTC): when the quota resets.
+pub fn next_month_start(now: DateTime<Utc>) -> DateTime<Utc> {
+    let (y, m) = if now.month() == 12 {
+        (now.year() + 1, 1)
+    } else {
+        (now.year(), now.month() + 1)
+    };
+    let d = NaiveDate::from_ymd_opt(y, m, 1).expect("day 1 exists");
+    Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).expect("midnight exists"))
+}
+
+/// The month key of the quota counter, `YYYYMM` (UTC).
+pub fn month_key(now: DateTime<Utc>) -> String {
+    format!("{:04}{:02}", now.year(), now.month())
+}
+
+/// The quota was used up: the figures of the 429 answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaExceeded {
+    /// Tokens counted this month.
+    pub used: u64,
+    /// The plan's monthly tokens.
+    pub limit: u64,
+    /// The plan id.
+    pub plan: String,
+    /// When the quota resets (the next month's first instant, UTC).
+    pub resets_at: DateTime<Utc>,
+}
+
+/// Checks `used` tokens against the plan's monthly `limit` (`None` =
+/// unlimited): a request is allowed while `used < limit`, so the overshoot is
+/// at most what the requests in flight add.
+pub fn check_quota(
+    plan: &str,
+    limit: Option<u64>,
+    used: u64,
+    now: DateTime<Utc>,
+) -> Result<(), QuotaExceeded> {
+    match limit {
+        Some(limit) if used >= limit => Err(QuotaExceeded {
+            used,
+            limit,
+            plan: plan.to_string(),
+            resets_at: next_month_start(now),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The plan in force for `user_id`: the subscription's plan while it is
+/// `active` (also when cancelled at period end), else FREE.
+pub async fn plan_of<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<String, DbErr> {
+    let sub = subscriptions::Entity::find_by_id(user_id).one(db).await?;
+    Ok(match sub {
+        Some(s) if s.status == subscriptions::SubscriptionStatus::Active => s.plan,
+        _ => FREE.to_string(),
+    })
+}
+
+/// Tokens (input + output) of `user_id` recorded since the first of the
+/// month containing `now` (UTC).
+pub async fn tokens_this_month<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<u64, DbErr> {
+    let sum: Option<Option<i64>> = ai_usage::Entity::find()
+        .select_only()
+        .column_as(
+            Expr::cust("COALESCE(SUM(input_tokens + output_tokens), 0)"),
+            "total",
+        )
+        .filter(ai_usage::Column::UserId.eq(user_id))
+        .filter(ai_usage::Column::CreatedAt.gte(month_start(now)))
+        .into_tuple()
+        .one(db)
+        .await?;
+    Ok(sum.flatten().unwrap_or(0).max(0) as u64)
+}
+
+/// One finished (or aborted) AI request, as the usage job carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// Row id, chosen when the request ended: the job's idempotency key.
+    pub id: Uuid,
+    /// Calling user.
+    pub user_id: Uuid,
+    /// Provider wire name.
+    pub provider: String,
+    /// Model sent upstream.
+    pub model: String,
+    /// `chat` or `generate`.
+    pub route: String,
+    /// Input tokens (provider's count, else estimated).
+    pub input_tokens: i32,
+    /// Output tokens (provider's count, else estimated).
+    pub output_tokens: i32,
+    /// The answer did not end normally.
+    pub aborted: bool,
+    /// A count is our estimate.
+    pub estimated: bool,
+    /// When the request ended (UTC).
+    pub at: DateTime<Utc>,
+}
+
+/// Writes `record` into `ai_usage` once: a second delivery of the same job
+/// (same `id`) changes nothing. Returns whether a row was inserted.
+pub async fn record_usage<C: ConnectionTrait>(db: &C, record: &UsageRecord) -> Result<bool, DbErr> {
+    let row = ai_usage::ActiveModel {
+        id: Set(record.id),
+        user_id: Set(record.user_id),
+        provider: Set(record.provider.clone()),
+        model: Set(record.model.clone()),
+        route: Set(record.route.clone()),
+        input_tokens: Set(record.input_tokens.max(0)),
+        output_tokens: Set(record.output_tokens.max(0)),
+        aborted: Set(record.aborted),
+        estimated: Set(record.estimated),
+        created_at: Set(record.at),
+    };
+    let r = ai_usage::Entity::insert(row)
+        .on_conflict_do_nothing_on([ai_usage::Column::Id])
+        .exec_without_returning(db)
+        .await?;
+    Ok(matches!(r, sea_orm::TryInsertResult::Inserted(n) if n == 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn month_window_is_utc_calendar_month() {
+        let now = at("2026-12-31T23:59:59Z");
+        assert_eq!(month_start(now), at("2026-12-01T00:00:00Z"));
+        assert_eq!(next_month_start(now), at("2027-01-01T00:00:00Z"));
+        assert_eq!(month_key(now), "202612");
+        assert_eq!(
+            next_month_start(at("2026-02-10T00:00:00Z")),
+            at("2026-03-01T00:00:00Z")
+        );
+    }
+
+    #[test]
+    fn quota_allows_below_the_limit_and_never_limits_unlimited_plans() {
+        let now = at("2026-11-23T10:00:00Z");
+        assert!(check_quota("FREE", Some(20_000), 19_999, now).is_ok());
+        let e = check_quota("FREE", Some(20_000), 20_000, now).unwrap_err();
+        assert_eq!((e.used, e.limit, e.plan.as_str()), (20_000, 20_000, "FREE"));
+        assert_eq!(e.resets_at, at("2026-12-01T00:00:00Z"));
+        assert!(check_quota("ULTIMATE", None, u64::MAX, now).is_ok());
+    }
+
+    #[test]
+    fn names_and_estimates() {
+        assert_eq!(
+            Provider::parse("openai_compatible"),
+            Some(Provider::OpenaiCompatible)
+        );
+        assert_eq!(Provider::parse("OpenAI"), None);
+        assert_eq!(Role::parse("tool"), None);
+        assert_eq!(estimate_tokens(0), 0);
+        assert_eq!(estimate_tokens(5), 2);
+    }
+}
