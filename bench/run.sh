@@ -5,29 +5,36 @@
 #   bash bench/run.sh            # everything; needs wrk (apt-get install wrk)
 #   bash bench/run.sh profile jwks upload   # only these sections
 #
-# Sections: bare health contact waitlist drain (issue 2), profile jwks upload verify (issue 3).
-# Every request loop is bounded (wrk -d); all traffic stays on 127.0.0.1.
+# Sections: bare health contact waitlist drain (issue 2), profile jwks upload verify (issue 3),
+# payments-seed webhook webhook256 settle lookup pgbench checkout (issue 8; checkout is not
+# in the default list: run it by name).
+#   bash bench/run.sh payments-seed webhook webhook256 settle lookup pgbench
+# Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS);
+# all traffic stays on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-15s}
 CONN=${CONN:-64}
 THREADS=${THREADS:-2}
+export THREADS  # read by the wrk scripts that split their input per thread
 PEER=127.0.0.1:${PEER_PORT:-19999}
 API_PORT=${API_PORT:-18080}
 DB=bench_$$
 PREFIX=bench$$
 OUT=${OUT:-target/bench}
+PROVIDER_A_KEY=SB-Mid-server-bench0123456789
 mkdir -p "$OUT"
 
 cargo build --release -q -p api -p worker --bins --example bench_peer
 BIN=target/release
-SECTIONS=${*:-bare health contact waitlist drain profile jwks upload verify}
+SECTIONS=${*:-bare health contact waitlist drain profile jwks upload verify payments-seed webhook webhook256 settle lookup pgbench}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
 cleanup() {
   kill "${API_PID:-}" "${WORKER_PID:-}" "${PEER_PID:-}" 2>/dev/null || true
   wait 2>/dev/null || true
   psql -h 127.0.0.1 -U postgres -qc "drop database if exists $DB with (force)" >/dev/null 2>&1 || true
+  psql -h 127.0.0.1 -U postgres -qc "drop database if exists ${DB}_1k with (force)" >/dev/null 2>&1 || true
   redis-cli --scan --pattern "$PREFIX:*" | xargs -r -n 500 redis-cli del >/dev/null || true
 }
 trap cleanup EXIT
@@ -44,12 +51,19 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" REDIS_URL=redis://1
   WORKER_CONCURRENCY=${WORKER_CONCURRENCY:-64} DB_MAX_CONNECTIONS=${DB_MAX_CONNECTIONS:-32} \
   NEXT_PUBLIC_BACKEND_URL=http://$PEER NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY=pk_bench \
   BACKEND_JWT_SECRET=bench-jwt-secret-0123456789abcdef0123 BACKEND_SERVICE_ROLE_KEY=bench-service-role-0123456789abcdef0123 \
-  STORAGE_URL=file://$PWD/$OUT/storage
+  STORAGE_URL=file://$PWD/$OUT/storage \
+  NEXT_PUBLIC_ENABLE_PAYMENTS=true PAYMENT_PROVIDER=provider_a PROVIDER_A_SERVER_KEY=$PROVIDER_A_KEY \
+  PROVIDER_A_BASE_URL=http://$PEER PROVIDER_A_API_BASE_URL=http://$PEER \
+  SETTLEMENT_SWEEP_AFTER_SECS=86400 PAYMENT_RECONCILE_AFTER_SECS=86400
+# The sweep and reconciliation are pushed out of the runs' way: the seeded
+# payments are all PENDING and the settle section measures the queue, not the
+# sweep re-queueing a backlog that is merely waiting.
 
 "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
 for _ in $(seq 1 50); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
 BASE=http://127.0.0.1:$API_PORT
 
+load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"; }
 rss() { awk '/VmHWM/ {print $2/1024 " MiB peak"}' "/proc/$1/status"; }
 run() { # name, wrk args...
   local name=$1; shift
@@ -94,21 +108,149 @@ if want upload; then
   echo "upload: api RSS before any upload $((rest / 1024)) MiB, peak during the uploads $((peak / 1024)) MiB, growth $(( (peak - rest) / 1024 )) MiB"
 fi
 
-want drain || exit 0
-# Drain: the contact run queued jobs while no worker ran; now start one.
-backlog() { echo $(( $(redis-cli llen "$PREFIX:email:active") + $(redis-cli zcard "$PREFIX:email:scheduled") )); }
-queued=$(backlog)
-echo "### worker drain: $queued jobs queued"
-start=$(date +%s.%N)
-"$BIN/worker" > "$OUT/worker.out" 2> "$OUT/worker.err" & WORKER_PID=$!
-while [ "$(backlog)" -gt 0 ]; do sleep 0.5; done
-# wait for in-flight jobs to be acknowledged
-for _ in $(seq 1 40); do
-  inflight=$(redis-cli --scan --pattern "$PREFIX:email:inflight*" | xargs -r redis-cli scard 2>/dev/null | awk '{s+=$1} END {print s+0}')
-  [ "$inflight" = 0 ] && break; sleep 0.25
-done
-end=$(date +%s.%N)
-sent=$(curl -s http://$PEER/count)
-echo "drained $queued jobs in $(echo "$end - $start" | bc) s: $(echo "$queued / ($end - $start)" | bc) jobs/s; email API received $sent"
-echo "worker RSS: $(rss $WORKER_PID)"
-echo "api RSS after all runs: $(rss $API_PID)"
+if want drain; then
+  # Drain: the contact run queued jobs while no worker ran; now start one.
+  backlog() { echo $(( $(redis-cli llen "$PREFIX:email:active") + $(redis-cli zcard "$PREFIX:email:scheduled") )); }
+  queued=$(backlog)
+  echo "### worker drain: $queued jobs queued"
+  start=$(date +%s.%N)
+  "$BIN/worker" > "$OUT/worker.out" 2> "$OUT/worker.err" & WORKER_PID=$!
+  while [ "$(backlog)" -gt 0 ]; do sleep 0.5; done
+  # wait for in-flight jobs to be acknowledged
+  for _ in $(seq 1 40); do
+    inflight=$(redis-cli --scan --pattern "$PREFIX:email:inflight*" | xargs -r redis-cli scard 2>/dev/null | awk '{s+=$1} END {print s+0}')
+    [ "$inflight" = 0 ] && break; sleep 0.25
+  done
+  end=$(date +%s.%N)
+  sent=$(curl -s http://$PEER/count)
+  echo "drained $queued jobs in $(echo "$end - $start" | bc) s: $(echo "$queued / ($end - $start)" | bc) jobs/s; email API received $sent"
+  echo "worker RSS: $(rss $WORKER_PID)"
+  echo "api RSS after all runs: $(rss $API_PID)"
+  # The payment sections below measure ingestion with no worker running.
+  kill "$WORKER_PID" 2>/dev/null || true
+  wait "$WORKER_PID" 2>/dev/null || true
+  WORKER_PID=
+fi
+
+# ---- Payments (issue 8) ------------------------------------------------------
+psqlq() { psql -h 127.0.0.1 -U postgres -d "${PSQL_DB:-$DB}" -qAt "$@"; }
+PAYMENTS=${PAYMENTS:-1000000}
+# Signed notifications per wrk run: each request is a first delivery as long as
+# the run needs fewer than this many (the script reports wraps otherwise).
+WEBHOOK_BODIES=${WEBHOOK_BODIES:-120000}
+
+# Seed: $PAYMENTS PENDING provider_a payments and 10,000 users in the schema the
+# api migrated at start (MIGRATE_ON_START defaults to true), one INSERT ... SELECT.
+if want payments-seed; then
+  echo "### payments-seed: $PAYMENTS payments"
+  t0=$(date +%s.%N)
+  psqlq -v ON_ERROR_STOP=1 -v n="$PAYMENTS" -f bench/seed_payments.sql
+  t1=$(date +%s.%N)
+  echo "seeded $(psqlq -c 'select count(*) from payments') payments, $(psqlq -c 'select count(*) from users') users in $(echo "$t1 - $t0" | bc) s; payments table + indexes $(psqlq -c "select pg_size_pretty(pg_total_relation_size('payments'))")"
+fi
+
+# Notification bodies for one wrk run: the next $WEBHOOK_BODIES pending order
+# ids (never used by an earlier run), signed by bench_peer notify-a.
+NEXT_ORDER=1
+bodies() { # file
+  seq "$NEXT_ORDER" $((NEXT_ORDER + WEBHOOK_BODIES - 1)) \
+    | awk '{ printf "ORD-%d-%08X\n", 1764000000000 + $1, $1 }' \
+    | "$BIN/examples/bench_peer" notify-a "$PROVIDER_A_KEY" 99000.00 > "$1"
+  NEXT_ORDER=$((NEXT_ORDER + WEBHOOK_BODIES))
+}
+events() { psqlq -c "select count(*) from webhook_events"; }
+
+# Ingestion: verify + lookup among $PAYMENTS rows + record + enqueue, no worker.
+webhook_run() { # name, connections
+  bodies "$OUT/$1.bodies"
+  local before; before=$(events)
+  echo "$1: $(load) before the run"
+  BODIES="$OUT/$1.bodies" CONN=$2 run "$1" --timeout 10s -s bench/webhook.lua "$BASE"
+  grep -E "^answers|^latency ms" "$OUT/$1.txt" || true
+  echo "$1: $(( $(events) - before )) events recorded; settlement jobs queued: $(( $(redis-cli llen "$PREFIX:settlement:active") + $(redis-cli zcard "$PREFIX:settlement:scheduled") ))"
+  echo "api RSS: $(rss $API_PID); $(load)"
+}
+want webhook && webhook_run webhook "${WEBHOOK_CONN:-32}"
+# 256 connections against the same bounded pool (DB_MAX_CONNECTIONS): the
+# answer to overload must be 503 (DEPENDENCY_TIMEOUT_MS), not an unbounded queue.
+want webhook256 && webhook_run webhook256 256
+
+# Settlement: ONE worker process settles the backlog the ingestion queued;
+# settled webhook_events are counted every 0.5 s.
+if want settle; then
+  settle_backlog() { echo $(( $(redis-cli llen "$PREFIX:settlement:active") + $(redis-cli zcard "$PREFIX:settlement:scheduled") )); }
+  settled() { psqlq -c "select count(*) from webhook_events where settled_at is not null"; }
+  total=$(events) queued=$(settle_backlog) before=$(settled)
+  echo "### settle: $queued settlement jobs queued for $total events, one worker (WORKER_CONCURRENCY=$WORKER_CONCURRENCY); $(load)"
+  start=$(date +%s.%N)
+  "$BIN/worker" > "$OUT/worker-settle.out" 2> "$OUT/worker-settle.err" & WORKER_PID=$!
+  deadline=$(( $(date +%s) + ${SETTLE_MAX_SECS:-600} ))
+  first="" n=$before
+  while :; do
+    n=$(( $(settled) - before ))
+    [ -z "$first" ] && [ "$n" -gt 0 ] && first=$(date +%s.%N) first_n=$n
+    [ "$n" -ge "$queued" ] && break
+    [ "$(date +%s)" -ge "$deadline" ] && { echo "settle: gave up after ${SETTLE_MAX_SECS:-600} s"; break; }
+    sleep 0.5
+  done
+  end=$(date +%s.%N)
+  echo "settled $n of $queued queued events in $(echo "$end - $start" | bc) s from worker start: $(echo "$n / ($end - $start)" | bc) jobs/s ($(echo "($n - ${first_n:-0}) / ($end - ${first:-$start})" | bc) jobs/s from the first settled event); $(load)"
+  echo "payments PAID: $(psqlq -c "select count(*) from payments where status = 'PAID'"); events settled with a reason: $(psqlq -c 'select count(*) from webhook_events where settlement_error is not null'); audit rows: $(psqlq -c 'select count(*) from audit_logs'); dead jobs: $(redis-cli zcard "$PREFIX:settlement:dead" 2>/dev/null || echo ?)"
+  echo "events recorded but never queued (request cancelled between record and push when wrk closed its connections; left to the settlement sweep): $(( total - queued ))"
+  echo "worker RSS: $(rss $WORKER_PID)"
+fi
+
+# Lookup: the webhook's payment lookup (bench/lookup.sql) by pgbench, prepared
+# statements like sqlx, in a copy of the schema with 1,000 payments and in the
+# run's database with $PAYMENTS. Each size gets a 3 s warm-up, then
+# LOOKUP_REPS (3) alternating runs of LOOKUP_SECS (5) s; the median counts.
+if want lookup; then
+  echo "### lookup: 1k rows vs $PAYMENTS rows; $(load)"
+  psql -h 127.0.0.1 -U postgres -qc "create database ${DB}_1k"
+  pg_dump -h 127.0.0.1 -U postgres -s "$DB" | psql -h 127.0.0.1 -U postgres -q -d "${DB}_1k" >/dev/null
+  PSQL_DB=${DB}_1k psqlq -v ON_ERROR_STOP=1 -v n=1000 -f bench/seed_payments.sql
+  rows_big=$(psqlq -c 'select count(*) from payments')
+  echo "shared_buffers $(psqlq -c 'show shared_buffers'); payments with indexes: $(psqlq -c "select pg_size_pretty(pg_total_relation_size('payments'))") at $rows_big rows, $(PSQL_DB=${DB}_1k psqlq -c "select pg_size_pretty(pg_total_relation_size('payments'))") at 1,000"
+  lookup_once() { # db, rows, clients, secs -> average latency in ms
+    pgbench -h 127.0.0.1 -U postgres -n -M prepared -c "$3" -j $(( $3 < 2 ? 1 : 2 )) -T "$4" \
+      -D rows="$2" -f bench/lookup.sql "$1" 2>&1 | tee -a "$OUT/lookup-$3-$2.txt" \
+      | awk '/^latency average/ {print $4}'
+  }
+  median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+  for c in 1 32; do
+    : > "$OUT/lookup-$c-1000.txt"; : > "$OUT/lookup-$c-$rows_big.txt"
+    lookup_once "${DB}_1k" 1000 "$c" 3 > /dev/null
+    lookup_once "$DB" "$rows_big" "$c" 3 > /dev/null
+    small="" big=""
+    for _ in $(seq 1 "${LOOKUP_REPS:-3}"); do
+      small="$small $(lookup_once "${DB}_1k" 1000 "$c" "${LOOKUP_SECS:-5}")"
+      big="$big $(lookup_once "$DB" "$rows_big" "$c" "${LOOKUP_SECS:-5}")"
+    done
+    ms=$(echo "$small" | median) mb=$(echo "$big" | median)
+    echo "lookup c=$c: 1k rows [$small ] ms, $rows_big rows [$big ] ms; medians $ms / $mb ms, ratio $(echo "scale=3; $mb / $ms" | bc)"
+  done
+fi
+
+# The database's own limit: single-row INSERTs, 32 clients, in the same run.
+if want pgbench; then
+  echo "### pgbench single-row INSERT; $(load)"
+  psqlq -c "create table if not exists bench_insert (id bigserial primary key, order_id text not null, amount bigint not null, created_at timestamptz not null default now())"
+  pgbench -h 127.0.0.1 -U postgres -n -c 32 -j 2 -T "${PGBENCH_SECS:-15}" -f bench/insert.sql "$DB" > "$OUT/pgbench.txt" 2>&1
+  grep -E '^(latency average|tps)' "$OUT/pgbench.txt"
+fi
+
+# Checkout (POST /api/payments, provider_a pointed at bench_peer's instant
+# Snap answer). Not in the default list. Each user may check out 5 times per
+# 15 min: CHECKOUT_USERS tokens (default 40,000) are minted, the users made
+# by a warm-up of POST /api/profile over every token (first sight), then the
+# measured run goes round robin over them.
+if want checkout; then
+  n_users=${CHECKOUT_USERS:-40000}
+  "$BIN/examples/bench_peer" tokens HS256 "$BACKEND_JWT_SECRET" "$n_users" > "$OUT/checkout.tokens"
+  TOKENS="$OUT/checkout.tokens" wrk -t"$THREADS" -c"${CONN}" -d"${CHECKOUT_WARM:-30s}" -s bench/profile.lua "$BASE/api/profile" > /dev/null
+  echo "checkout: $(psqlq -c 'select count(*) from users') users known after the warm-up ($n_users tokens)"
+  before=$(curl -s "http://$PEER/count")
+  TOKENS="$OUT/checkout.tokens" CONN=${CHECKOUT_CONN:-32} run checkout -s bench/checkout.lua "$BASE"
+  grep -E "^answers|^latency ms" "$OUT/checkout.txt" || true
+  echo "checkout: fake provider received $(( $(curl -s "http://$PEER/count") - before )) create calls; payments PENDING with a checkout token: $(psqlq -c "select count(*) from payments where checkout_token is not null")"
+fi

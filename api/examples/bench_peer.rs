@@ -14,6 +14,16 @@
 //! Upload grants for the avatar benchmark:
 //! `bench_peer grants <BACKEND_SERVICE_ROLE_KEY> 16 <bytes>` prints
 //! `<user id> <token>` lines.
+//!
+//! Payments (issue 8):
+//! * instant fake providers: `POST /snap/v1/transactions` answers provider_a's
+//!   (Midtrans Snap) 201 `{"token","redirect_url"}`; `POST /checkout/v1/payment`
+//!   answers provider_b's (DOKU Checkout) documented 200 body with
+//!   `response.payment.url`. `GET /count` counts these calls too.
+//! * signed notifications for the webhook benchmark:
+//!   `bench_peer notify-a <PROVIDER_A_SERVER_KEY> <gross_amount> < order_ids`
+//!   prints one provider_a `settlement` notification (JSON, one line) per
+//!   order id read from stdin, signed with `entity::payment::provider_a_signature`.
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
@@ -34,6 +44,96 @@ fn emails(count: Data<&Arc<AtomicU64>>, body: poem::Body) -> poem::Response {
     poem::Response::builder()
         .content_type("application/json")
         .body(format!("{{\"id\":\"{n}\"}}"))
+}
+
+/// provider_a's Snap "create transaction" answer (201), at once.
+#[handler]
+fn snap_transactions(count: Data<&Arc<AtomicU64>>, body: poem::Body) -> poem::Response {
+    drop(body);
+    count.fetch_add(1, Ordering::Relaxed);
+    let token = uuid::Uuid::new_v4();
+    poem::Response::builder()
+        .status(poem::http::StatusCode::CREATED)
+        .content_type("application/json")
+        .body(format!(
+            r#"{{"token":"{token}","redirect_url":"https://app.sandbox.midtrans.com/snap/v4/redirection/{token}"}}"#
+        ))
+}
+
+/// provider_b's Checkout "payment" answer (200, DOKU's documented body), at
+/// once. The invoice number is echoed from the request when it parses.
+#[handler]
+async fn doku_payment(count: Data<&Arc<AtomicU64>>, body: poem::Body) -> poem::Response {
+    count.fetch_add(1, Ordering::Relaxed);
+    let req: serde_json::Value = body
+        .into_bytes()
+        .await
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let invoice = req["order"]["invoice_number"].as_str().unwrap_or("INV-0");
+    let amount = &req["order"]["amount"];
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let answer = serde_json::json!({
+        "message": ["SUCCESS"],
+        "response": {
+            "order": {
+                "amount": amount.to_string(),
+                "invoice_number": invoice,
+                "currency": "IDR",
+                "session_id": token,
+                "callback_url": req["order"]["callback_url"],
+            },
+            "payment": {
+                "payment_method_types": ["VIRTUAL_ACCOUNT_BCA", "CREDIT_CARD"],
+                "payment_due_date": 60,
+                "token_id": token,
+                "url": format!("https://sandbox.doku.com/checkout-link-v2/{token}"),
+                "expired_date": "20261123110000",
+            },
+            "uuid": 2_611_231_000_000_000_000u64,
+            "headers": {
+                "request_id": uuid::Uuid::new_v4().to_string(),
+                "signature": "HMACSHA256=bench",
+                "date": "2026-11-23T10:00:00Z",
+                "client_id": "BRN-bench",
+            },
+        },
+    });
+    poem::Response::builder()
+        .content_type("application/json")
+        .body(answer.to_string())
+}
+
+/// Prints one signed provider_a `settlement` notification per order id on
+/// stdin (one JSON object per line), the shape Midtrans sends.
+fn notify_a(server_key: &str, gross_amount: &str) {
+    use std::io::{BufRead, Write};
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    for line in std::io::stdin().lock().lines() {
+        let line = line.expect("read an order id");
+        let order_id = line.trim();
+        if order_id.is_empty() {
+            continue;
+        }
+        let body = serde_json::json!({
+            "transaction_time": "2026-11-23 10:00:00",
+            "transaction_status": "settlement",
+            "transaction_id": uuid::Uuid::new_v4().to_string(),
+            "status_message": "midtrans payment notification",
+            "status_code": "200",
+            "signature_key": entity::payment::provider_a_signature(order_id, "200", gross_amount, server_key),
+            "payment_type": "bank_transfer",
+            "order_id": order_id,
+            "merchant_id": "G000000000",
+            "gross_amount": gross_amount,
+            "fraud_status": "accept",
+            "currency": "IDR",
+            "settlement_time": "2026-11-23 10:00:05",
+        });
+        writeln!(out, "{body}").expect("write a notification");
+    }
 }
 
 #[handler]
@@ -153,6 +253,15 @@ async fn main() -> std::io::Result<()> {
             );
             return Ok(());
         }
+        "notify-a" => {
+            let amount = if arg(3).is_empty() {
+                "99000.00".to_string()
+            } else {
+                arg(3)
+            };
+            notify_a(&arg(2), &amount);
+            return Ok(());
+        }
         _ => {}
     }
     let addr = args
@@ -165,6 +274,8 @@ async fn main() -> std::io::Result<()> {
         .at("/emails", post(emails))
         .at("/count", get(counted))
         .at("/auth/v1/.well-known/jwks.json", get(jwks))
+        .at("/snap/v1/transactions", post(snap_transactions))
+        .at("/checkout/v1/payment", post(doku_payment))
         .data(count);
     println!("bench peer on http://{addr}");
     Server::new(TcpListener::bind(addr)).run(app).await
