@@ -323,3 +323,65 @@ async fn a_notification_that_cannot_be_queued_is_503_and_its_retry_settles() {
     wait_paid(&db, &order).await;
     assert_eq!(counts(&db, &order).await, (1, 1));
 }
+
+/// A provider that hangs up while its notification is being queued (here:
+/// Redis frozen, the client gives up after 300 ms) does not leave the event
+/// recorded but unqueued: the record-then-enqueue step finishes on its own,
+/// undoes the record when the queue does not answer, and the provider's retry
+/// is a first delivery that settles at once (the sweep is a day away).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provider_hanging_up_mid_enqueue_leaves_no_event_behind() {
+    let stack = Stack::new().await;
+    let proxy = tests::TcpProxy::start(&tests::host_port(&stack.redis.url)).await;
+    let env = env(&stack)
+        .with("REDIS_URL", stack.redis.url_via(proxy.addr))
+        .with("DEPENDENCY_TIMEOUT_MS", "1500")
+        .with("SETTLEMENT_SWEEP_AFTER_SECS", "86400");
+    let api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    let (_, order) = pending_payment(&db, "provider_a").await;
+    let body =
+        serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
+
+    proxy.set(tests::ProxyMode::Freeze);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let sent = impatient
+        .post(api.url("/api/webhooks/provider_a"))
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(
+        sent.is_err(),
+        "the client was meant to give up first: {sent:?}"
+    );
+    assert_eq!(
+        counts(&db, &order).await,
+        (1, 0),
+        "recorded, waiting for the frozen queue (DEPENDENCY_TIMEOUT_MS = 1.5 s)"
+    );
+    let undone = wait_until(Duration::from_secs(15), || async {
+        counts(&db, &order).await == (0, 0)
+    })
+    .await;
+    assert!(
+        undone,
+        "the event recorded for the abandoned request was neither queued nor undone: {:?}",
+        counts(&db, &order).await
+    );
+
+    proxy.set(tests::ProxyMode::Forward);
+    let _worker = stack.worker(&env).await;
+    let r = post_raw(&api, "/api/webhooks/provider_a", body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json,
+        json!({"received": true}),
+        "the retry is a first delivery"
+    );
+    wait_paid(&db, &order).await;
+    assert_eq!(counts(&db, &order).await, (1, 1));
+}

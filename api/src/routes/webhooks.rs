@@ -266,6 +266,24 @@ async fn receive(
             ApiError::Field(FieldError::new(field, "invalid_payload", detail))
         }
     })?;
+    // Record-then-enqueue runs in its own task: a provider that hangs up
+    // mid-request (dropping this future) must not leave an event recorded
+    // but never queued (which only the sweep would settle, while the
+    // provider's retry is answered `duplicate`).
+    let request_id = req.extensions().get::<RequestId>().map(|r| r.0.clone());
+    let task_state = state.clone();
+    tokio::spawn(async move { record_and_queue(&task_state, notification, request_id).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("the webhook task failed: {e}")))?
+}
+
+/// Records a verified notification and queues its settlement (see the module
+/// docs): the answer of both routes from the lookup on.
+async fn record_and_queue(
+    state: &AppState,
+    notification: entity::webhook::Notification,
+    request_id: Option<String>,
+) -> Result<WebhookAck, ApiError> {
     let recorded = state
         .bounded(settlement::record_event(&state.db, &notification))
         .await?;
@@ -292,7 +310,7 @@ async fn receive(
     };
     let job = Job::SettlePayment(SettlePayment {
         event_id: id,
-        request_id: req.extensions().get::<RequestId>().map(|r| r.0.clone()),
+        request_id,
     });
     if let Err(e) = state
         .queues
