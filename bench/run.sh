@@ -9,6 +9,11 @@
 # payments-seed webhook webhook256 settle lookup pgbench checkout (issue 8; checkout is not
 # in the default list: run it by name).
 #   bash bench/run.sh payments-seed webhook webhook256 settle lookup pgbench
+# AI (issue 9; not in the default list, run by name): ai-ttfb ai-streams ai-generate ai-quota
+#   bash bench/run.sh ai-ttfb ai-streams ai-generate ai-quota
+# BIN (default target/release) picks the binaries; NO_BUILD=1 skips the release
+# build, e.g. a smoke test with debug binaries:
+#   BIN=target/debug NO_BUILD=1 DUR=3s bash bench/run.sh ai-ttfb
 # Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS);
 # all traffic stays on 127.0.0.1.
 set -euo pipefail
@@ -25,10 +30,16 @@ OUT=${OUT:-target/bench}
 PROVIDER_A_KEY=SB-Mid-server-bench0123456789
 mkdir -p "$OUT"
 
-cargo build --release -q -p api -p worker --bins --example bench_peer
-BIN=target/release
+BIN=${BIN:-target/release}
+[ -n "${NO_BUILD:-}" ] || cargo build --release -q -p api -p worker --bins --example bench_peer
 SECTIONS=${*:-bare health contact waitlist drain profile jwks upload verify payments-seed webhook webhook256 settle lookup pgbench}
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+# The AI sections use a catalogue whose FREE plan (every new user's) has its
+# AI limits raised (bench/ai_plans.toml); the other plans are unchanged.
+PLANS=config/plans.toml
+[[ " $SECTIONS " == *" ai-"* ]] && PLANS=bench/ai_plans.toml
+# 500 concurrent chats hold ~1,000 sockets in the api (client + upstream side).
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 cleanup() {
   kill "${API_PID:-}" "${WORKER_PID:-}" "${PEER_PID:-}" 2>/dev/null || true
@@ -47,14 +58,16 @@ for _ in $(seq 1 50); do curl -s -o /dev/null "http://$PEER/count" && break; sle
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" REDIS_URL=redis://127.0.0.1:6379 \
   QUEUE_PREFIX=$PREFIX TRUST_PROXY=true RATE_LIMIT_PUBLIC_PER_HOUR=100000000 \
   EMAIL_PROVIDER_API_KEY=bench EMAIL_PROVIDER_BASE_URL=http://$PEER EMAIL_FROM=site@example.com \
-  PLANS_FILE=config/plans.toml RUST_LOG=${RUST_LOG:-warn} HOST=127.0.0.1 PORT=$API_PORT \
+  PLANS_FILE=$PLANS RUST_LOG=${RUST_LOG:-warn} HOST=127.0.0.1 PORT=$API_PORT \
   WORKER_CONCURRENCY=${WORKER_CONCURRENCY:-64} DB_MAX_CONNECTIONS=${DB_MAX_CONNECTIONS:-32} \
   NEXT_PUBLIC_BACKEND_URL=http://$PEER NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY=pk_bench \
   BACKEND_JWT_SECRET=bench-jwt-secret-0123456789abcdef0123 BACKEND_SERVICE_ROLE_KEY=bench-service-role-0123456789abcdef0123 \
   STORAGE_URL=file://$PWD/$OUT/storage \
   NEXT_PUBLIC_ENABLE_PAYMENTS=true PAYMENT_PROVIDER=provider_a PROVIDER_A_SERVER_KEY=$PROVIDER_A_KEY \
   PROVIDER_A_BASE_URL=http://$PEER PROVIDER_A_API_BASE_URL=http://$PEER \
-  SETTLEMENT_SWEEP_AFTER_SECS=86400 PAYMENT_RECONCILE_AFTER_SECS=86400
+  SETTLEMENT_SWEEP_AFTER_SECS=86400 PAYMENT_RECONCILE_AFTER_SECS=86400 \
+  NEXT_PUBLIC_ENABLE_AI=true AI_DEFAULT_PROVIDER=openai OPENAI_API_KEY=sk-bench \
+  OPENAI_BASE_URL=http://$PEER/v1 OPENAI_MODEL=gpt-4o-mini
 # The sweep and reconciliation are pushed out of the runs' way: the seeded
 # payments are all PENDING and the settle section measures the queue, not the
 # sweep re-queueing a backlog that is merely waiting.
@@ -253,4 +266,113 @@ if want checkout; then
   TOKENS="$OUT/checkout.tokens" CONN=${CHECKOUT_CONN:-32} run checkout -s bench/checkout.lua "$BASE"
   grep -E "^answers|^latency ms" "$OUT/checkout.txt" || true
   echo "checkout: fake provider received $(( $(curl -s "http://$PEER/count") - before )) create calls; payments PENDING with a checkout token: $(psqlq -c "select count(*) from payments where checkout_token is not null")"
+fi
+
+# ---- AI (issue 9) -------------------------------------------------------------
+# bench_peer's fake OpenAI upstream (POST /v1/chat/completions) takes its shape
+# from the prompt: "chunks=<n> delay_ms=<ms>" (200 content chunks, the first
+# two at once, then one every delay_ms). The measuring clients are bench_peer
+# subcommands (ttfb, streams) over reqwest, and wrk for generate. All users are
+# FREE users of bench/ai_plans.toml (limits raised, quota still checked).
+AI_USERS=${AI_USERS:-1000}
+AI_CHUNKS=${AI_CHUNKS:-200}
+AI_CHUNK_DELAY_MS=${AI_CHUNK_DELAY_MS:-20}
+GEN_CHUNKS=${GEN_CHUNKS:-20}
+FAKE=http://$PEER/v1/chat/completions
+ai_body() { # chunks, delay_ms -> the api's chat body
+  printf '{"messages":[{"role":"user","content":"chunks=%s delay_ms=%s"}]}' "$1" "$2"
+}
+fake_body() { # chunks, delay_ms -> the same request as the api sends it upstream
+  printf '{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"chunks=%s delay_ms=%s"}]}' "$1" "$2"
+}
+# $AI_USERS session tokens; each user is made (first sight) and its quota
+# counter seeded by one generate request.
+ai_setup() {
+  [ -n "${AI_READY:-}" ] && return
+  "$BIN/examples/bench_peer" tokens HS256 "$BACKEND_JWT_SECRET" "$AI_USERS" > "$OUT/ai.tokens"
+  local ok
+  ok=$(xargs -P 16 -I{} curl -s -o /dev/null -w '%{http_code}\n' -X POST "$BASE/api/ai/generate" \
+    -H 'content-type: application/json' -H "authorization: Bearer {}" \
+    -d '{"prompt":"chunks=1 delay_ms=0"}' < "$OUT/ai.tokens" | grep -c '^200$' || true)
+  echo "ai: $ok of $AI_USERS users made by a first generate request"
+  AI_READY=1
+}
+api_ms() { grep -E "^ttfb" "$1" | awk '{print $4, $7}'; }
+
+# Time to first byte: $TTFB_N (200) sequential requests to the fake directly,
+# then the same through POST /api/ai/chat (one keep-alive client each, 10
+# unmeasured warm-ups; each body read to its end). The fake streams
+# $AI_CHUNKS chunks with no delay (the first byte does not depend on it).
+if want ai-ttfb; then
+  ai_setup
+  echo "### ai-ttfb; $(load)"
+  n=${TTFB_N:-200}
+  "$BIN/examples/bench_peer" ttfb "$FAKE" - "$n" "$(fake_body "$AI_CHUNKS" 0)" | tee "$OUT/ai-ttfb-direct.txt"
+  "$BIN/examples/bench_peer" ttfb "$BASE/api/ai/chat" "$OUT/ai.tokens" "$n" "$(ai_body "$AI_CHUNKS" 0)" | tee "$OUT/ai-ttfb-api.txt"
+  read -r dm dp < <(api_ms "$OUT/ai-ttfb-direct.txt")
+  read -r am ap < <(api_ms "$OUT/ai-ttfb-api.txt")
+  echo "ai-ttfb: through the api minus direct: median $(awk "BEGIN {printf \"%+.3f\", $am - $dm}") ms, p99 $(awk "BEGIN {printf \"%+.3f\", $ap - $dp}") ms (goal: both <= 2 ms)"
+fi
+
+# 500 concurrent chats ($AI_STREAMS), each $AI_CHUNKS chunks $AI_CHUNK_DELAY_MS
+# ms apart: first the fake directly (its own durations), then through the api.
+# The api's RSS is read before, its peak reset (clear_refs 5) and read after
+# (VmHWM): (peak - before) / streams is the memory one open stream costs.
+if want ai-streams; then
+  ai_setup
+  ns=${AI_STREAMS:-500}
+  echo "### ai-streams: $ns concurrent chats of $AI_CHUNKS chunks, $AI_CHUNK_DELAY_MS ms apart; $(load)"
+  "$BIN/examples/bench_peer" streams "$FAKE" - "$ns" "$(fake_body "$AI_CHUNKS" "$AI_CHUNK_DELAY_MS")" | tee "$OUT/ai-streams-direct.txt"
+  rest=$(awk '/VmRSS/ {print $2}' "/proc/$API_PID/status")
+  echo 5 > "/proc/$API_PID/clear_refs"
+  "$BIN/examples/bench_peer" streams "$BASE/api/ai/chat" "$OUT/ai.tokens" "$ns" "$(ai_body "$AI_CHUNKS" "$AI_CHUNK_DELAY_MS")" | tee "$OUT/ai-streams-api.txt"
+  peak=$(awk '/VmHWM/ {print $2}' "/proc/$API_PID/status")
+  after=$(awk '/VmRSS/ {print $2}' "/proc/$API_PID/status")
+  echo "ai-streams: api RSS before $(echo "scale=1; $rest / 1024" | bc) MiB, peak $(echo "scale=1; $peak / 1024" | bc) MiB (goal < 64), after $(echo "scale=1; $after / 1024" | bc) MiB; per stream $(echo "scale=1; ($peak - $rest) / $ns" | bc) KiB"
+fi
+
+# Generate against the instant fake ($GEN_CHUNKS chunks, no delay), wrk over
+# the $AI_USERS users' tokens. Goal >= 2,000 req/s.
+ai_generate_run() { # name
+  TOKENS="$OUT/ai.tokens" AI_PROMPT="chunks=$GEN_CHUNKS delay_ms=0" CONN=${AI_CONN:-$CONN} \
+    run "$1" -s bench/ai_generate.lua "$BASE"
+  grep -E "^answers|^latency ms" "$OUT/$1.txt" || true
+  echo "$1: $(awk '/Requests\/sec/ {print $2}' "$OUT/$1.txt") req/s (goal >= 2,000); api RSS: $(rss $API_PID); $(load)"
+}
+if want ai-generate; then
+  ai_setup
+  ai_generate_run ai-generate
+fi
+
+# Quota check cost with $AI_USAGE_ROWS (1,000,000) ai_usage rows: generate
+# with the table empty, then seeded (the Redis counters present: no sum), then
+# with the counters deleted (each user's first request pays the sum once per
+# month); and the seeding sum alone by pgbench (1 client, prepared).
+if want ai-quota; then
+  ai_setup
+  rows=${AI_USAGE_ROWS:-1000000}
+  echo "### ai-quota: $(psqlq -c 'select count(*) from ai_usage') ai_usage rows before seeding; $(load)"
+  ai_generate_run ai-quota-empty
+  psqlq -c "set client_min_messages = warning; drop table if exists bench_ai_users; create table bench_ai_users (n int primary key, id uuid not null)"
+  python3 -c '
+import sys, json, base64
+for i, t in enumerate(l for l in sys.stdin if l.strip()):
+    p = t.split(".")[1]
+    print("%d\t%s" % (i, json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))["sub"]))
+' < "$OUT/ai.tokens" | psqlq -c "\\copy bench_ai_users from stdin"
+  psqlq -c "delete from bench_ai_users b where not exists (select 1 from users u where u.id = b.id)"
+  users=$(psqlq -c 'select count(*) from bench_ai_users')
+  t0=$(date +%s.%N)
+  psqlq -v ON_ERROR_STOP=1 -v n="$rows" -f bench/ai_seed_usage.sql
+  t1=$(date +%s.%N)
+  month="created_at >= date_trunc('month', now() at time zone 'UTC') at time zone 'UTC'"
+  echo "ai-quota: seeded $(psqlq -c 'select count(*) from ai_usage') rows over $users users in $(echo "$t1 - $t0" | bc) s ($(psqlq -c "select count(*) from ai_usage where $month") this month, $(psqlq -c "select count(*) / $users from ai_usage where $month") per user); ai_usage + indexes $(psqlq -c "select pg_size_pretty(pg_total_relation_size('ai_usage'))")"
+  ai_generate_run ai-quota-1m-counters
+  pgbench -h 127.0.0.1 -U postgres -n -M prepared -c 1 -T "${QUOTA_SUM_SECS:-5}" -D users="$users" \
+    -f bench/ai_sum.sql "$DB" > "$OUT/ai-quota-sum.txt" 2>&1
+  psqlq -c "explain (analyze, buffers) select coalesce(sum(input_tokens + output_tokens), 0) from ai_usage where user_id = (select id from bench_ai_users where n = 0) and $month" > "$OUT/ai-quota-explain.txt"
+  echo "ai-quota: the seeding sum (absent counter, once per user and month), 1 client: $(awk '/^latency average/ {print $4 " ms average"}' "$OUT/ai-quota-sum.txt"), $(awk '/^tps/ {print $3 " sums/s"}' "$OUT/ai-quota-sum.txt"); plan: $(grep -oE '(Index|Bitmap|Seq)[A-Za-z ]* Scan[a-z ]* on ai_usage[^ ]*' "$OUT/ai-quota-explain.txt" | head -1) ($OUT/ai-quota-explain.txt)"
+  redis-cli --scan --pattern "$PREFIX:ai:tokens:*" | xargs -r -n 500 redis-cli del > /dev/null
+  ai_generate_run ai-quota-1m-no-counters
+  echo "ai-quota: counters re-seeded from the sum during that run: $(redis-cli --scan --pattern "$PREFIX:ai:tokens:*" | wc -l) of $users users"
 fi

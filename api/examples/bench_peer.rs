@@ -24,6 +24,29 @@
 //!   `bench_peer notify-a <PROVIDER_A_SERVER_KEY> <gross_amount> < order_ids`
 //!   prints one provider_a `settlement` notification (JSON, one line) per
 //!   order id read from stdin, signed with `entity::payment::provider_a_signature`.
+//!
+//! AI (issue 9):
+//! * a fake OpenAI Chat Completions upstream, `POST /v1/chat/completions`
+//!   (point `OPENAI_BASE_URL` at `http://<addr>/v1`). With `"stream": true`
+//!   it answers SSE, as OpenAI documents it: one `chat.completion.chunk` with
+//!   `delta.role`, then `chunks` chunks of one `delta.content` each, sent
+//!   `delay_ms` apart (the role chunk and the first content chunk at once), one with `finish_reason: "stop"`,
+//!   the usage chunk (`choices: []`, `usage: {prompt_tokens, completion_tokens,
+//!   total_tokens}`; `stream_options.include_usage`) and `data: [DONE]`.
+//!   Without `stream` it answers a `chat.completion` JSON object with the same
+//!   text and usage at once. `chunks` and `delay_ms` come from directives in
+//!   the last message's text (`chunks=200 delay_ms=0`, so one api process can
+//!   be driven with different shapes per request), else from the env
+//!   `AI_CHUNKS` (default 200) and `AI_CHUNK_DELAY_MS` (default 20).
+//! * measuring clients (one line of figures each, milliseconds):
+//!   `bench_peer ttfb <url> <tokens file|-> <n> <json body>`: `n` sequential
+//!   POSTs (after 10 unmeasured warm-ups), time from sending to the first
+//!   byte of the body, each body read to its end; median, p99, max.
+//!   `bench_peer streams <url> <tokens file|-> <n> <json body>`: `n`
+//!   concurrent POSTs (token `i` of the file for stream `i`, round robin);
+//!   counts the streams that end with `data: [DONE]` and carry no error
+//!   chunk, and reports min/median/max total duration, the largest first-byte
+//!   time and the largest gap between two body chunks of one stream (a stall).
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
@@ -232,6 +255,265 @@ fn grants(key: &str, n: usize, size: i64) {
     }
 }
 
+/// `name=<number>` in `text`, if present.
+fn directive(text: &str, name: &str) -> Option<u64> {
+    text.split(|c: char| c.is_whitespace() || c == ',')
+        .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The fake OpenAI Chat Completions endpoint (see the module docs).
+#[handler]
+async fn chat_completions(body: poem::Body) -> poem::Response {
+    let req: serde_json::Value = body
+        .into_bytes()
+        .await
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let last = req["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let chunks = directive(&last, "chunks").unwrap_or_else(|| env_u64("AI_CHUNKS", 200));
+    let delay = directive(&last, "delay_ms").unwrap_or_else(|| env_u64("AI_CHUNK_DELAY_MS", 20));
+    let model = req["model"].as_str().unwrap_or("gpt-4o-mini").to_string();
+    let prompt_tokens = (req["messages"].to_string().len() / 4).max(1) as u64;
+    let created = chrono::Utc::now().timestamp();
+    let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
+    if req["stream"] != serde_json::Value::Bool(true) {
+        let text: String = (0..chunks).map(|i| format!("tok{i} ")).collect();
+        let answer = serde_json::json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": null,
+                "finish_reason": "stop",
+            }],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": chunks,
+                "total_tokens": prompt_tokens + chunks,
+            },
+            "system_fingerprint": "fp_bench",
+        });
+        return poem::Response::builder()
+            .content_type("application/json")
+            .body(answer.to_string());
+    }
+    let chunk = move |choices: serde_json::Value, usage: serde_json::Value| {
+        let v = serde_json::json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_bench",
+            "choices": choices,
+            "usage": usage,
+        });
+        bytes::Bytes::from(format!("data: {v}\n\n"))
+    };
+    let null = serde_json::Value::Null;
+    let stream = async_stream::stream! {
+        yield Ok::<_, std::io::Error>(chunk(
+            serde_json::json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+            null.clone(),
+        ));
+        for i in 0..chunks {
+            if delay > 0 && i > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
+            yield Ok(chunk(
+                serde_json::json!([{"index": 0, "delta": {"content": format!("tok{i} ")}, "logprobs": null, "finish_reason": null}]),
+                null.clone(),
+            ));
+        }
+        yield Ok(chunk(
+            serde_json::json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop"}]),
+            null.clone(),
+        ));
+        yield Ok(chunk(
+            serde_json::json!([]),
+            serde_json::json!({"prompt_tokens": prompt_tokens, "completion_tokens": chunks, "total_tokens": prompt_tokens + chunks}),
+        ));
+        yield Ok(bytes::Bytes::from_static(b"data: [DONE]\n\n"));
+    };
+    poem::Response::builder()
+        .content_type("text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(poem::Body::from_bytes_stream(stream))
+}
+
+/// One measured request: time to the first body byte, total time, the
+/// largest gap between two body chunks, and whether the body is a complete
+/// stream (ends with `data: [DONE]`, no `"type":"error"` chunk).
+struct Timed {
+    first: std::time::Duration,
+    total: std::time::Duration,
+    gap: std::time::Duration,
+    complete: bool,
+}
+
+async fn timed_post(
+    client: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Result<Timed, String> {
+    let t0 = std::time::Instant::now();
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let mut resp = req.send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let mut first = None;
+    let mut last = std::time::Instant::now();
+    let mut gap = std::time::Duration::ZERO;
+    let mut all = Vec::new();
+    while let Some(c) = resp.chunk().await.map_err(|e| e.to_string())? {
+        let now = std::time::Instant::now();
+        if first.is_none() {
+            first = Some(now - t0);
+        } else {
+            gap = gap.max(now - last);
+        }
+        last = now;
+        all.extend_from_slice(&c);
+    }
+    let total = t0.elapsed();
+    if !status.is_success() {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&all)));
+    }
+    let text = String::from_utf8_lossy(&all);
+    let complete = text.trim_end().ends_with("data: [DONE]") && !text.contains(r#""type":"error""#);
+    Ok(Timed {
+        first: first.unwrap_or(total),
+        total,
+        gap,
+        complete,
+    })
+}
+
+fn read_tokens(path: &str) -> Vec<String> {
+    if path == "-" || path.is_empty() {
+        return Vec::new();
+    }
+    std::fs::read_to_string(path)
+        .expect("read the tokens file")
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The `q` quantile (0..=1) of sorted `v`, nearest rank.
+fn quantile(v: &[std::time::Duration], q: f64) -> std::time::Duration {
+    if v.is_empty() {
+        return std::time::Duration::ZERO;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// `n` sequential requests; prints the first-byte median, p99 and max.
+async fn ttfb(url: &str, tokens: &str, n: usize, body: &str) {
+    let tokens = read_tokens(tokens);
+    let client = reqwest::Client::new();
+    let token = |i: usize| (!tokens.is_empty()).then(|| tokens[i % tokens.len()].as_str());
+    for i in 0..10 {
+        timed_post(&client, url, token(i), body)
+            .await
+            .expect("warm-up request");
+    }
+    let mut firsts = Vec::with_capacity(n);
+    let mut incomplete = 0;
+    for i in 0..n {
+        let t = timed_post(&client, url, token(i), body)
+            .await
+            .expect("request");
+        incomplete += usize::from(!t.complete);
+        firsts.push(t.first);
+    }
+    firsts.sort();
+    println!(
+        "ttfb {url}: median {:.3} ms, p99 {:.3} ms, max {:.3} ms over {n} sequential requests ({incomplete} incomplete)",
+        ms(quantile(&firsts, 0.5)),
+        ms(quantile(&firsts, 0.99)),
+        ms(firsts.last().copied().unwrap_or_default()),
+    );
+}
+
+/// `n` concurrent requests; prints completion and duration figures.
+async fn streams(url: &str, tokens: &str, n: usize, body: &str) {
+    let tokens = std::sync::Arc::new(read_tokens(tokens));
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(n)
+        .build()
+        .expect("client");
+    let t0 = std::time::Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (client, tokens, url, body) = (
+                client.clone(),
+                tokens.clone(),
+                url.to_string(),
+                body.to_string(),
+            );
+            tokio::spawn(async move {
+                let token = (!tokens.is_empty()).then(|| tokens[i % tokens.len()].as_str());
+                timed_post(&client, &url, token, &body).await
+            })
+        })
+        .collect();
+    let mut done = Vec::new();
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(t) => done.push(t),
+            Err(e) => errors.push(e),
+        }
+    }
+    let wall = t0.elapsed();
+    let complete = done.iter().filter(|t| t.complete).count();
+    let mut totals: Vec<_> = done.iter().map(|t| t.total).collect();
+    totals.sort();
+    let first_max = done.iter().map(|t| t.first).max().unwrap_or_default();
+    let gap_max = done.iter().map(|t| t.gap).max().unwrap_or_default();
+    println!(
+        "streams {url}: {complete}/{n} complete, {} failed; duration min {:.0} / median {:.0} / max {:.0} ms; first byte max {:.1} ms; largest gap between chunks {:.1} ms; wall {:.0} ms",
+        errors.len(),
+        ms(totals.first().copied().unwrap_or_default()),
+        ms(quantile(&totals, 0.5)),
+        ms(totals.last().copied().unwrap_or_default()),
+        ms(first_max),
+        ms(gap_max),
+        ms(wall),
+    );
+    if let Some(e) = errors.first() {
+        println!("streams: first error: {e}");
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -251,6 +533,17 @@ async fn main() -> std::io::Result<()> {
                 arg(3).parse().unwrap_or(16),
                 arg(4).parse().unwrap_or(2 * 1024 * 1024),
             );
+            return Ok(());
+        }
+        "ttfb" | "streams" => {
+            let n = arg(4)
+                .parse()
+                .unwrap_or(if arg(1) == "ttfb" { 200 } else { 500 });
+            if arg(1) == "ttfb" {
+                ttfb(&arg(2), &arg(3), n, &arg(5)).await;
+            } else {
+                streams(&arg(2), &arg(3), n, &arg(5)).await;
+            }
             return Ok(());
         }
         "notify-a" => {
@@ -276,6 +569,7 @@ async fn main() -> std::io::Result<()> {
         .at("/auth/v1/.well-known/jwks.json", get(jwks))
         .at("/snap/v1/transactions", post(snap_transactions))
         .at("/checkout/v1/payment", post(doku_payment))
+        .at("/v1/chat/completions", post(chat_completions))
         .data(count);
     println!("bench peer on http://{addr}");
     Server::new(TcpListener::bind(addr)).run(app).await
