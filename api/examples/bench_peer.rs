@@ -39,9 +39,11 @@
 //!   be driven with different shapes per request), else from the env
 //!   `AI_CHUNKS` (default 200) and `AI_CHUNK_DELAY_MS` (default 20).
 //! * measuring clients (one line of figures each, milliseconds):
-//!   `bench_peer ttfb <url> <tokens file|-> <n> <json body>`: `n` sequential
-//!   POSTs (after 10 unmeasured warm-ups), time from sending to the first
-//!   byte of the body, each body read to its end; median, p99, max.
+//!   `bench_peer ttfb <url> <tokens file|-> <n> <json body> [<url2> <tokens2|-> <body2>]`:
+//!   `n` sequential POSTs (after 10 unmeasured warm-ups), time from sending
+//!   to the first byte of the body, each body read to its end; median, p99,
+//!   max. With a second target the two take turns, and a last line gives the
+//!   second's median and p99 minus the first's.
 //!   `bench_peer streams <url> <tokens file|-> <n> <json body>`: `n`
 //!   concurrent POSTs (token `i` of the file for stream `i`, round robin);
 //!   counts the streams that end with `data: [DONE]` and carry no error
@@ -435,32 +437,76 @@ fn quantile(v: &[std::time::Duration], q: f64) -> std::time::Duration {
     v[rank - 1]
 }
 
-/// `n` sequential requests; prints the first-byte median, p99 and max.
-async fn ttfb(url: &str, tokens: &str, n: usize, body: &str) {
-    let tokens = read_tokens(tokens);
-    let client = reqwest::Client::new();
-    let token = |i: usize| (!tokens.is_empty()).then(|| tokens[i % tokens.len()].as_str());
-    for i in 0..10 {
-        timed_post(&client, url, token(i), body)
-            .await
-            .expect("warm-up request");
+/// One ttfb target: URL, session tokens (none: no `Authorization`), body.
+struct Target {
+    url: String,
+    tokens: Vec<String>,
+    body: String,
+    client: reqwest::Client,
+    firsts: Vec<std::time::Duration>,
+    incomplete: usize,
+}
+
+impl Target {
+    fn new(url: String, tokens: &str, body: String) -> Self {
+        Target {
+            url,
+            tokens: read_tokens(tokens),
+            body,
+            client: reqwest::Client::new(),
+            firsts: Vec::new(),
+            incomplete: 0,
+        }
     }
-    let mut firsts = Vec::with_capacity(n);
-    let mut incomplete = 0;
-    for i in 0..n {
-        let t = timed_post(&client, url, token(i), body)
+
+    async fn once(&mut self, i: usize, measure: bool) {
+        let token = (!self.tokens.is_empty()).then(|| self.tokens[i % self.tokens.len()].as_str());
+        let t = timed_post(&self.client, &self.url, token, &self.body)
             .await
             .expect("request");
-        incomplete += usize::from(!t.complete);
-        firsts.push(t.first);
+        if measure {
+            self.incomplete += usize::from(!t.complete);
+            self.firsts.push(t.first);
+        }
     }
-    firsts.sort();
-    println!(
-        "ttfb {url}: median {:.3} ms, p99 {:.3} ms, max {:.3} ms over {n} sequential requests ({incomplete} incomplete)",
-        ms(quantile(&firsts, 0.5)),
-        ms(quantile(&firsts, 0.99)),
-        ms(firsts.last().copied().unwrap_or_default()),
-    );
+}
+
+/// `n` sequential requests per target, the targets taking turns (so both
+/// see the same background load), each with its own keep-alive client and
+/// 10 unmeasured warm-ups; prints the first-byte median, p99 and max of
+/// each, and with two targets the second's median and p99 minus the first's.
+async fn ttfb(mut targets: Vec<Target>, n: usize) {
+    for i in 0..10 {
+        for t in &mut targets {
+            t.once(i, false).await;
+        }
+    }
+    for i in 0..n {
+        for t in &mut targets {
+            t.once(i, true).await;
+        }
+    }
+    let mut figures = Vec::new();
+    for t in &mut targets {
+        t.firsts.sort();
+        let (median, p99) = (quantile(&t.firsts, 0.5), quantile(&t.firsts, 0.99));
+        println!(
+            "ttfb {}: median {:.3} ms, p99 {:.3} ms, max {:.3} ms over {n} sequential requests ({} incomplete)",
+            t.url,
+            ms(median),
+            ms(p99),
+            ms(t.firsts.last().copied().unwrap_or_default()),
+            t.incomplete,
+        );
+        figures.push((ms(median), ms(p99)));
+    }
+    if let [(m1, p1), (m2, p2)] = figures[..] {
+        println!(
+            "ttfb difference (second minus first): median {:+.3} ms, p99 {:+.3} ms",
+            m2 - m1,
+            p2 - p1
+        );
+    }
 }
 
 /// `n` concurrent requests; prints completion and duration figures.
@@ -540,7 +586,11 @@ async fn main() -> std::io::Result<()> {
                 .parse()
                 .unwrap_or(if arg(1) == "ttfb" { 200 } else { 500 });
             if arg(1) == "ttfb" {
-                ttfb(&arg(2), &arg(3), n, &arg(5)).await;
+                let mut targets = vec![Target::new(arg(2), &arg(3), arg(5))];
+                if !arg(6).is_empty() {
+                    targets.push(Target::new(arg(6), &arg(7), arg(8)));
+                }
+                ttfb(targets, n).await;
             } else {
                 streams(&arg(2), &arg(3), n, &arg(5)).await;
             }
