@@ -378,6 +378,9 @@ pub async fn record_event<C: ConnectionTrait>(
     db: &C,
     n: &crate::webhook::Notification,
 ) -> Result<Recorded, RecordError> {
+    if db.get_database_backend() == DbBackend::Postgres {
+        return record_event_postgres(db, n).await;
+    }
     let pay = payments::Entity::find()
         .filter(payments::Column::OrderId.eq(n.order_id.as_str()))
         .filter(payments::Column::Provider.eq(n.provider))
@@ -410,6 +413,72 @@ pub async fn record_event<C: ConnectionTrait>(
     .exec_without_returning(db)
     .await?;
     if matches!(inserted, sea_orm::TryInsertResult::Inserted(n) if n == 1) {
+        return Ok(Recorded::New(id));
+    }
+    let first = webhook_events::Entity::find()
+        .filter(webhook_events::Column::DedupeKey.eq(n.dedupe_key.as_str()))
+        .one(db)
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("the conflicting webhook event".into()))?;
+    Ok(Recorded::Duplicate {
+        event_id: first.id,
+        settled: first.settled_at.is_some(),
+    })
+}
+
+/// [`record_event`] on PostgreSQL in one statement (one round trip on the
+/// hot path of webhook ingestion): the payment lookup, the amount check and
+/// the insert under the dedupe key, answering the stored amount (NULL: no
+/// such payment) and the new event's id (NULL: not inserted: a mismatch or
+/// a repeat). Only a repeat reads the first event afterwards.
+async fn record_event_postgres<C: ConnectionTrait>(
+    db: &C,
+    n: &crate::webhook::Notification,
+) -> Result<Recorded, RecordError> {
+    use sea_orm::{Statement, Value};
+    const SQL: &str = r#"
+WITH p AS (
+    SELECT amount FROM payments WHERE order_id = $1 AND provider = $2
+), ins AS (
+    INSERT INTO webhook_events
+        (id, provider, dedupe_key, order_id, provider_status, payload, settled_at, settlement_error)
+    SELECT $3, $2, $4, $1, $5, $6, NULL, NULL FROM p WHERE p.amount = $7
+    ON CONFLICT (dedupe_key) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT amount FROM p) AS amount, (SELECT id FROM ins) AS inserted"#;
+    let id = Uuid::now_v7();
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            SQL,
+            [
+                Value::from(n.order_id.as_str()),
+                Value::from(n.provider),
+                Value::from(id),
+                Value::from(n.dedupe_key.as_str()),
+                Value::from(n.provider_status.as_str()),
+                Value::from(n.payload.clone()),
+                Value::from(n.amount),
+            ],
+        ))
+        .await?
+        .ok_or_else(|| DbErr::RecordNotFound("the recording statement's row".into()))?;
+    let stored: Option<i64> = row.try_get("", "amount")?;
+    let inserted: Option<Uuid> = row.try_get("", "inserted")?;
+    let Some(stored) = stored else {
+        return Err(RecordError::UnknownOrder {
+            provider: n.provider,
+            order_id: n.order_id.clone(),
+        });
+    };
+    if n.amount != Some(stored) {
+        return Err(RecordError::AmountMismatch {
+            stored,
+            notified: n.amount,
+        });
+    }
+    if let Some(id) = inserted {
         return Ok(Recorded::New(id));
     }
     let first = webhook_events::Entity::find()
