@@ -118,36 +118,67 @@ async fn by_key<C: ConnectionTrait>(
 
 /// Begins a checkout (see the module docs): a new `PENDING` payment with a
 /// new order id ([`payment::new_order_id`]), or the payment an earlier request
-/// with the same `Idempotency-Key` created. The row is stamped, and keys are
-/// aged, by the database's clock ([`crate::db::now`]), so api hosts whose
-/// clocks disagree still agree on a key's lifetime.
+/// with the same `Idempotency-Key` created. Rows are stamped by the
+/// database's default (its clock), and keys are aged by the database's clock
+/// ([`crate::db::now`]), so api hosts whose clocks disagree still agree on a
+/// key's lifetime. Without a key this is one `INSERT … RETURNING`.
 pub async fn begin<C>(db: &C, new: NewCheckout) -> Result<Begun, CheckoutError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
+    let Some(key) = new.idempotency_key.as_deref() else {
+        return Ok(Begun::New(insert_row(db, &new).await?));
+    };
     let txn = begin_write(db).await?;
-    let now = crate::db::now(&txn).await?;
-    if let Some(key) = new.idempotency_key.as_deref() {
-        if let Some(earlier) = by_key(&txn, new.user_id, key).await? {
-            match key_use(&earlier.plan, earlier.created_at, &new.plan, now) {
-                KeyUse::Replay => return Ok(Begun::Replay(earlier)),
-                KeyUse::Reused => return Err(CheckoutError::KeyReused),
-                KeyUse::Expired => {
-                    payments::Entity::update_many()
-                        .col_expr(
-                            payments::Column::IdempotencyKey,
-                            Expr::value(None::<String>),
-                        )
-                        .filter(payments::Column::Id.eq(earlier.id))
-                        .exec(&txn)
-                        .await?;
-                }
+    if let Some(earlier) = by_key(&txn, new.user_id, key).await? {
+        let now = crate::db::now(&txn).await?;
+        match key_use(&earlier.plan, earlier.created_at, &new.plan, now) {
+            KeyUse::Replay => return Ok(Begun::Replay(earlier)),
+            KeyUse::Reused => return Err(CheckoutError::KeyReused),
+            KeyUse::Expired => {
+                payments::Entity::update_many()
+                    .col_expr(
+                        payments::Column::IdempotencyKey,
+                        Expr::value(None::<String>),
+                    )
+                    .filter(payments::Column::Id.eq(earlier.id))
+                    .exec(&txn)
+                    .await?;
             }
         }
     }
-    let row = payments::ActiveModel {
+    match insert_row(&txn, &new).await {
+        Ok(model) => {
+            txn.commit().await?;
+            Ok(Begun::New(model))
+        }
+        Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
+            // A concurrent request with the same key won the unique index
+            // (an order id collision is 36^8 to one per millisecond).
+            drop(txn);
+            let Some(winner) = by_key(db, new.user_id, key).await? else {
+                return Err(e.into());
+            };
+            if winner.plan == new.plan {
+                Ok(Begun::Replay(winner))
+            } else {
+                Err(CheckoutError::KeyReused)
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Inserts the `PENDING` row of `new`; `created_at`/`updated_at` come from
+/// the column defaults (the database's clock). The order id's milliseconds
+/// are this host's: it is an identifier, never compared.
+async fn insert_row<C: ConnectionTrait>(
+    db: &C,
+    new: &NewCheckout,
+) -> Result<payments::Model, DbErr> {
+    payments::Entity::insert(payments::ActiveModel {
         id: Set(Uuid::now_v7()),
-        order_id: Set(payment::new_order_id(&new.order_prefix, now)),
+        order_id: Set(payment::new_order_id(&new.order_prefix, Utc::now())),
         user_id: Set(new.user_id),
         plan: Set(new.plan.clone()),
         amount: Set(new.amount),
@@ -160,32 +191,11 @@ where
         paid_at: Set(None),
         idempotency_key: Set(new.idempotency_key.clone()),
         reconciled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    };
-    match row.insert(&txn).await {
-        Ok(model) => {
-            txn.commit().await?;
-            Ok(Begun::New(model))
-        }
-        Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => {
-            // A concurrent request with the same key won the unique index
-            // (an order id collision is 36^8 to one per millisecond).
-            drop(txn);
-            let Some(key) = new.idempotency_key.as_deref() else {
-                return Err(e.into());
-            };
-            let Some(winner) = by_key(db, new.user_id, key).await? else {
-                return Err(e.into());
-            };
-            if winner.plan == new.plan {
-                Ok(Begun::Replay(winner))
-            } else {
-                Err(CheckoutError::KeyReused)
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
+        created_at: sea_orm::NotSet,
+        updated_at: sea_orm::NotSet,
+    })
+    .exec_with_returning(db)
+    .await
 }
 
 /// What the provider gave for a started checkout.
