@@ -260,7 +260,7 @@ fi
 if want checkout; then
   n_users=${CHECKOUT_USERS:-40000}
   "$BIN/examples/bench_peer" tokens HS256 "$BACKEND_JWT_SECRET" "$n_users" > "$OUT/checkout.tokens"
-  TOKENS="$OUT/checkout.tokens" wrk -t"$THREADS" -c"${CONN}" -d"${CHECKOUT_WARM:-30s}" -s bench/profile.lua "$BASE/api/profile" > /dev/null
+  TOKENS="$OUT/checkout.tokens" wrk -t"$THREADS" -c"${CONN}" -d"${CHECKOUT_WARM:-60s}" -s bench/profile.lua "$BASE/api/profile" > /dev/null
   echo "checkout: $(psqlq -c 'select count(*) from users') users known after the warm-up ($n_users tokens)"
   before=$(curl -s "http://$PEER/count")
   TOKENS="$OUT/checkout.tokens" CONN=${CHECKOUT_CONN:-32} run checkout -s bench/checkout.lua "$BASE"
