@@ -16,6 +16,7 @@ pub mod payment;
 pub mod plans;
 pub mod profile;
 pub mod reconcile;
+pub mod redirect;
 pub mod roles;
 pub mod settings;
 pub mod settlement;
