@@ -774,6 +774,7 @@ async fn our_tokens_work_on_logged_in_routes_and_health_names_the_provider() {
     ])
     .await;
     let h = tests::get(&idp.api.url("/api/health")).await;
+    assert_eq!(h.json["auth_provider"], "builtin", "{}", h.text);
     assert_eq!(h.json["features"]["auth"]["enabled"], true, "{}", h.text);
     assert_eq!(
         h.json["features"]["auth"]["missing_env"],
