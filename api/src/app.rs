@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
+    routes::confirm::ConfirmApi,
     routes::{
         admin::AdminApi, ai::AiApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
         payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
@@ -47,6 +48,7 @@ api_set!(
     StorageApi,
     WebhookApi,
     AiApi,
+    ConfirmApi,
 );
 
 const DESCRIPTION: &str = "\
@@ -106,6 +108,8 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         // limit, the storage routes (uploads stream and bound their own size)
         // under /storage.
         .nest_no_strip("/api", endpoint.clone().with(BodyLimit(BODY_LIMIT)))
+        // The auth page route `/auth/confirm` (GET only: no body).
+        .at("/auth/confirm", endpoint.clone())
         .nest_no_strip(
             "/storage",
             endpoint.with(DrainBody {
