@@ -113,7 +113,7 @@ fn cookie<'a>(cookies: &'a [String], name: &str) -> Option<&'a str> {
         .find(|c| c.starts_with(&format!("{name}=")))
 }
 
-fn cookie_value<'a>(set_cookie: &'a str) -> &'a str {
+fn cookie_value(set_cookie: &str) -> &str {
     set_cookie
         .split(';')
         .next()
