@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
+    routes::confirm::ConfirmApi,
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
         health::HealthApi, payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
@@ -48,6 +49,7 @@ api_set!(
     WebhookApi,
     AiApi,
     AuthApi,
+    ConfirmApi,
 );
 
 const DESCRIPTION: &str = "\
