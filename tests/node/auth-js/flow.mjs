@@ -103,7 +103,16 @@ async function mailCount(to) {
 
 /** Every http(s) URL in a mail body (HTML entities and quoted-printable already decoded by the test). */
 function urlsIn(body) {
-  return (body.match(/https?:\/\/[^\s"'<>)]+/g) || []).map((u) => u.replace(/&amp;/g, '&'));
+  const out = [];
+  for (const raw of body.match(/https?:\/\/[^\s"'<>)]+/g) || []) {
+    const u = raw.replace(/&amp;/g, '&').replace(/[.,:;!?]+$/, '');
+    try {
+      out.push(new URL(u).href);
+    } catch {
+      // not a URL after all (e.g. prose around it)
+    }
+  }
+  return out;
 }
 
 /** The token hash a mail carries: `token_hash=` of any link, else `token=` of a `/verify` link. */
