@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
+    routes::confirm::ConfirmApi,
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
         health::HealthApi, payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
@@ -48,6 +49,7 @@ api_set!(
     WebhookApi,
     AiApi,
     AuthApi,
+    ConfirmApi,
 );
 
 const DESCRIPTION: &str = "\
@@ -116,6 +118,8 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .with(BodyLimit(BODY_LIMIT))
                 .with(crate::idp::AuthVersion),
         )
+        // The auth page route `/auth/confirm` (GET only: no body).
+        .at("/auth/confirm", endpoint.clone())
         .nest_no_strip(
             "/storage",
             endpoint.with(DrainBody {

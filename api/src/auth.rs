@@ -23,14 +23,82 @@ use crate::{problem::ApiError, session::AuthError, state::AppState};
 #[oai(rename = "BearerAuth", ty = "bearer", bearer_format = "JWT")]
 struct BearerScheme(Bearer);
 
-/// The session credential of a request: the bearer token when one was sent.
+/// The same session token in the HttpOnly cookie `sb-access-token` that
+/// `GET /auth/confirm` sets; used only when no `Authorization` header is
+/// sent. On POST, PUT, PATCH and DELETE a cookie session is refused (401
+/// `cross_site_cookie`) when the request's `Origin` is not `APP_URL`'s origin,
+/// or, without `Origin`, when `Sec-Fetch-Site` says `cross-site`.
+#[derive(SecurityScheme)]
+#[oai(
+    rename = "CookieAuth",
+    ty = "api_key",
+    key_in = "cookie",
+    key_name = "sb-access-token"
+)]
+#[allow(dead_code)]
+struct CookieScheme(poem_openapi::auth::ApiKey);
+
+/// The session credential of a request: the bearer token when one was sent,
+/// else the `sb-access-token` cookie (see [`session_cookie`]).
 ///
-/// Declared in the OpenAPI document as the `BearerAuth` scheme, but unlike
-/// poem-openapi's own extractor a missing or malformed `Authorization` header
-/// does not answer 401 before the handler runs: [`AppState::session`] first
-/// checks the route's gates (so a switched-off feature answers 503 whether or
-/// not a token came), then answers 401 `missing_token`.
-pub struct BearerAuth(pub Option<String>);
+/// Declared in the OpenAPI document as the `BearerAuth` and `CookieAuth`
+/// schemes, but unlike poem-openapi's own extractor a missing or malformed
+/// credential does not answer 401 before the handler runs:
+/// [`AppState::session`] first checks the route's gates (so a switched-off
+/// feature answers 503 whether or not a token came), then answers 401
+/// (`cross_site_cookie` for a refused cookie, else `missing_token`, …).
+pub struct BearerAuth(pub Option<String>, CookieCheck);
+
+/// How the cookie credential fared: not used, or refused as cross-site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum CookieCheck {
+    /// The token (if any) came from the `Authorization` header, or the
+    /// cookie was accepted.
+    #[default]
+    Fine,
+    /// A cookie session on an unsafe method from another site.
+    CrossSite,
+}
+
+/// Name of the session cookie accepted in place of `Authorization: Bearer`.
+pub const SESSION_COOKIE: &str = "sb-access-token";
+
+/// The value of the `sb-access-token` cookie (percent-decoded), when sent.
+pub fn session_cookie(req: &Request) -> Option<String> {
+    req.headers()
+        .get_all(poem::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| name.trim() == SESSION_COOKIE)
+        .map(|(_, value)| value.trim().trim_matches('"'))
+        .filter(|v| !v.is_empty())
+        .and_then(crate::routes::confirm::percent_decode)
+}
+
+/// Whether a cookie-authenticated request may go on: safe methods always;
+/// POST, PUT, PATCH, DELETE (any unsafe method) only when `Origin` is
+/// `app_url`'s origin, or, without `Origin`, unless `Sec-Fetch-Site` is
+/// `cross-site` (a browser's cross-site form post always sends one or the
+/// other; `SameSite=Lax` already keeps the cookie off most of them).
+pub fn same_site_write(req: &Request, app_url: &str) -> bool {
+    use poem::http::Method;
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return true;
+    }
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    match header("origin") {
+        Some(origin) => {
+            let (Ok(origin), Ok(app)) = (url::Url::parse(origin.trim()), url::Url::parse(app_url))
+            else {
+                return false;
+            };
+            origin.origin().is_tuple() && origin.origin() == app.origin()
+        }
+        None => !header("sec-fetch-site").is_some_and(|s| s.eq_ignore_ascii_case("cross-site")),
+    }
+}
 
 impl<'a> ApiExtractor<'a> for BearerAuth {
     const TYPES: &'static [ApiExtractorType] = &[ApiExtractorType::SecurityScheme];
@@ -39,10 +107,13 @@ impl<'a> ApiExtractor<'a> for BearerAuth {
 
     fn register(registry: &mut Registry) {
         <BearerScheme as ApiExtractor<'a>>::register(registry);
+        <CookieScheme as ApiExtractor<'a>>::register(registry);
     }
 
     fn security_schemes() -> Vec<&'static str> {
-        <BearerScheme as ApiExtractor<'a>>::security_schemes()
+        let mut schemes = <BearerScheme as ApiExtractor<'a>>::security_schemes();
+        schemes.extend(<CookieScheme as ApiExtractor<'a>>::security_schemes());
+        schemes
     }
 
     async fn from_request(
@@ -54,7 +125,23 @@ impl<'a> ApiExtractor<'a> for BearerAuth {
             .await
             .ok()
             .map(|b| b.0.token);
-        Ok(BearerAuth(token))
+        if request
+            .headers()
+            .contains_key(poem::http::header::AUTHORIZATION)
+        {
+            return Ok(BearerAuth(token, CookieCheck::Fine));
+        }
+        let Some(cookie) = session_cookie(request) else {
+            return Ok(BearerAuth(None, CookieCheck::Fine));
+        };
+        let same_site = request
+            .data::<AppState>()
+            .is_some_and(|s| same_site_write(request, &s.settings.app_url));
+        Ok(if same_site {
+            BearerAuth(Some(cookie), CookieCheck::Fine)
+        } else {
+            BearerAuth(None, CookieCheck::CrossSite)
+        })
     }
 }
 
@@ -98,6 +185,14 @@ impl AppState {
             Gate::Auth => {}
             Gate::ServerWrites => self.require_server_writes()?,
             Gate::Feature(f) => self.require(f)?,
+        }
+        if auth.1 == CookieCheck::CrossSite {
+            return Err(ApiError::Unauthorized(
+                "cross_site_cookie",
+                "a session cookie is not accepted on a write from another site: \
+                 send Authorization: Bearer <session token>"
+                    .into(),
+            ));
         }
         let Some(token) = auth.0.as_deref() else {
             return Err(ApiError::Unauthorized(

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod ai;
 pub mod auth;
 pub mod avatar;
+pub mod confirm;
 pub mod contact;
 pub mod health;
 pub mod payments;
