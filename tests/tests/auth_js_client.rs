@@ -197,7 +197,7 @@ async fn check_main_report(api: &Proc, report: &Value) {
         .filter_map(Value::as_str)
         .collect();
     assert!(
-        steps.contains(&"the same auth code again → flow_state_not_found"),
+        steps.contains(&"the recovery session sets a new password"),
         "the scenario ran to its end: {steps:?}"
     );
 

@@ -341,43 +341,6 @@ async function main() {
   ({ data, error } = await a.getUser(sa.access_token));
   assert.equal(error?.name, 'AuthSessionMissingError', `A's session ended: ${JSON.stringify(error)}`);
 
-  begin('resetPasswordForEmail → mail');
-  const before2 = await mailCount(email);
-  ({ data, error } = await c.resetPasswordForEmail(email, { redirectTo: `${APP_URL}/account/update-password` }));
-  assert.equal(error, null, `resetPasswordForEmail: ${JSON.stringify(error)}`);
-  assert.deepEqual(data, {});
-  const recovery = await waitMail(email, before2 + 1);
-  const recoveryHash = tokenHashOf(recovery);
-  report.recovery_subject = recovery.subject;
-
-  begin('/auth/confirm with the recovery token_hash → 303 + session cookie');
-  const confirmUrl = `${API_URL}/auth/confirm?token_hash=${encodeURIComponent(recoveryHash)}&type=recovery&next=${encodeURIComponent('/account/update-password')}`;
-  const cr = await fetch(confirmUrl, { redirect: 'manual' });
-  const cookies = cr.headers.getSetCookie();
-  report.confirm = { status: cr.status, location: cr.headers.get('location'), set_cookie: cookies };
-  assert.equal(cr.status, 303, `/auth/confirm status (location ${cr.headers.get('location')})`);
-  assert.equal(new URL(cr.headers.get('location'), APP_URL).href, `${APP_URL}/account/update-password`);
-  const cookie = (name) => {
-    const line = cookies.find((l) => l.startsWith(`${name}=`));
-    assert.ok(line, `${name} cookie set: ${JSON.stringify(cookies)}`);
-    return { line, value: line.slice(name.length + 1).split(';')[0] };
-  };
-  const access = cookie('sb-access-token');
-  assert.match(access.line, /;\s*HttpOnly/i);
-  assert.match(access.line, /;\s*SameSite=Lax/i);
-  assert.equal(decodeJwt(access.value).payload.sub, userId, 'the cookie carries the user\'s token');
-  const refresh = cookie('sb-refresh-token');
-  report.cookie_access_token = access.value;
-
-  begin('the recovery session sets a new password');
-  const rc = newClient();
-  ({ data, error } = await rc.setSession({ access_token: access.value, refresh_token: refresh.value }));
-  assert.equal(error, null, `setSession: ${JSON.stringify(error)}`);
-  ({ data, error } = await rc.updateUser({ password: PASSWORD3 }));
-  assert.equal(error, null, `updateUser after recovery: ${JSON.stringify(error)}`);
-  ({ data, error } = await newClient().signInWithPassword({ email, password: PASSWORD3 }));
-  expectSession(data, error, 'sign-in with the reset password');
-
   begin('PKCE signInWithOtp → mail → /verify → ?code= → exchangeCodeForSession');
   const pk = newClient({ flowType: 'pkce' });
   const before3 = await mailCount(email);
@@ -417,6 +380,43 @@ async function main() {
   const againBody = await again.json();
   assert.equal(againBody.code, 'flow_state_not_found', JSON.stringify(againBody));
   assert.equal(again.status, 404);
+
+  begin('resetPasswordForEmail → mail');
+  const before2 = await mailCount(email);
+  ({ data, error } = await c.resetPasswordForEmail(email, { redirectTo: `${APP_URL}/account/update-password` }));
+  assert.equal(error, null, `resetPasswordForEmail: ${JSON.stringify(error)}`);
+  assert.deepEqual(data, {});
+  const recovery = await waitMail(email, before2 + 1);
+  const recoveryHash = tokenHashOf(recovery);
+  report.recovery_subject = recovery.subject;
+
+  begin('/auth/confirm with the recovery token_hash → 303 + session cookie');
+  const confirmUrl = `${API_URL}/auth/confirm?token_hash=${encodeURIComponent(recoveryHash)}&type=recovery&next=${encodeURIComponent('/account/update-password')}`;
+  const cr = await fetch(confirmUrl, { redirect: 'manual' });
+  const cookies = cr.headers.getSetCookie();
+  report.confirm = { status: cr.status, location: cr.headers.get('location'), set_cookie: cookies };
+  assert.equal(cr.status, 303, `/auth/confirm status (location ${cr.headers.get('location')})`);
+  assert.equal(new URL(cr.headers.get('location'), APP_URL).href, `${APP_URL}/account/update-password`);
+  const cookie = (name) => {
+    const line = cookies.find((l) => l.startsWith(`${name}=`));
+    assert.ok(line, `${name} cookie set: ${JSON.stringify(cookies)}`);
+    return { line, value: line.slice(name.length + 1).split(';')[0] };
+  };
+  const access = cookie('sb-access-token');
+  assert.match(access.line, /;\s*HttpOnly/i);
+  assert.match(access.line, /;\s*SameSite=Lax/i);
+  assert.equal(decodeJwt(access.value).payload.sub, userId, 'the cookie carries the user\'s token');
+  const refresh = cookie('sb-refresh-token');
+  report.cookie_access_token = access.value;
+
+  begin('the recovery session sets a new password');
+  const rc = newClient();
+  ({ data, error } = await rc.setSession({ access_token: access.value, refresh_token: refresh.value }));
+  assert.equal(error, null, `setSession: ${JSON.stringify(error)}`);
+  ({ data, error } = await rc.updateUser({ password: PASSWORD3 }));
+  assert.equal(error, null, `updateUser after recovery: ${JSON.stringify(error)}`);
+  ({ data, error } = await newClient().signInWithPassword({ email, password: PASSWORD3 }));
+  expectSession(data, error, 'sign-in with the reset password');
 }
 
 async function expired() {
