@@ -118,8 +118,6 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .with(BodyLimit(BODY_LIMIT))
                 .with(crate::idp::AuthVersion),
         )
-        // The auth page route `/auth/confirm` (GET only: no body).
-        .at("/auth/confirm", endpoint.clone())
         .nest_no_strip(
             "/storage",
             endpoint.with(DrainBody {

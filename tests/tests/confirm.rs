@@ -67,9 +67,12 @@ fn platform_session(user: Uuid, email: &str) -> Value {
     })
 }
 
-/// No auth provider at all.
+/// The external provider chosen, but no platform configured.
 fn not_configured_env(stack: &Stack) -> EnvMap {
-    stack.env().with("APP_URL", APP)
+    stack
+        .env()
+        .with("APP_URL", APP)
+        .with("AUTH_PROVIDER", "external")
 }
 
 async fn get(api: &Proc, path_and_query: &str, cookie: Option<&str>) -> Reply {
@@ -520,4 +523,173 @@ async fn cookie_sessions_refuse_cross_site_writes() {
             .await
             .expect("profile row");
     assert_eq!(name.as_deref(), Some("Cy2"));
+}
+
+// ---------------------------------------------------------------------------
+// The built-in identity provider
+// ---------------------------------------------------------------------------
+
+/// The built-in provider (no external platform configured): api + worker +
+/// SMTP sink, `APP_URL` = [`APP`], server-side writes armed.
+async fn built_in(stack: &Stack) -> (Proc, Proc, tests::SmtpSink) {
+    let sink = tests::SmtpSink::start().await;
+    let env = stack
+        .env()
+        .with("SMTP_URL", sink.url())
+        .with("APP_URL", APP)
+        .with("BACKEND_SERVICE_ROLE_KEY", SERVICE_ROLE)
+        .with("JOB_RETRY_BASE_SECS", "1")
+        .with("AUTH_RATE_LIMIT_PER_5MIN", "100000");
+    let api = stack.api(&env).await;
+    let worker = stack.worker(&env).await;
+    (api, worker, sink)
+}
+
+/// Mail number `n` (1-based) as text, quoted-printable soft breaks undone.
+async fn mail(sink: &tests::SmtpSink, n: usize) -> String {
+    let mails = sink.wait_for(n, Duration::from_secs(30)).await;
+    mails[n - 1]
+        .data
+        .replace("=\r\n", "")
+        .replace("=\n", "")
+        .replace("=3D", "=")
+}
+
+/// The `token=` of the mail's confirmation link (the token hash).
+fn link_token(text: &str) -> String {
+    let i = text.find("token=").expect("a link with token= in the mail");
+    let rest = &text[i + 6..];
+    let end = rest.find(['&', '"', '\r', '\n', ' ']).unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+async fn auth_v1(api: &Proc, path: &str, body: &Value) -> Reply {
+    Reply::send(
+        browser()
+            .post(api.url(&format!("/auth/v1{path}")))
+            .header("x-forwarded-for", tests::random_ip())
+            .json(body),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn built_in_signup_link_confirms_into_a_cookie_session() {
+    let stack = Stack::new().await;
+    let (api, _worker, sink) = built_in(&stack).await;
+    let r = auth_v1(
+        &api,
+        "/signup",
+        &json!({"email": "dee@example.com", "password": "correct horse battery"}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text);
+    let user: Uuid = r.json["id"].as_str().unwrap().parse().unwrap();
+    let hash = link_token(&mail(&sink, 1).await);
+
+    let link = format!("/auth/confirm?token_hash={hash}&type=signup&next=/dashboard");
+    let r = get(&api, &link, None).await;
+    assert_eq!(location(&r).as_str(), "https://app.example.com/dashboard");
+    let cookies = set_cookies(&r);
+    let access = cookie(&cookies, "sb-access-token").unwrap_or_else(|| panic!("{cookies:?}"));
+    let refresh = cookie(&cookies, "sb-refresh-token").unwrap_or_else(|| panic!("{cookies:?}"));
+    for c in [access, refresh] {
+        for attr in ["Path=/", "HttpOnly", "SameSite=Lax", "Secure"] {
+            assert!(c.split("; ").any(|a| a == attr), "{attr} missing in {c}");
+        }
+    }
+    assert!(access.contains("Max-Age=3600"), "{access}");
+    let access = cookie_value(access).to_string();
+    assert_eq!(access.split('.').count(), 3, "{access}");
+
+    // The cookie is a session of the new user on logged-in routes and /auth/v1/user.
+    let saved = save_profile(&api, &format!("sb-access-token={access}"), Some(APP), "Dee").await;
+    assert_eq!(saved.status.as_u16(), 200, "{}", saved.text);
+    let me = Reply::send(browser().get(api.url("/auth/v1/user")).bearer_auth(&access)).await;
+    assert_eq!(me.json["id"], user.to_string(), "{}", me.text);
+    assert!(me.json["email_confirmed_at"].is_string(), "{}", me.text);
+    let pool = stack.db.pool().await;
+    let (name,): (Option<String>,) =
+        sea_orm::sqlx::query_as("SELECT full_name FROM profiles WHERE user_id = $1")
+            .bind(user)
+            .fetch_one(&pool)
+            .await
+            .expect("profile row");
+    assert_eq!(name.as_deref(), Some("Dee"));
+
+    // The link is single use.
+    let r = get(&api, &link, None).await;
+    let (error, code) = assert_error_page(&r);
+    assert_eq!(code, "otp_expired", "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn built_in_pkce_magic_link_confirms_with_the_verifier_cookie() {
+    use sha2::Digest as _;
+    let stack = Stack::new().await;
+    let (api, _worker, sink) = built_in(&stack).await;
+    let r = auth_v1(
+        &api,
+        "/signup",
+        &json!({"email": "eli@example.com", "password": "correct horse battery"}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text);
+    let hash = link_token(&mail(&sink, 1).await);
+    let r = auth_v1(
+        &api,
+        "/verify",
+        &json!({"type": "signup", "token_hash": hash}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text);
+
+    // The browser client (flowType pkce) keeps the verifier in its cookie
+    // and asks for a magic link back to /auth/confirm.
+    let challenge = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(VERIFIER.as_bytes()));
+    let r = auth_v1(
+        &api,
+        "/otp?redirect_to=https%3A%2F%2Fapp.example.com%2Fauth%2Fconfirm%3Fnext%3D%2Fsettings",
+        &json!({"email": "eli@example.com", "create_user": false, "code_challenge": challenge, "code_challenge_method": "s256"}),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text);
+    let token = link_token(&mail(&sink, 2).await);
+    let r = Reply::send(browser().get(api.url(&format!(
+        "/auth/v1/verify?token={token}&type=magiclink&redirect_to=https%3A%2F%2Fapp.example.com%2Fauth%2Fconfirm%3Fnext%3D%2Fsettings"
+    ))))
+    .await;
+    let back = location(&r);
+    assert_eq!(back.path(), "/auth/confirm", "{back}");
+    let q: std::collections::HashMap<_, _> = back.query_pairs().into_owned().collect();
+    let code = q.get("code").unwrap_or_else(|| panic!("no code in {back}"));
+
+    // Without the verifier cookie: the error page, and the code still works after.
+    let confirm = format!("/auth/confirm?code={code}&next=/settings");
+    let r = get(&api, &confirm, None).await;
+    assert_eq!(assert_error_page(&r).1, "code_verifier_missing");
+
+    // The storage key of an auth client pointed at APP_URL: `sb-app-auth-token`.
+    let jar = format!(
+        "sb-app-auth-token-code-verifier=base64-{}",
+        URL_SAFE_NO_PAD.encode(format!("\"{VERIFIER}\""))
+    );
+    let r = get(&api, &confirm, Some(&jar)).await;
+    assert_eq!(location(&r).as_str(), "https://app.example.com/settings");
+    let cookies = set_cookies(&r);
+    let access = cookie(&cookies, "sb-access-token").unwrap_or_else(|| panic!("{cookies:?}"));
+    let me = Reply::send(
+        browser()
+            .get(api.url("/auth/v1/user"))
+            .bearer_auth(cookie_value(access)),
+    )
+    .await;
+    assert_eq!(me.json["email"], "eli@example.com", "{}", me.text);
+    let expired = cookie(&cookies, "sb-app-auth-token-code-verifier")
+        .unwrap_or_else(|| panic!("{cookies:?}"));
+    assert!(expired.contains("Max-Age=0"), "{expired}");
+
+    // The code is single use.
+    let r = get(&api, &confirm, Some(&jar)).await;
+    assert_eq!(assert_error_page(&r).1, "flow_state_not_found");
 }

@@ -74,9 +74,8 @@ pub const CONFIRM_TYPES: &[&str] = &[
     "invite",
     "email_change",
 ];
-/// Attempts per client IP and window that reach the auth backend (the
-/// platform's own verify limit: 30 per 5 minutes).
-const CONFIRM_LIMIT: u32 = 30;
+/// Window of the per-IP limit on attempts that reach the auth backend
+/// (`AUTH_RATE_LIMIT_PER_5MIN` attempts, as on `/auth/v1/verify`).
 const CONFIRM_WINDOW: Duration = Duration::from_secs(300);
 /// Longest `token_hash` / `code` / verifier accepted.
 const MAX_PARAM_LEN: usize = 512;
@@ -144,6 +143,8 @@ fn cookie_octet(b: u8) -> bool {
 
 /// Where `/auth/confirm` checks a link or a code.
 pub enum Backend<'a> {
+    /// The built-in identity provider.
+    BuiltIn(&'a crate::idp::Idp),
     /// An external auth platform at `url` (no trailing slash) with its publishable key.
     External {
         /// `NEXT_PUBLIC_BACKEND_URL`.
@@ -163,6 +164,9 @@ impl Backend<'_> {
                 "Sign-in is switched off on this site",
             ));
         }
+        if let Some(idp) = state.idp.as_deref() {
+            return Ok(Backend::BuiltIn(idp));
+        }
         match (
             &state.settings.backend_url,
             &state.settings.backend_publishable_key,
@@ -181,6 +185,7 @@ impl Backend<'_> {
     /// Checks an email link's `token_hash` of `kind`.
     async fn verify(&self, kind: &str, token_hash: &str) -> Result<Session, ConfirmError> {
         match self {
+            Backend::BuiltIn(idp) => built_in(idp.verify_token_hash(kind, token_hash).await),
             Backend::External { url, key } => {
                 external(
                     &format!("{url}/auth/v1/verify"),
@@ -195,6 +200,7 @@ impl Backend<'_> {
     /// Exchanges a PKCE `code` with its verifier.
     async fn exchange(&self, code: &str, verifier: &str) -> Result<Session, ConfirmError> {
         match self {
+            Backend::BuiltIn(idp) => built_in(idp.exchange_pkce(code, verifier).await),
             Backend::External { url, key } => {
                 external(
                     &format!("{url}/auth/v1/token?grant_type=pkce"),
@@ -204,6 +210,28 @@ impl Backend<'_> {
                 .await
             }
         }
+    }
+}
+
+/// The built-in provider's answer as a [`Session`] or a [`ConfirmError`]
+/// (its 5xx as "unavailable", never its internals).
+fn built_in(
+    r: Result<crate::idp::SessionGrant, crate::idp::AuthApiError>,
+) -> Result<Session, ConfirmError> {
+    match r {
+        Ok(grant) => serde_json::to_value(&grant)
+            .ok()
+            .as_ref()
+            .and_then(Session::from_json)
+            .ok_or_else(|| {
+                tracing::error!("the built-in provider's session is not cookie-safe");
+                unavailable()
+            }),
+        Err(e) if e.status >= 500 => {
+            tracing::warn!(error = %e, "built-in provider failed during /auth/confirm");
+            Err(unavailable())
+        }
+        Err(e) => Err(ConfirmError::new(e.code, e.message)),
     }
 }
 
@@ -531,7 +559,7 @@ impl ApiResponse for ConfirmRedirect {
                 description: "Always a redirect. Success: to `next` on `APP_URL`'s origin, with the \
                     session set as two cookies. Failure (auth switched off or not configured, a missing \
                     or unknown parameter, a used or expired link, no PKCE verifier cookie, the auth \
-                    service unreachable, more than 30 attempts per 5 minutes from one IP): to \
+                    service unreachable, more than `AUTH_RATE_LIMIT_PER_5MIN` (default 30) attempts per 5 minutes from one IP): to \
                     `{APP_URL}/auth/error?error=<message>&error_code=<code>`, no session cookie.",
                 status: Some(303),
                 status_range: None,
@@ -675,6 +703,7 @@ async fn confirm_inner(
             if let Some(u) = &state.settings.backend_url {
                 keys.extend(storage_key(u));
             }
+            keys.extend(storage_key(&state.settings.api_external_url));
             keys.extend(storage_key(&state.settings.app_url));
             let Some((verifier, used)) = code_verifier(&request_cookies(req), &keys) else {
                 return Err(ConfirmError::new(
@@ -697,7 +726,7 @@ async fn limit(state: &AppState, req: &Request) -> Result<(), ConfirmError> {
     let deadline = Instant::now() + state.settings.dependency_timeout;
     let limit = Limit {
         name: "auth_confirm",
-        max: CONFIRM_LIMIT,
+        max: state.settings.auth_rate_limit_per_5min,
         window: CONFIRM_WINDOW,
     };
     let decision = state
