@@ -831,8 +831,9 @@ impl Idp {
     }
 
     /// A new session for `user_id`, established by `amr_method` (`password`,
-    /// `otp`, `oauth`, …) through `provider` (recorded as the identity's last
-    /// sign-in for OAuth). Used by the OAuth callback.
+    /// `otp`, `oauth`, …) through `provider` (informational: an OAuth
+    /// identity's last sign-in is recorded by `upsert_oauth_user`). Used by the
+    /// OAuth callback.
     pub async fn issue_session(
         &self,
         user_id: Uuid,

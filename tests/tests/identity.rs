@@ -20,10 +20,11 @@ fn client() -> reqwest::Client {
 /// A running provider: api + worker + SMTP sink.
 struct Idp {
     api: tests::Proc,
-    _worker: tests::Proc,
+    _worker: Option<tests::Proc>,
     sink: SmtpSink,
     ip: String,
-    stack: Stack,
+    stack: Option<Stack>,
+    _dir: Option<tests::TempDir>,
 }
 
 impl Idp {
@@ -44,10 +45,32 @@ impl Idp {
         let worker = stack.worker(&env).await;
         Idp {
             api,
-            _worker: worker,
+            _worker: Some(worker),
             sink,
             ip: random_ip(),
-            stack,
+            stack: Some(stack),
+            _dir: None,
+        }
+    }
+
+    /// The embedded default: no DATABASE_URL, no REDIS_URL, `api --with-worker`.
+    async fn embedded() -> Idp {
+        let dir = tests::TempDir::new();
+        let sink = SmtpSink::start().await;
+        let env = tests::EnvMap::default()
+            .with("PORT", "0")
+            .with("PLANS_FILE", tests::plans_file().display().to_string())
+            .with("SMTP_URL", sink.url())
+            .with("EMAIL_FROM", tests::EMAIL_FROM)
+            .with("APP_URL", APP);
+        let api = tests::Proc::api(&env, &["--with-worker"], dir.path()).await;
+        Idp {
+            api,
+            _worker: None,
+            sink,
+            ip: random_ip(),
+            stack: None,
+            _dir: Some(dir),
         }
     }
 
@@ -798,7 +821,7 @@ async fn our_tokens_work_on_logged_in_routes_and_health_names_the_provider() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
     // ADMIN_EMAILS applies once the email is confirmed; the default rows exist.
-    let pool = idp.stack.db.pool().await;
+    let pool = idp.stack.as_ref().unwrap().db.pool().await;
     let uid: uuid::Uuid = s["user"]["id"].as_str().unwrap().parse().unwrap();
     let (role,): (String,) =
         sea_orm::sqlx::query_as("SELECT role FROM user_roles WHERE user_id = $1")
@@ -823,4 +846,61 @@ async fn our_tokens_work_on_logged_in_routes_and_health_names_the_provider() {
     )
     .await;
     assert_eq!(r.status, 401, "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_embedded_default_runs_the_provider_on_sqlite() {
+    let idp = Idp::embedded().await;
+    let h = tests::get(&idp.api.url("/api/health")).await;
+    assert_eq!(h.json["auth_provider"], "builtin", "{}", h.text);
+    assert_eq!(h.json["features"]["auth"]["enabled"], true, "{}", h.text);
+    let s = idp.confirmed_user("kim@example.com", 1).await;
+    assert_session(&s);
+    let r = idp
+        .post(
+            "/token?grant_type=refresh_token",
+            &json!({"refresh_token": s["refresh_token"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let access = r.json["access_token"].as_str().unwrap().to_string();
+    let r = idp.get_auth("/user", &access).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["email"], "kim@example.com");
+    // The 60-s rule on SQLite under 20 concurrent requests.
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let url = idp.url("/recover");
+        tasks.push(tokio::spawn(async move {
+            Reply::send(
+                client()
+                    .post(url)
+                    .header("x-supabase-api-version", "2024-01-01")
+                    .json(&json!({"email": "kim@example.com"})),
+            )
+            .await
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap().status.as_u16());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        19,
+        "{statuses:?}"
+    );
+    let (_, text) = idp.mail(2).await;
+    let r = idp
+        .post(
+            "/verify",
+            &json!({"type": "recovery", "token_hash": token_hash(&text)}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
 }

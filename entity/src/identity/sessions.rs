@@ -117,10 +117,11 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
             .rows_affected
             == 1;
         if won {
-            let session = sess::Entity::find_by_id(row.session_id)
+            let mut session = sess::Entity::find_by_id(row.session_id)
                 .one(&txn)
                 .await?
                 .ok_or(IdentityError::SessionNotFound)?;
+            session.refreshed_at = now;
             let refresh_token =
                 insert_token(&txn, secret, row.session_id, row.user_id, Some(row.id), now).await?;
             sess::Entity::update_many()
