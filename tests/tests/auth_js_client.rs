@@ -24,6 +24,8 @@ use wiremock::{
 };
 
 /// The app's origin: where `/auth/confirm` and `GET /verify` may send the browser.
+/// Arms the server-side writes (`POST /api/profile`), as the interface requires.
+const SERVICE_ROLE_KEY: &str = "service-role-dummy-0123456789abcdef0123";
 const APP_URL: &str = "http://localhost:3000";
 
 /// `tests/node/auth-js`, with its packages installed; returns (dir, node binary).
@@ -259,6 +261,9 @@ fn server_env(stack: &Stack, sink: &SmtpSink) -> EnvMap {
         .with("SMTP_URL", sink.url())
         .with("APP_URL", APP_URL)
         .with("JOB_RETRY_BASE_SECS", "1")
+        // `POST /api/profile` is a server-side write: the interface arms those
+        // with `BACKEND_SERVICE_ROLE_KEY`, whichever provider issued the session.
+        .with("BACKEND_SERVICE_ROLE_KEY", SERVICE_ROLE_KEY)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -278,14 +283,16 @@ async fn auth_js_client_full_flow_on_postgres() {
 async fn auth_js_client_full_flow_on_the_embedded_default() {
     let dir = TempDir::new();
     let sink = Arc::new(SmtpSink::start().await);
-    // What a newcomer sets: an SMTP relay, a sender and the app's address. No
-    // DATABASE_URL, no REDIS_URL, no auth settings.
+    // What a newcomer sets: an SMTP relay, a sender, the app's address and the
+    // server-side secret that arms profile writes. No DATABASE_URL, no
+    // REDIS_URL, no auth settings.
     let env = EnvMap::default()
         .with("PORT", "0")
         .with("PLANS_FILE", plans_file().display().to_string())
         .with("SMTP_URL", sink.url())
         .with("EMAIL_FROM", EMAIL_FROM)
-        .with("APP_URL", APP_URL);
+        .with("APP_URL", APP_URL)
+        .with("BACKEND_SERVICE_ROLE_KEY", SERVICE_ROLE_KEY);
     let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
     let mails = mail_listing(sink.clone()).await;
 
