@@ -743,10 +743,28 @@ async fn admit(
     let now = Utc::now();
     let (rate, used, reserved) = match state.limiter.window_key(limit, &user_id.to_string()) {
         Some(window) => {
-            gate_redis(state, window, limit, user_id, plan.ai_tokens_per_month, estimate, now)
-                .await?
+            gate_redis(
+                state,
+                window,
+                limit,
+                user_id,
+                plan.ai_tokens_per_month,
+                estimate,
+                now,
+            )
+            .await?
         }
-        None => gate_local(state, limit, user_id, plan.ai_tokens_per_month, estimate, now).await?,
+        None => {
+            gate_local(
+                state,
+                limit,
+                user_id,
+                plan.ai_tokens_per_month,
+                estimate,
+                now,
+            )
+            .await?
+        }
     };
     if let (Some(limit), Some(used)) = (plan.ai_tokens_per_month, used) {
         if let Err(q) = rules::check_quota(&plan.id, Some(limit), used, now) {
