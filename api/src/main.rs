@@ -36,11 +36,6 @@ enum Command {
     },
 }
 
-/// mimalloc instead of glibc malloc: lower resident memory under many
-/// concurrent connections (BENCHMARKS.md, 2026-11-23 AI memory).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

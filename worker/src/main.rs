@@ -9,11 +9,6 @@ use std::sync::Arc;
 use entity::Settings;
 use tokio_util::sync::CancellationToken;
 
-/// mimalloc instead of glibc malloc: lower resident memory under many
-/// concurrent connections (BENCHMARKS.md, 2026-11-23 AI memory).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let settings = match Settings::from_env() {

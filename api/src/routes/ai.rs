@@ -660,32 +660,15 @@ struct Admitted {
     reserved: (i64, chrono::DateTime<Utc>),
 }
 
-/// The caller's session, and the id of its plan read at the same time (two
-/// database round trips in parallel instead of one after the other). The
-/// plan is read only for a token that verifies, so a request without a valid
-/// session costs no extra query; the session's own errors win.
+/// The caller's session, then the id of its plan. (Reading the plan in
+/// parallel with the session was tried: 29 of 500 simultaneous chats then
+/// waited past the pool's acquire deadline, see BENCHMARKS.md.)
 async fn session_and_plan(
     state: &AppState,
     auth: &BearerAuth,
 ) -> Result<(entity::users::UserContext, String), ApiError> {
-    let early = match auth.0.as_deref() {
-        Some(token) if state.features.get(entity::Feature::Auth).ready() => {
-            state.sessions.verify(token).await.ok().map(|c| c.sub)
-        }
-        _ => None,
-    };
-    let Some(sub) = early else {
-        let user = state.session(auth, Gate::Auth).await?;
-        let plan = plan_id(state, user.user_id).await?;
-        return Ok((user, plan));
-    };
-    let (user, plan) = tokio::join!(state.session(auth, Gate::Auth), plan_id(state, sub));
-    let user = user?;
-    let plan = if user.user_id == sub {
-        plan?
-    } else {
-        plan_id(state, user.user_id).await?
-    };
+    let user = state.session(auth, Gate::Auth).await?;
+    let plan = plan_id(state, user.user_id).await?;
     Ok((user, plan))
 }
 
