@@ -157,6 +157,68 @@ impl RateLimiter {
     }
 }
 
+/// The shared-store side of one window check, for a caller that counts the
+/// request in its own Redis script together with other keys (the AI routes'
+/// one-round-trip gate): the same key, expiry and reset as [`RateLimiter::check`].
+#[derive(Clone)]
+pub struct WindowKey {
+    /// Connection to the shared store.
+    pub conn: ConnectionManager,
+    /// `<prefix>:rl:<name>:<subject>:<window index>`.
+    pub key: String,
+    /// Seconds the key lives (the window plus one).
+    pub ttl_secs: u64,
+    /// Unix epoch seconds now (this host's clock picks only the window index).
+    pub now: u64,
+    /// Unix epoch seconds when this window ends.
+    pub reset: u64,
+}
+
+impl WindowKey {
+    /// The decision for the window's `count` after this request's `INCR`.
+    pub fn decide(&self, limit: Limit, count: u64) -> Decision {
+        let max = u64::from(limit.max);
+        Decision {
+            allowed: count <= max,
+            info: RateInfo {
+                limit: max,
+                remaining: max.saturating_sub(count),
+                reset: self.reset,
+                retry_after: self.reset.saturating_sub(self.now).max(1),
+            },
+        }
+    }
+}
+
+impl RateLimiter {
+    /// The Redis key of `subject`'s current window of `limit`; `None` for the
+    /// in-process limiter.
+    pub fn window_key(&self, limit: Limit, subject: &str) -> Option<WindowKey> {
+        let RateLimiter::Redis { conn, prefix, .. } = self else {
+            return None;
+        };
+        let window = limit.window.as_secs().max(1);
+        let now = now_secs();
+        let index = now / window;
+        Some(WindowKey {
+            conn: conn.clone(),
+            key: format!("{prefix}:{}:{subject}:{index}", limit.name),
+            ttl_secs: window + 1,
+            now,
+            reset: (index + 1) * window,
+        })
+    }
+
+    /// One request of `subject` against the in-process limiter (the Redis
+    /// limiter's fallback while Redis does not answer).
+    pub fn check_in_process(&self, limit: Limit, subject: &str) -> Decision {
+        match self {
+            RateLimiter::Redis { fallback, .. } => check_local(fallback, limit, subject),
+            RateLimiter::Local(map) => check_local(map, limit, subject),
+        }
+    }
+}
+
 /// One request of `subject` against the in-process limiter of `limit`.
 fn check_local(map: &LocalLimits, limit: Limit, subject: &str) -> Decision {
     let limiter = {

@@ -40,6 +40,7 @@ use crate::{
     auth::{BearerAuth, Gate},
     payload::{JsonBody, RawJson},
     problem::{ApiError, Problem, RateInfo},
+    rate_limit::{Limit, WindowKey},
     state::AppState,
 };
 
@@ -659,10 +660,30 @@ struct Admitted {
     reserved: (i64, chrono::DateTime<Utc>),
 }
 
-/// Provider, size, configuration and both limits, in that order.
+/// The caller's session, then the id of its plan. (Reading the plan in
+/// parallel with the session was tried: 29 of 500 simultaneous chats then
+/// waited past the pool's acquire deadline, see BENCHMARKS.md.)
+async fn session_and_plan(
+    state: &AppState,
+    auth: &BearerAuth,
+) -> Result<(entity::users::UserContext, String), ApiError> {
+    let user = state.session(auth, Gate::Auth).await?;
+    let plan = plan_id(state, user.user_id).await?;
+    Ok((user, plan))
+}
+
+async fn plan_id(state: &AppState, user_id: Uuid) -> Result<String, ApiError> {
+    state
+        .bounded_db("loading the plan", rules::plan_of(&state.db, user_id))
+        .await
+}
+
+/// Provider, size, configuration and both limits, in that order; `plan_id`
+/// is the caller's plan ([`session_and_plan`]).
 async fn admit(
     state: &AppState,
     user_id: Uuid,
+    plan_id: &str,
     provider: Option<&str>,
     messages: &[ChatMessage],
 ) -> Result<Admitted, Refusal> {
@@ -689,68 +710,208 @@ async fn admit(
             code: "not_configured",
             detail: e.to_string(),
         })?;
-    let plan_id = state
-        .bounded_db("loading the plan", rules::plan_of(&state.db, user_id))
-        .await?;
     let plan = state
         .plans
-        .get(&plan_id)
+        .get(plan_id)
         .or_else(|| state.plans.get(entity::plans::FREE))
         .ok_or_else(|| ApiError::internal("the plan catalogue has no FREE plan"))?;
-    let deadline = Instant::now() + state.settings.dependency_timeout;
-    let rate = state
-        .limit_user(
-            "ai",
-            user_id,
-            plan.ai_requests_per_5min,
-            std::time::Duration::from_secs(300),
-            deadline,
-        )
-        .await?;
-    let mut reserved = (0, Utc::now());
-    if let Some(limit) = plan.ai_tokens_per_month {
-        let now = Utc::now();
-        let used = quota_used(state, user_id, now).await?;
-        if let Err(q) = rules::check_quota(&plan.id, Some(limit), used, now) {
-            let mut p = AiLimitProblem::new(
-                "quota_exceeded",
-                format!(
-                    "monthly AI quota used up: {} of {} tokens on plan {}; resets at {}",
-                    q.used,
-                    q.limit,
-                    q.plan,
-                    q.resets_at.to_rfc3339()
-                ),
-            );
-            let retry = (q.resets_at - now).num_seconds().max(1) as u64;
-            p.used = Some(q.used);
-            p.limit = Some(q.limit);
-            p.plan = Some(q.plan);
-            p.resets_at = Some(
-                q.resets_at
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            );
-            return Err(Refusal::Limit(
-                Box::new(p),
-                RateInfo {
-                    retry_after: retry,
-                    ..rate
-                },
-            ));
+    let limit = Limit {
+        name: "ai",
+        max: plan.ai_requests_per_5min,
+        window: Duration::from_secs(300),
+    };
+    // Count the request as in flight: its estimated input now, the
+    // difference to its real tokens when it ends.
+    let estimate = i64::from(rules::estimate_tokens(bytes));
+    let now = Utc::now();
+    let (rate, used, reserved) = match state.limiter.window_key(limit, &user_id.to_string()) {
+        Some(window) => {
+            gate_redis(
+                state,
+                window,
+                limit,
+                user_id,
+                plan.ai_tokens_per_month,
+                estimate,
+                now,
+            )
+            .await?
         }
-        // Count the request as in flight: its estimated input now, the
-        // difference to its real tokens when it ends.
-        let estimate = i64::from(rules::estimate_tokens(bytes));
-        if quota_add(state, user_id, now, estimate).await {
-            reserved = (estimate, now);
+        None => {
+            gate_local(
+                state,
+                limit,
+                user_id,
+                plan.ai_tokens_per_month,
+                estimate,
+                now,
+            )
+            .await?
+        }
+    };
+    if let (Some(limit), Some(used)) = (plan.ai_tokens_per_month, used) {
+        if let Err(q) = rules::check_quota(&plan.id, Some(limit), used, now) {
+            return Err(quota_refusal(q, now, rate));
         }
     }
     Ok(Admitted {
         user_id,
         target,
         rate,
-        reserved,
+        reserved: (if reserved { estimate } else { 0 }, now),
     })
+}
+
+/// The 429 `quota_exceeded` answer.
+fn quota_refusal(q: rules::QuotaExceeded, now: chrono::DateTime<Utc>, rate: RateInfo) -> Refusal {
+    let mut p = AiLimitProblem::new(
+        "quota_exceeded",
+        format!(
+            "monthly AI quota used up: {} of {} tokens on plan {}; resets at {}",
+            q.used,
+            q.limit,
+            q.plan,
+            q.resets_at.to_rfc3339()
+        ),
+    );
+    let retry = (q.resets_at - now).num_seconds().max(1) as u64;
+    p.used = Some(q.used);
+    p.limit = Some(q.limit);
+    p.plan = Some(q.plan);
+    p.resets_at = Some(
+        q.resets_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    );
+    Refusal::Limit(
+        Box::new(p),
+        RateInfo {
+            retry_after: retry,
+            ..rate
+        },
+    )
+}
+
+/// The rate window, the month's tokens used (`None`: no quota on the plan,
+/// or not checked) and whether this request's estimate was reserved.
+type Gated = (RateInfo, Option<u64>, bool);
+
+/// Both limits in one Redis script (one round trip, atomic): count the
+/// request in its 5-minute window; when allowed and the plan has a quota,
+/// read the month counter and, while under the quota, reserve the estimate.
+/// An absent counter is seeded from `ai_usage` (once per user and month) by a
+/// second script. Redis failing or slow: the in-process limiter and the
+/// database sum decide, and nothing is reserved (as [`RateLimiter::check`]).
+async fn gate_redis(
+    state: &AppState,
+    window: WindowKey,
+    limit: Limit,
+    user_id: Uuid,
+    quota: Option<u64>,
+    estimate: i64,
+    now: chrono::DateTime<Utc>,
+) -> Result<Gated, Refusal> {
+    let counter = counter_key(state, user_id, now);
+    let mut conn = window.conn.clone();
+    let mut inv = GATE.key(&window.key);
+    inv.key(&counter)
+        .arg(window.ttl_secs)
+        .arg(limit.max)
+        .arg(quota.map_or(-1, |q| i64::try_from(q).unwrap_or(i64::MAX)))
+        .arg(estimate);
+    let budget = state.settings.dependency_timeout;
+    let got = tokio::time::timeout(budget, inv.invoke_async::<Vec<i64>>(&mut conn)).await;
+    let reply = match got {
+        Ok(Ok(r)) if r.len() >= 2 => r,
+        other => {
+            match other {
+                Ok(Ok(r)) => tracing::warn!(?r, "unexpected AI gate reply; limiting in process"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "AI gate store unavailable; limiting in process")
+                }
+                Err(_) => tracing::warn!("AI gate store timed out; limiting in process"),
+            }
+            return gate_fallback(state, limit, user_id, quota, now).await;
+        }
+    };
+    let decision = window.decide(limit, reply[0].max(0) as u64);
+    if !decision.allowed {
+        return Err(ApiError::RateLimited(decision.info).into());
+    }
+    let rate = decision.info;
+    let Some(quota) = quota else {
+        return Ok((rate, None, false));
+    };
+    if reply[1] >= 0 {
+        let reserved = reply.get(2).copied() == Some(1);
+        return Ok((rate, Some(reply[1] as u64), reserved));
+    }
+    // No counter for this month yet: seed it from the database.
+    let sum = state
+        .bounded_db(
+            "summing AI usage",
+            rules::tokens_this_month(&state.db, user_id, now),
+        )
+        .await?;
+    let mut inv = SEED.key(&counter);
+    inv.arg(sum)
+        .arg(COUNTER_TTL_SECS)
+        .arg(i64::try_from(quota).unwrap_or(i64::MAX))
+        .arg(estimate);
+    match tokio::time::timeout(budget, inv.invoke_async::<Vec<i64>>(&mut conn)).await {
+        Ok(Ok(r)) if r.len() == 2 => Ok((rate, Some(r[0].max(0) as u64), r[1] == 1)),
+        _ => {
+            tracing::warn!("could not seed the AI quota counter");
+            Ok((rate, Some(sum), false))
+        }
+    }
+}
+
+/// Redis did not answer the gate: the in-process limiter, the database sum.
+async fn gate_fallback(
+    state: &AppState,
+    limit: Limit,
+    user_id: Uuid,
+    quota: Option<u64>,
+    now: chrono::DateTime<Utc>,
+) -> Result<Gated, Refusal> {
+    let decision = state.limiter.check_in_process(limit, &user_id.to_string());
+    if !decision.allowed {
+        return Err(ApiError::RateLimited(decision.info).into());
+    }
+    let used = match quota {
+        Some(_) => Some(
+            state
+                .bounded_db(
+                    "summing AI usage",
+                    rules::tokens_this_month(&state.db, user_id, now),
+                )
+                .await?,
+        ),
+        None => None,
+    };
+    Ok((decision.info, used, false))
+}
+
+/// Without Redis (embedded mode): the in-process limiter, then the month's
+/// sum from the database on each request (nothing to reserve).
+async fn gate_local(
+    state: &AppState,
+    limit: Limit,
+    user_id: Uuid,
+    quota: Option<u64>,
+    estimate: i64,
+    now: chrono::DateTime<Utc>,
+) -> Result<Gated, Refusal> {
+    let deadline = Instant::now() + state.settings.dependency_timeout;
+    let rate = state
+        .limit_user("ai", user_id, limit.max, limit.window, deadline)
+        .await?;
+    let Some(quota) = quota else {
+        return Ok((rate, None, false));
+    };
+    let used = quota_used(state, user_id, now).await?;
+    let reserved = used < quota && quota_add(state, user_id, now, estimate).await;
+    Ok((rate, Some(used), reserved))
 }
 
 /// Maps a failure before any text to its answer.
@@ -802,9 +963,9 @@ async fn chat_inner(
     auth: &BearerAuth,
     body: &[u8],
 ) -> Result<(ChunkStream, RateInfo), Refusal> {
-    let user = state.session(auth, Gate::Auth).await?;
+    let (user, plan) = session_and_plan(state, auth).await?;
     let (provider, messages) = parse_chat(body)?;
-    let admitted = admit(state, user.user_id, provider.as_deref(), &messages).await?;
+    let admitted = admit(state, user.user_id, &plan, provider.as_deref(), &messages).await?;
     let mut guard = UsageGuard::new(state, &admitted, rules::input_bytes(&messages), "chat");
     let upstream = match state.ai.start(&admitted.target, &messages).await {
         Ok(s) => s,
@@ -870,7 +1031,7 @@ async fn generate_inner(
     auth: &BearerAuth,
     body: GenerateRequest,
 ) -> Result<(GenerateResult, RateInfo), Refusal> {
-    let user = state.session(auth, Gate::Auth).await?;
+    let (user, plan) = session_and_plan(state, auth).await?;
     let mut messages = Vec::with_capacity(2);
     if let Some(system) = body.system.filter(|s| !s.is_empty()) {
         messages.push(ChatMessage {
@@ -883,7 +1044,7 @@ async fn generate_inner(
         content: body.prompt,
     });
     let provider = body.provider.map(|p| Provider::from(p).as_str());
-    let admitted = admit(state, user.user_id, provider, &messages).await?;
+    let admitted = admit(state, user.user_id, &plan, provider, &messages).await?;
     let mut guard = UsageGuard::new(state, &admitted, rules::input_bytes(&messages), "generate");
     let mut upstream = match state.ai.start(&admitted.target, &messages).await {
         Ok(s) => s,
@@ -1037,6 +1198,47 @@ static ADD_IF_PRESENT: LazyLock<redis::Script> = LazyLock::new(|| {
         r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('INCRBY', KEYS[1], ARGV[1]) end
 return -1
+",
+    )
+});
+
+/// The AI gate (one round trip). KEYS: the 5-minute window, the month
+/// counter. ARGV: the window key's lifetime, the plan's requests per window,
+/// its monthly tokens (-1: none), this request's estimate. Returns
+/// `{count}` plus: `-2` (rate-limited, or no quota: counter untouched), `-1`
+/// (no counter yet), or `used, reserved` (the counter before this request;
+/// `reserved` 1 when the estimate was added, i.e. `used` < the quota).
+static GATE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+if n > tonumber(ARGV[2]) or tonumber(ARGV[3]) < 0 then return {n, -2} end
+local used = redis.call('GET', KEYS[2])
+if not used then return {n, -1} end
+used = math.max(tonumber(used), 0)
+if used < tonumber(ARGV[3]) then
+  redis.call('INCRBY', KEYS[2], ARGV[4])
+  return {n, used, 1}
+end
+return {n, used, 0}
+",
+    )
+});
+
+/// Seeds an absent month counter and then checks and reserves like [`GATE`].
+/// KEYS: the counter. ARGV: the database's sum, the counter's lifetime, the
+/// plan's monthly tokens, this request's estimate. Returns `{used, reserved}`.
+static SEED: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+local used = math.max(tonumber(redis.call('GET', KEYS[1])), 0)
+if used < tonumber(ARGV[3]) then
+  redis.call('INCRBY', KEYS[1], ARGV[4])
+  return {used, 1}
+end
+return {used, 0}
 ",
     )
 });
