@@ -12,6 +12,7 @@ pub mod db;
 pub mod entities;
 pub mod features;
 pub mod mail;
+pub mod oauth;
 pub mod payment;
 pub mod plans;
 pub mod profile;
