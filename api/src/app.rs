@@ -13,8 +13,8 @@ use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
     routes::{
-        admin::AdminApi, ai::AiApi, avatar::AvatarApi, contact::ContactApi, health::HealthApi,
-        payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
+        admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
+        health::HealthApi, payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
         subscription::SubscriptionApi, waitlist::WaitlistApi, webhooks::WebhookApi,
     },
     state::AppState,
@@ -47,6 +47,7 @@ api_set!(
     StorageApi,
     WebhookApi,
     AiApi,
+    AuthApi,
 );
 
 const DESCRIPTION: &str = "\
@@ -106,6 +107,15 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         // limit, the storage routes (uploads stream and bound their own size)
         // under /storage.
         .nest_no_strip("/api", endpoint.clone().with(BodyLimit(BODY_LIMIT)))
+        // The identity provider (`/auth/v1`) and `/auth/confirm`: same service,
+        // same body limit, the platform's error formats.
+        .nest_no_strip(
+            "/auth",
+            endpoint
+                .clone()
+                .with(BodyLimit(BODY_LIMIT))
+                .with(crate::idp::AuthVersion),
+        )
         .nest_no_strip(
             "/storage",
             endpoint.with(DrainBody {
@@ -149,7 +159,18 @@ pub async fn build_state(
     let providers =
         worker::providers::Providers::new(settings.clone()).context("payment provider client")?;
     let settings_for_ai = settings.clone();
+    let idp = if settings.auth_provider == entity::settings::AuthProvider::Builtin
+        && settings.toggles.auth
+    {
+        Some(Arc::new(
+            crate::idp::Idp::new(settings.clone(), db.clone(), queues.clone())
+                .context("the built-in identity provider")?,
+        ))
+    } else {
+        None
+    };
     Ok(AppState {
+        idp,
         providers,
         sessions: crate::session::SessionVerifier::from_settings(&settings),
         settings,

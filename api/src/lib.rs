@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod idp;
 pub mod listener;
 pub mod middleware;
 pub mod payload;

@@ -38,6 +38,9 @@ pub struct AppState {
     pub providers: worker::providers::Providers,
     /// The AI providers' HTTP clients.
     pub ai: worker::ai::AiClients,
+    /// The built-in identity provider; `None` unless `AUTH_PROVIDER=builtin`
+    /// (the default without an external platform) and auth is on.
+    pub idp: Option<Arc<crate::idp::Idp>>,
 }
 
 impl AppState {

@@ -168,7 +168,10 @@ impl Features {
         }
 
         let mut session_missing = Vec::new();
-        if s.backend_jwt_secret.is_none() && s.backend_url.is_none() {
+        if s.backend_jwt_secret.is_none()
+            && s.backend_url.is_none()
+            && s.auth_provider != crate::settings::AuthProvider::Builtin
+        {
             // Without either key source no session token can be verified.
             session_missing.push("BACKEND_JWT_SECRET");
         }
@@ -176,6 +179,10 @@ impl Features {
         let mut auth_missing = backend_public_missing.clone();
         auth_missing.extend(session_missing.iter().copied());
         auth_missing.dedup();
+        if s.auth_provider == crate::settings::AuthProvider::Builtin {
+            // The built-in identity provider needs no external platform.
+            auth_missing.clear();
+        }
 
         let mut admin_missing = service_role_missing.clone();
         admin_missing.extend(session_missing.iter().copied());

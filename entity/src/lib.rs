@@ -11,6 +11,7 @@ pub mod contact;
 pub mod db;
 pub mod entities;
 pub mod features;
+pub mod identity;
 pub mod mail;
 pub mod oauth;
 pub mod payment;

@@ -360,6 +360,63 @@ pub struct Settings {
     /// `AI_IDLE_TIMEOUT_MS`: longest wait for the provider's answer headers and
     /// between two chunks of its stream (default 60000, 100–600000).
     pub ai_idle_timeout: Duration,
+    /// `AUTH_PROVIDER`: `builtin` (the built-in identity provider under
+    /// `/auth/v1`) or `external` (tokens of an external auth platform). Default:
+    /// `external` when any of `NEXT_PUBLIC_BACKEND_URL`,
+    /// `NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY`, `BACKEND_JWT_SECRET` is set, else `builtin`.
+    pub auth_provider: AuthProvider,
+    /// `AUTH_AUTOCONFIRM`: sign-ups are confirmed at once, without a mail (default `false`).
+    pub auth_autoconfirm: bool,
+    /// `AUTH_PASSWORD_MIN_LENGTH`: shortest password accepted (default 8, 6–128).
+    pub auth_password_min_length: usize,
+    /// `AUTH_OTP_EXPIRY_SECS`: lifetime of mailed codes and links (default 3600, 1–86400).
+    pub auth_otp_expiry: Duration,
+    /// `AUTH_ACCESS_TOKEN_TTL_SECS`: lifetime of access tokens (default 3600, 120–604800).
+    pub auth_access_token_ttl: Duration,
+    /// `AUTH_REFRESH_REUSE_INTERVAL_SECS`: how long a rotated refresh token still
+    /// yields the active one (default 10, 0–3600).
+    pub auth_refresh_reuse_interval: Duration,
+    /// `AUTH_REDIRECT_ALLOW_LIST`: comma list of URL globs `redirect_to` may
+    /// point at besides `APP_URL`'s origin.
+    pub auth_redirect_allow_list: crate::redirect::AllowList,
+    /// `AUTH_JWT_PRIVATE_KEY`: PKCS#8 PEM of the P-256 key that signs access
+    /// tokens; unset = generated once into `<DATA_DIR>/auth_jwt_key.pem`.
+    pub auth_jwt_private_key: Option<String>,
+    /// `AUTH_JWT_PREVIOUS_KEYS`: PEM blocks (public or private) of earlier
+    /// signing keys, still published in the JWKS and accepted (rotation).
+    pub auth_jwt_previous_keys: Option<String>,
+    /// `AUTH_TEMPLATES_DIR`: directory whose `<kind>.txt` / `<kind>.html`
+    /// replace the built-in mail templates.
+    pub auth_templates_dir: Option<PathBuf>,
+    /// `API_EXTERNAL_URL`: public base URL of this API (mail links go to
+    /// `{API_EXTERNAL_URL}/auth/v1/verify`; the tokens' `iss` is
+    /// `{API_EXTERNAL_URL}/auth/v1`). Default `APP_URL`.
+    pub api_external_url: String,
+    /// `AUTH_RATE_LIMIT_PER_5MIN`: per-IP requests per 5 minutes on sign-up,
+    /// password and PKCE sign-in, OTP, recover, resend and verify, each route
+    /// counted apart (default 30).
+    pub auth_rate_limit_per_5min: u32,
+    /// `AUTH_RATE_LIMIT_REFRESH_PER_5MIN`: per-IP refreshes per 5 minutes (default 150).
+    pub auth_rate_limit_refresh_per_5min: u32,
+}
+
+/// Who issues sessions (`AUTH_PROVIDER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthProvider {
+    /// The built-in identity provider (`/auth/v1`).
+    Builtin,
+    /// An external auth platform (`NEXT_PUBLIC_BACKEND_URL`, `BACKEND_JWT_SECRET`).
+    External,
+}
+
+impl AuthProvider {
+    /// `builtin` or `external`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Builtin => "builtin",
+            Self::External => "external",
+        }
+    }
 }
 
 impl fmt::Debug for Settings {
@@ -714,6 +771,32 @@ impl Settings {
             None => format!("file://{}", absolute(&data_dir.join("storage")).display()),
         };
 
+        let auth_provider = match r.opt("AUTH_PROVIDER").map(|v| v.to_ascii_lowercase()) {
+            Some(v) if v == "builtin" => AuthProvider::Builtin,
+            Some(v) if v == "external" => AuthProvider::External,
+            Some(v) => {
+                return Err(err(
+                    "AUTH_PROVIDER",
+                    format!("expected builtin or external, got {v:?}"),
+                ))
+            }
+            None if backend_url.is_some()
+                || backend_jwt_secret.is_some()
+                || r.opt("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY").is_some() =>
+            {
+                AuthProvider::External
+            }
+            None => AuthProvider::Builtin,
+        };
+        let auth_redirect_allow_list = crate::redirect::AllowList::parse(
+            &r.opt("AUTH_REDIRECT_ALLOW_LIST").unwrap_or_default(),
+        )
+        .map_err(|e| err("AUTH_REDIRECT_ALLOW_LIST", e))?;
+        let api_external_url = r
+            .url("API_EXTERNAL_URL", &["http", "https"])?
+            .unwrap_or_else(|| app_url.clone())
+            .trim_end_matches('/')
+            .to_string();
         let mut settings = Settings {
             host: r.opt("HOST").unwrap_or_else(|| "127.0.0.1".into()),
             port,
@@ -920,6 +1003,44 @@ impl Settings {
                 100,
                 600_000,
             )?),
+            auth_provider,
+            auth_autoconfirm: r.bool_or("AUTH_AUTOCONFIRM", false)?,
+            auth_password_min_length: r.num_or("AUTH_PASSWORD_MIN_LENGTH", 8usize, 6, 128)?,
+            auth_otp_expiry: Duration::from_secs(r.num_or(
+                "AUTH_OTP_EXPIRY_SECS",
+                3600u64,
+                1,
+                86_400,
+            )?),
+            auth_access_token_ttl: Duration::from_secs(r.num_or(
+                "AUTH_ACCESS_TOKEN_TTL_SECS",
+                3600u64,
+                120,
+                604_800,
+            )?),
+            auth_refresh_reuse_interval: Duration::from_secs(r.num_or(
+                "AUTH_REFRESH_REUSE_INTERVAL_SECS",
+                10u64,
+                0,
+                3600,
+            )?),
+            auth_redirect_allow_list,
+            auth_jwt_private_key: r.opt("AUTH_JWT_PRIVATE_KEY"),
+            auth_jwt_previous_keys: r.opt("AUTH_JWT_PREVIOUS_KEYS"),
+            auth_templates_dir: r.opt("AUTH_TEMPLATES_DIR").map(PathBuf::from),
+            api_external_url,
+            auth_rate_limit_per_5min: r.num_or(
+                "AUTH_RATE_LIMIT_PER_5MIN",
+                30u32,
+                1,
+                100_000_000,
+            )?,
+            auth_rate_limit_refresh_per_5min: r.num_or(
+                "AUTH_RATE_LIMIT_REFRESH_PER_5MIN",
+                150u32,
+                1,
+                100_000_000,
+            )?,
         };
         if settings.email_from.is_none() && settings.email_transport() == EmailTransport::Outbox {
             settings.email_from = Some(OUTBOX_DEFAULT_FROM.to_string());

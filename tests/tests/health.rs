@@ -85,7 +85,16 @@ async fn healthy_when_everything_is_configured() {
 #[tokio::test(flavor = "multi_thread")]
 async fn degraded_and_names_what_is_missing_when_nothing_is_configured() {
     let stack = Stack::new().await;
-    let api = stack.api(&stack.env().without("EMAIL_FROM")).await;
+    // The external auth platform, not configured (the built-in provider,
+    // the default without one, needs nothing: see tests/tests/identity.rs).
+    let api = stack
+        .api(
+            &stack
+                .env()
+                .without("EMAIL_FROM")
+                .with("AUTH_PROVIDER", "external"),
+        )
+        .await;
     let h = get(&api.url("/api/health")).await;
     assert_eq!(h.status, 503, "{}", h.text);
     assert_shape(&h);

@@ -62,6 +62,8 @@ pub struct Health {
     pub timestamp: String,
     /// The configured payment provider: `provider_a` or `provider_b`.
     pub payment_provider: String,
+    /// Who issues sessions (`AUTH_PROVIDER`): `builtin` (this API's `/auth/v1`) or `external`.
+    pub auth_provider: String,
     /// Configuration presence checks.
     pub checks: Checks,
     /// The transport contact mail goes through.
@@ -148,6 +150,7 @@ async fn health_inner(state: &AppState) -> Health {
         status: if healthy { "ok" } else { "degraded" }.into(),
         timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         payment_provider: state.settings.payment_provider.as_str().into(),
+        auth_provider: state.settings.auth_provider.as_str().into(),
         checks: Checks {
             backend_public: f.backend_public,
             backend_service_role: f.backend_service_role,

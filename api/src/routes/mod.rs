@@ -4,6 +4,7 @@ use poem_openapi::{Object, Tags};
 
 pub mod admin;
 pub mod ai;
+pub mod auth;
 pub mod avatar;
 pub mod contact;
 pub mod health;
@@ -31,6 +32,8 @@ pub enum ApiTags {
     Webhooks,
     /// AI chat and generation (logged-in user, per-plan limits).
     Ai,
+    /// The built-in identity provider (`/auth/v1`, the hosted auth platform's protocol).
+    Auth,
 }
 
 /// Maps a database error: unreachable → 503 `database_unavailable`, anything

@@ -64,6 +64,12 @@ pub mod prelude;
 
 pub mod ai_usage;
 pub mod audit_logs;
+pub mod auth_accounts;
+pub mod auth_flow_states;
+pub mod auth_identities;
+pub mod auth_one_time_tokens;
+pub mod auth_refresh_tokens;
+pub mod auth_sessions;
 pub mod payments;
 pub mod profiles;
 pub mod subscriptions;

@@ -7,12 +7,14 @@ use apalis::prelude::{AbortError, BoxDynError};
 use serde::{Deserialize, Serialize};
 
 pub mod ai_usage;
+pub mod auth_email;
 pub mod avatar_cleanup;
 pub mod email;
 pub mod reconcile;
 pub mod settlement;
 
 pub use ai_usage::RecordAiUsage;
+pub use auth_email::SendAuthEmail;
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
 pub use reconcile::ReconcilePayment;
@@ -88,6 +90,8 @@ pub enum Job {
     ReconcilePayment(ReconcilePayment),
     /// Write the usage row of one AI request.
     RecordAiUsage(RecordAiUsage),
+    /// Render and send one identity mail (confirmation, magic link, recovery, email change).
+    SendAuthEmail(SendAuthEmail),
 }
 
 impl Job {
@@ -99,6 +103,7 @@ impl Job {
             Job::SettlePayment(_) | Job::ReconcilePayment(_) => QueueName::Settlement,
 
             Job::RecordAiUsage(_) => QueueName::AiUsage,
+            Job::SendAuthEmail(_) => QueueName::Email,
         }
     }
 
@@ -110,6 +115,7 @@ impl Job {
             Job::SettlePayment(_) => "settle_payment",
             Job::ReconcilePayment(_) => "reconcile_payment",
             Job::RecordAiUsage(_) => "record_ai_usage",
+            Job::SendAuthEmail(_) => "send_auth_email",
         }
     }
 }
@@ -195,5 +201,6 @@ pub async fn handle(
         Job::SettlePayment(j) => settlement::handle(j, task_id, attempt, ctx).await,
         Job::ReconcilePayment(j) => reconcile::handle(j, task_id, attempt, ctx).await,
         Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
+        Job::SendAuthEmail(j) => auth_email::handle(j, task_id, attempt, ctx).await,
     }
 }

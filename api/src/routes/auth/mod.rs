@@ -1,0 +1,745 @@
+//! `/auth/v1`: the built-in identity provider, speaking the hosted auth
+//! platform's protocol (GoTrue) so `@supabase/auth-js` works against it.
+//! Thin handlers: gate, rate limit, parse, one [`crate::idp::Idp`] call.
+//!
+//! Not problem details: these routes answer the platform's own error bodies
+//! ([`AuthApiError`]), documented per route.
+
+mod reply;
+
+use std::time::{Duration, Instant};
+
+use poem::{web::Data, Request};
+use poem_openapi::{param::Query, payload::Json, ApiResponse, Object, OpenApi, Union};
+
+pub use reply::AuthResult;
+
+use super::ApiTags;
+use crate::{
+    idp::{
+        AuthApiError, Idp, LinkOutcome, OtpRequest, SessionGrant, SignUp, SignUpOutcome,
+        UpdateUser, UserJson,
+    },
+    middleware::RequestId,
+    problem::RateInfo,
+    rate_limit::Limit,
+    state::AppState,
+};
+
+/// `POST /signup` body.
+#[derive(Debug, Clone, Object)]
+pub struct SignUpBody {
+    /// Email address.
+    pub email: String,
+    /// Password (at least `AUTH_PASSWORD_MIN_LENGTH` characters, default 8).
+    pub password: String,
+    /// Becomes `user_metadata`.
+    pub data: Option<serde_json::Value>,
+    /// PKCE code challenge (with `code_challenge_method`); the confirmation
+    /// link then redirects with `?code=`.
+    pub code_challenge: Option<String>,
+    /// `s256` or `plain`.
+    pub code_challenge_method: Option<String>,
+}
+
+/// `POST /token` body: the fields of the chosen `grant_type`.
+#[derive(Debug, Clone, Object)]
+pub struct TokenBody {
+    /// `password`: email.
+    pub email: Option<String>,
+    /// `password`: password.
+    pub password: Option<String>,
+    /// `refresh_token`: the refresh token.
+    pub refresh_token: Option<String>,
+    /// `pkce`: the auth code from `?code=`.
+    pub auth_code: Option<String>,
+    /// `pkce`: the code verifier.
+    pub code_verifier: Option<String>,
+}
+
+/// `POST /verify` body: `token_hash` + `type`, or `email` + `token` + `type`.
+#[derive(Debug, Clone, Object)]
+pub struct VerifyBody {
+    /// `signup`, `invite`, `magiclink`, `recovery`, `email_change`, `email`.
+    #[oai(rename = "type")]
+    pub kind: String,
+    /// The mail's `{{ .TokenHash }}`.
+    pub token_hash: Option<String>,
+    /// The mail's 6-digit `{{ .Token }}` (with `email`).
+    pub token: Option<String>,
+    /// Email (with `token`).
+    pub email: Option<String>,
+}
+
+/// `POST /otp` body.
+#[derive(Debug, Clone, Object)]
+pub struct OtpBody {
+    /// Email address.
+    pub email: Option<String>,
+    /// Create the user when unknown (default `true`).
+    pub create_user: Option<bool>,
+    /// `user_metadata` of a created user.
+    pub data: Option<serde_json::Value>,
+    /// PKCE code challenge.
+    pub code_challenge: Option<String>,
+    /// `s256` or `plain`.
+    pub code_challenge_method: Option<String>,
+}
+
+/// `POST /recover` body.
+#[derive(Debug, Clone, Object)]
+pub struct RecoverBody {
+    /// Email address.
+    pub email: String,
+    /// PKCE code challenge.
+    pub code_challenge: Option<String>,
+    /// `s256` or `plain`.
+    pub code_challenge_method: Option<String>,
+}
+
+/// `POST /resend` body.
+#[derive(Debug, Clone, Object)]
+pub struct ResendBody {
+    /// `signup` or `email_change`.
+    #[oai(rename = "type")]
+    pub kind: String,
+    /// Email address.
+    pub email: String,
+}
+
+/// `PUT /user` body.
+#[derive(Debug, Clone, Object)]
+pub struct UpdateUserBody {
+    /// New password (`weak_password`, `same_password`).
+    pub password: Option<String>,
+    /// New email: a confirmation mail goes to it; the change applies when verified (`type=email_change`).
+    pub email: Option<String>,
+    /// Merged into `user_metadata` (a `null` value removes the key).
+    pub data: Option<serde_json::Value>,
+    /// PKCE code challenge for the email-change link.
+    pub code_challenge: Option<String>,
+    /// `s256` or `plain`.
+    pub code_challenge_method: Option<String>,
+}
+
+/// `{}`.
+#[derive(Debug, Clone, Object)]
+pub struct Empty {}
+
+/// The sign-up answer: a session (autoconfirm) or the unconfirmed user.
+#[derive(Debug, Clone, Union)]
+pub enum SignUpAnswer {
+    /// `AUTH_AUTOCONFIRM=true`: signed in.
+    Session(SessionGrant),
+    /// Confirmation needed (also the answer to a repeated sign-up).
+    User(UserJson),
+}
+
+/// A public JWK (P-256).
+#[derive(Debug, Clone, Object)]
+pub struct Jwk {
+    /// `EC`.
+    pub kty: String,
+    /// `P-256`.
+    pub crv: String,
+    /// base64url x coordinate.
+    pub x: String,
+    /// base64url y coordinate.
+    pub y: String,
+    /// RFC 7638 thumbprint.
+    pub kid: String,
+    /// `ES256`.
+    pub alg: String,
+    /// `sig`.
+    #[oai(rename = "use")]
+    pub use_: String,
+    /// `["verify"]`.
+    pub key_ops: Vec<String>,
+}
+
+/// The JWKS.
+#[derive(Debug, Clone, Object)]
+pub struct Jwks {
+    /// Current key first, then previous keys still accepted.
+    pub keys: Vec<Jwk>,
+}
+
+/// Which sign-in methods are on.
+#[derive(Debug, Clone, Object)]
+pub struct ExternalProviders {
+    /// Email + password, magic link, OTP.
+    pub email: bool,
+    /// Phone sign-in (never).
+    pub phone: bool,
+    /// GitHub OAuth.
+    pub github: bool,
+    /// Google OAuth.
+    pub google: bool,
+}
+
+/// `GET /settings`.
+#[derive(Debug, Clone, Object)]
+pub struct AuthSettings {
+    /// Enabled providers.
+    pub external: ExternalProviders,
+    /// Sign-ups are off (never).
+    pub disable_signup: bool,
+    /// `AUTH_AUTOCONFIRM`.
+    pub mailer_autoconfirm: bool,
+    /// Always `false`.
+    pub phone_autoconfirm: bool,
+    /// Always empty.
+    pub sms_provider: String,
+    /// Always `false`.
+    pub saml_enabled: bool,
+}
+
+/// `GET /health`.
+#[derive(Debug, Clone, Object)]
+pub struct AuthHealth {
+    /// Server version.
+    pub version: String,
+    /// `GoTrue` (what clients expect).
+    pub name: String,
+    /// One sentence.
+    pub description: String,
+    /// `builtin`.
+    pub provider: String,
+}
+
+/// A `303 See Other`.
+#[derive(Debug, ApiResponse)]
+pub enum SeeOther {
+    /// Redirect to `redirect_to` (allowed by `APP_URL` / `AUTH_REDIRECT_ALLOW_LIST`, else `APP_URL`) with the
+    /// session in the fragment (implicit flow), `?code=` (PKCE), or `#error=…&error_code=…&error_description=…`.
+    #[oai(status = 303)]
+    SeeOther(#[oai(header = "Location")] String),
+}
+
+/// `204 No Content`.
+#[derive(Debug, ApiResponse)]
+pub enum NoContent {
+    /// Signed out.
+    #[oai(status = 204)]
+    NoContent,
+}
+
+/// The identity provider.
+pub struct AuthApi;
+
+fn idp(state: &AppState) -> Result<&Idp, AuthApiError> {
+    if !state.settings.toggles.auth {
+        return Err(AuthApiError::new(
+            503,
+            "feature_disabled",
+            "auth is switched off (NEXT_PUBLIC_ENABLE_AUTH=false)",
+        ));
+    }
+    state.idp.as_deref().ok_or_else(|| {
+        AuthApiError::new(
+            404,
+            "not_found",
+            "the built-in identity provider is off (AUTH_PROVIDER=external)",
+        )
+    })
+}
+
+fn bearer(req: &Request) -> Option<&str> {
+    crate::session::bearer_token(req).ok()
+}
+
+fn request_id(req: &Request) -> Option<String> {
+    req.extensions().get::<RequestId>().map(|r| r.0.clone())
+}
+
+/// Per-IP limit `name` (`max` per 5 minutes); 429 `over_request_rate_limit`.
+async fn limit(
+    state: &AppState,
+    req: &Request,
+    name: &'static str,
+    max: u32,
+) -> Result<RateInfo, AuthApiError> {
+    let deadline = Instant::now() + state.settings.dependency_timeout;
+    let ip = state.client_ip(req);
+    let d = state
+        .limiter
+        .check(
+            Limit {
+                name,
+                max,
+                window: Duration::from_secs(300),
+            },
+            &ip,
+            deadline,
+        )
+        .await;
+    if d.allowed {
+        Ok(d.info)
+    } else {
+        Err(AuthApiError::rate_limited(d.info.retry_after))
+    }
+}
+
+fn general(state: &AppState) -> u32 {
+    state.settings.auth_rate_limit_per_5min
+}
+
+#[OpenApi(prefix_path = "/auth/v1", tag = "ApiTags::Auth")]
+impl AuthApi {
+    /// Sign up with email and password
+    ///
+    /// Creates the account (argon2id hash) with the default rows. With
+    /// `AUTH_AUTOCONFIRM=true` the answer is a session; otherwise a
+    /// confirmation mail is queued and the answer is the unconfirmed user. A
+    /// repeated sign-up of an existing email answers the same status and shape
+    /// (a look-alike user; no email enumeration), except with autoconfirm
+    /// (422 `user_already_exists`). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    #[oai(path = "/signup", method = "post", operation_id = "authSignUp")]
+    async fn signup(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        redirect_to: Query<Option<String>>,
+        body: Json<SignUpBody>,
+    ) -> AuthResult<Json<SignUpAnswer>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let rate = limit(&state, req, "auth_signup", general(&state)).await?;
+                let rid = request_id(req);
+                let out = idp
+                    .sign_up(SignUp {
+                        email: &body.email,
+                        password: &body.password,
+                        data: body.data.as_ref(),
+                        redirect_to: redirect_to.0.as_deref(),
+                        code_challenge: body.code_challenge.as_deref(),
+                        code_challenge_method: body.code_challenge_method.as_deref(),
+                        request_id: rid,
+                    })
+                    .await?;
+                Ok((
+                    Json(match out {
+                        SignUpOutcome::Session(s) => SignUpAnswer::Session(*s),
+                        SignUpOutcome::User(u) => SignUpAnswer::User(*u),
+                    }),
+                    Some(rate),
+                ))
+            }
+            .await,
+        )
+    }
+
+    /// Sign in or refresh: grant_type=password, refresh_token or pkce
+    ///
+    /// `password`: `{email, password}` → session (400 `invalid_credentials`
+    /// for an unknown email or a wrong password alike, 400 `email_not_confirmed`).
+    /// `refresh_token`: `{refresh_token}` → a new session; the token rotates.
+    /// The previous token still yields the active one for
+    /// `AUTH_REFRESH_REUSE_INTERVAL_SECS`; any other reuse revokes the session
+    /// (400 `refresh_token_already_used`). `pkce`: `{auth_code, code_verifier}`
+    /// (404 `flow_state_not_found`, 422 `flow_state_expired`, 400
+    /// `bad_code_verifier`). Per-IP limits: `AUTH_RATE_LIMIT_PER_5MIN`
+    /// (password, pkce), `AUTH_RATE_LIMIT_REFRESH_PER_5MIN` (refresh).
+    #[oai(path = "/token", method = "post", operation_id = "authToken")]
+    async fn token(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        grant_type: Query<String>,
+        body: Json<TokenBody>,
+    ) -> AuthResult<Json<SessionGrant>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let missing = |f: &str| AuthApiError::validation(format!("{f} is required"));
+                match grant_type.0.as_str() {
+                    "password" => {
+                        let rate = limit(&state, req, "auth_token", general(&state)).await?;
+                        let email = body.email.as_deref().ok_or_else(|| missing("email"))?;
+                        let pw = body
+                            .password
+                            .as_deref()
+                            .ok_or_else(|| missing("password"))?;
+                        Ok((Json(idp.sign_in_password(email, pw).await?), Some(rate)))
+                    }
+                    "refresh_token" => {
+                        let rate = limit(
+                            &state,
+                            req,
+                            "auth_refresh",
+                            state.settings.auth_rate_limit_refresh_per_5min,
+                        )
+                        .await?;
+                        let t = body
+                            .refresh_token
+                            .as_deref()
+                            .ok_or_else(|| missing("refresh_token"))?;
+                        Ok((Json(idp.refresh(t).await?), Some(rate)))
+                    }
+                    "pkce" => {
+                        let rate = limit(&state, req, "auth_token", general(&state)).await?;
+                        let code = body
+                            .auth_code
+                            .as_deref()
+                            .ok_or_else(|| missing("auth_code"))?;
+                        let v = body
+                            .code_verifier
+                            .as_deref()
+                            .ok_or_else(|| missing("code_verifier"))?;
+                        Ok((Json(idp.exchange_pkce(code, v).await?), Some(rate)))
+                    }
+                    _ => Err(AuthApiError::validation(
+                        "grant_type: expected password, refresh_token or pkce",
+                    )),
+                }
+            }
+            .await,
+        )
+    }
+
+    /// Verify a mail's token
+    ///
+    /// `{type, token_hash}` (the mail's `{{ .TokenHash }}`) or `{type, email,
+    /// token}` (the 6-digit `{{ .Token }}`) → session. Unknown, used or expired
+    /// (`AUTH_OTP_EXPIRY_SECS`) tokens: 403 `otp_expired`. Per-IP limit
+    /// `AUTH_RATE_LIMIT_PER_5MIN`.
+    #[oai(path = "/verify", method = "post", operation_id = "authVerify")]
+    async fn verify_post(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        body: Json<VerifyBody>,
+    ) -> AuthResult<Json<SessionGrant>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let rate = limit(&state, req, "auth_verify", general(&state)).await?;
+                let s = match (&body.token_hash, &body.email, &body.token) {
+                    (Some(h), _, _) if !h.is_empty() => {
+                        idp.verify_token_hash(&body.kind, h).await?
+                    }
+                    (_, Some(e), Some(t)) => idp.verify_code(&body.kind, e, t).await?,
+                    _ => {
+                        return Err(AuthApiError::validation(
+                            "verify requires token_hash, or email and token",
+                        ))
+                    }
+                };
+                Ok((Json(s), Some(rate)))
+            }
+            .await,
+        )
+    }
+
+    /// Follow a mail link
+    ///
+    /// `?token=<token_hash>&type=…&redirect_to=…` → 303 to `redirect_to`
+    /// (checked against `APP_URL` and `AUTH_REDIRECT_ALLOW_LIST`, else
+    /// `APP_URL`): `#access_token=…&expires_at=…&expires_in=…&refresh_token=…&token_type=bearer&type=…`
+    /// (implicit flow) or `?code=…` (PKCE flow), or on failure
+    /// `#error=access_denied&error_code=…&error_description=…`.
+    #[oai(path = "/verify", method = "get", operation_id = "authVerifyLink")]
+    async fn verify_get(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        token: Query<Option<String>>,
+        #[oai(name = "type")] kind: Query<Option<String>>,
+        redirect_to: Query<Option<String>>,
+    ) -> SeeOther {
+        let target = entity::redirect::allowed_redirect(
+            &state.settings.app_url,
+            &state.settings.auth_redirect_allow_list,
+            redirect_to.0.as_deref(),
+        );
+        let kind = kind.0.unwrap_or_default();
+        let result = async {
+            let idp = idp(&state)?;
+            limit(&state, req, "auth_verify", general(&state)).await?;
+            let token = token
+                .0
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| AuthApiError::validation("token is required"))?;
+            idp.verify_link(&kind, token).await
+        }
+        .await;
+        SeeOther::SeeOther(match result {
+            Ok(LinkOutcome::Code(code)) => {
+                let sep = if target.contains('?') { '&' } else { '?' };
+                format!("{}{sep}code={}", strip_fragment(&target), crate::idp::urlencode(&code))
+            }
+            Ok(LinkOutcome::Session(s)) => format!(
+                "{}#access_token={}&expires_at={}&expires_in={}&refresh_token={}&token_type=bearer&type={}",
+                strip_fragment(&target),
+                s.access_token,
+                s.expires_at,
+                s.expires_in,
+                crate::idp::urlencode(&s.refresh_token),
+                crate::idp::urlencode(&kind),
+            ),
+            Err(e) => format!(
+                "{}#error={}&error_code={}&error_description={}",
+                strip_fragment(&target),
+                if e.status >= 500 { "server_error" } else { "access_denied" },
+                e.code,
+                crate::idp::urlencode(if e.code == "otp_expired" {
+                    "Email link is invalid or has expired"
+                } else {
+                    &e.message
+                }),
+            ),
+        })
+    }
+
+    /// Send a magic link / one-time code
+    ///
+    /// Queues a mail with a link and a 6-digit code (a confirmation mail for a
+    /// new or unconfirmed user). `create_user: false` and an unknown email:
+    /// 422 `otp_disabled`. At most one mail of a kind per user per 60 s (429
+    /// `over_email_send_rate_limit`). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    #[oai(path = "/otp", method = "post", operation_id = "authOtp")]
+    async fn otp(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        redirect_to: Query<Option<String>>,
+        body: Json<OtpBody>,
+    ) -> AuthResult<Json<Empty>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let rate = limit(&state, req, "auth_otp", general(&state)).await?;
+                let email = body
+                    .email
+                    .as_deref()
+                    .ok_or_else(|| AuthApiError::validation("email is required"))?;
+                idp.send_otp(OtpRequest {
+                    email,
+                    create_user: body.create_user.unwrap_or(true),
+                    data: body.data.as_ref(),
+                    redirect_to: redirect_to.0.as_deref(),
+                    code_challenge: body.code_challenge.as_deref(),
+                    code_challenge_method: body.code_challenge_method.as_deref(),
+                    request_id: request_id(req),
+                })
+                .await?;
+                Ok((Json(Empty {}), Some(rate)))
+            }
+            .await,
+        )
+    }
+
+    /// Send a password-recovery mail
+    ///
+    /// Always `{}` (whether the email exists is not revealed), except the
+    /// 60-s mail rule (429 `over_email_send_rate_limit`) and the per-IP limit.
+    #[oai(path = "/recover", method = "post", operation_id = "authRecover")]
+    async fn recover(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        redirect_to: Query<Option<String>>,
+        body: Json<RecoverBody>,
+    ) -> AuthResult<Json<Empty>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let rate = limit(&state, req, "auth_recover", general(&state)).await?;
+                idp.recover(OtpRequest {
+                    email: &body.email,
+                    create_user: false,
+                    data: None,
+                    redirect_to: redirect_to.0.as_deref(),
+                    code_challenge: body.code_challenge.as_deref(),
+                    code_challenge_method: body.code_challenge_method.as_deref(),
+                    request_id: request_id(req),
+                })
+                .await?;
+                Ok((Json(Empty {}), Some(rate)))
+            }
+            .await,
+        )
+    }
+
+    /// Send the confirmation or email-change mail again
+    #[oai(path = "/resend", method = "post", operation_id = "authResend")]
+    async fn resend(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        redirect_to: Query<Option<String>>,
+        body: Json<ResendBody>,
+    ) -> AuthResult<Json<Empty>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let rate = limit(&state, req, "auth_otp", general(&state)).await?;
+                idp.resend(
+                    &body.kind,
+                    &body.email,
+                    redirect_to.0.as_deref(),
+                    request_id(req),
+                )
+                .await?;
+                Ok((Json(Empty {}), Some(rate)))
+            }
+            .await,
+        )
+    }
+
+    /// The signed-in user
+    ///
+    /// Bearer access token of this provider; the session must still exist
+    /// (403 `session_not_found` after sign-out or revocation).
+    #[oai(path = "/user", method = "get", operation_id = "authGetUser")]
+    async fn get_user(&self, state: Data<&AppState>, req: &Request) -> AuthResult<Json<UserJson>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let claims = idp.authenticate(bearer(req)).await?;
+                Ok((Json(idp.user(&claims).await?), None))
+            }
+            .await,
+        )
+    }
+
+    /// Update the signed-in user
+    ///
+    /// `password` (422 `weak_password` / `same_password`), `email` (a
+    /// confirmation mail to the new address; applied when verified), `data`
+    /// (merged into `user_metadata`).
+    #[oai(path = "/user", method = "put", operation_id = "authUpdateUser")]
+    async fn put_user(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        redirect_to: Query<Option<String>>,
+        body: Json<UpdateUserBody>,
+    ) -> AuthResult<Json<UserJson>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let claims = idp.authenticate(bearer(req)).await?;
+                let u = idp
+                    .update_user(
+                        &claims,
+                        UpdateUser {
+                            password: body.password.as_deref(),
+                            email: body.email.as_deref(),
+                            data: body.data.as_ref(),
+                            redirect_to: redirect_to.0.as_deref(),
+                            code_challenge: body.code_challenge.as_deref(),
+                            code_challenge_method: body.code_challenge_method.as_deref(),
+                            request_id: request_id(req),
+                        },
+                    )
+                    .await?;
+                Ok((Json(u), None))
+            }
+            .await,
+        )
+    }
+
+    /// Sign out
+    ///
+    /// `scope=global` (default: every session of the user), `local` (this
+    /// session), `others`. The sessions' refresh tokens stop working at once;
+    /// access tokens already issued stay valid until their `exp` for routes
+    /// that verify them locally (as on the platform), but `GET /user` refuses them.
+    #[oai(path = "/logout", method = "post", operation_id = "authLogout")]
+    async fn logout(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+        scope: Query<Option<String>>,
+    ) -> AuthResult<NoContent> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let claims = idp.authenticate(bearer(req)).await?;
+                idp.logout(&claims, scope.0.as_deref()).await?;
+                Ok((NoContent::NoContent, None))
+            }
+            .await,
+        )
+    }
+
+    /// Public signing keys (JWKS)
+    ///
+    /// ES256 public keys: the current one and previous ones still accepted
+    /// (`AUTH_JWT_PREVIOUS_KEYS`). Never private material.
+    #[oai(
+        path = "/.well-known/jwks.json",
+        method = "get",
+        operation_id = "authJwks"
+    )]
+    async fn jwks(&self, state: Data<&AppState>) -> AuthResult<Json<Jwks>> {
+        AuthResult::from((|| {
+            let idp = idp(&state)?;
+            let keys = idp.jwks()["keys"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|k| Jwk {
+                    kty: k["kty"].as_str().unwrap_or_default().into(),
+                    crv: k["crv"].as_str().unwrap_or_default().into(),
+                    x: k["x"].as_str().unwrap_or_default().into(),
+                    y: k["y"].as_str().unwrap_or_default().into(),
+                    kid: k["kid"].as_str().unwrap_or_default().into(),
+                    alg: "ES256".into(),
+                    use_: "sig".into(),
+                    key_ops: vec!["verify".into()],
+                })
+                .collect();
+            Ok((Json(Jwks { keys }), None))
+        })())
+    }
+
+    /// Provider settings
+    #[oai(path = "/settings", method = "get", operation_id = "authSettings")]
+    async fn settings(&self, state: Data<&AppState>) -> AuthResult<Json<AuthSettings>> {
+        AuthResult::from((|| {
+            idp(&state)?;
+            Ok((
+                Json(AuthSettings {
+                    external: ExternalProviders {
+                        email: true,
+                        phone: false,
+                        github: false,
+                        google: false,
+                    },
+                    disable_signup: false,
+                    mailer_autoconfirm: state.settings.auth_autoconfirm,
+                    phone_autoconfirm: false,
+                    sms_provider: String::new(),
+                    saml_enabled: false,
+                }),
+                None,
+            ))
+        })())
+    }
+
+    /// Provider health
+    #[oai(path = "/health", method = "get", operation_id = "authHealth")]
+    async fn health(&self, state: Data<&AppState>) -> AuthResult<Json<AuthHealth>> {
+        AuthResult::from((|| {
+            idp(&state)?;
+            Ok((
+                Json(AuthHealth {
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    name: "GoTrue".into(),
+                    description: "Built-in identity provider speaking the GoTrue protocol".into(),
+                    provider: "builtin".into(),
+                }),
+                None,
+            ))
+        })())
+    }
+}
+
+fn strip_fragment(url: &str) -> &str {
+    url.split('#').next().unwrap_or(url)
+}

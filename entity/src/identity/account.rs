@@ -1,0 +1,561 @@
+//! Accounts of the built-in provider: creation (with the default rows every
+//! user gets, in the same transaction), lookup by email, confirmation,
+//! password and metadata changes, email change, and OAuth sign-ins.
+//!
+//! Emails are unique among built-in accounts case-insensitively: the
+//! `email_norm` column (trimmed, ASCII-lowercased) carries a unique index.
+
+use sea_orm::{
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter,
+    QueryOrder, Set, TransactionSession, TransactionTrait,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{is_unique_violation, IdentityError};
+use crate::{
+    entities::{
+        auth_accounts as acc, auth_identities as ident,
+        user_roles::{self, Role},
+        users,
+    },
+    users::{AdminGrant, Identity},
+};
+
+/// Trims and validates `raw` as an email address; returns `(email, email_norm)`.
+///
+/// # Errors
+/// [`IdentityError::Validation`] naming `email`.
+pub fn normalize_email(raw: &str) -> Result<(String, String), IdentityError> {
+    let email = crate::validate::email("email", raw)
+        .map_err(|e| IdentityError::Validation(e.message.clone()))?;
+    let norm = email.to_ascii_lowercase();
+    Ok((email, norm))
+}
+
+/// A user as the provider shows it: the account (absent for users that
+/// never had a built-in account, e.g. seen only through an external token),
+/// the user row, the role and the linked identities.
+#[derive(Debug, Clone)]
+pub struct UserView {
+    /// The `users` row.
+    pub user: users::Model,
+    /// The built-in account, if any.
+    pub account: Option<acc::Model>,
+    /// Linked identities, oldest first.
+    pub identities: Vec<ident::Model>,
+}
+
+impl UserView {
+    /// `user_metadata` as JSON (`{}` when absent or unreadable).
+    pub fn user_metadata(&self) -> serde_json::Value {
+        self.account
+            .as_ref()
+            .and_then(|a| serde_json::from_str(&a.user_metadata).ok())
+            .unwrap_or_else(|| serde_json::json!({}))
+    }
+
+    /// The providers of the linked identities, first one first (`["email"]`).
+    pub fn providers(&self) -> Vec<String> {
+        let mut p: Vec<String> = Vec::new();
+        for i in &self.identities {
+            if !p.contains(&i.provider) {
+                p.push(i.provider.clone());
+            }
+        }
+        if p.is_empty() {
+            p.push("email".into());
+        }
+        p
+    }
+}
+
+/// Loads the view of `user_id`.
+///
+/// # Errors
+/// [`IdentityError::UserNotFound`] when there is no such user.
+pub async fn load<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<UserView, IdentityError> {
+    let user = users::Entity::find_by_id(user_id)
+        .one(db)
+        .await?
+        .ok_or(IdentityError::UserNotFound)?;
+    let account = acc::Entity::find_by_id(user_id).one(db).await?;
+    let identities = ident::Entity::find()
+        .filter(ident::Column::UserId.eq(user_id))
+        .order_by_asc(ident::Column::CreatedAt)
+        .all(db)
+        .await?;
+    Ok(UserView {
+        user,
+        account,
+        identities,
+    })
+}
+
+/// The account with this normalised email.
+pub async fn find_by_email<C: ConnectionTrait>(
+    db: &C,
+    email_norm: &str,
+) -> Result<Option<acc::Model>, IdentityError> {
+    Ok(acc::Entity::find()
+        .filter(acc::Column::EmailNorm.eq(email_norm))
+        .one(db)
+        .await?)
+}
+
+/// What [`create`] did.
+#[derive(Debug, Clone)]
+pub enum Created {
+    /// A new account.
+    New(acc::Model),
+    /// The email belonged to an account already (returned unchanged).
+    Existing(acc::Model),
+}
+
+/// What a new built-in account starts with.
+#[derive(Debug, Clone)]
+pub struct NewAccount<'a> {
+    /// The email as given.
+    pub email: &'a str,
+    /// Its normalised form.
+    pub email_norm: &'a str,
+    /// argon2id hash, or `None` (magic link / OTP sign-up).
+    pub password_hash: Option<String>,
+    /// `user_metadata`.
+    pub user_metadata: serde_json::Value,
+    /// Confirmed at creation (`AUTH_AUTOCONFIRM`).
+    pub confirmed: bool,
+}
+
+/// Creates a built-in account with its `email` identity and the default rows
+/// (profile, FREE subscription, role; admin per `grant` only when the email
+/// is confirmed at creation) in one transaction. An email that exists
+/// already (also when a concurrent sign-up won the race) is
+/// [`Created::Existing`].
+pub async fn create<C: ConnectionTrait + TransactionTrait>(
+    db: &C,
+    new: NewAccount<'_>,
+    grant: &AdminGrant<'_>,
+) -> Result<Created, IdentityError> {
+    if let Some(a) = find_by_email(db, new.email_norm).await? {
+        return Ok(Created::Existing(a));
+    }
+    let user_id = Uuid::new_v4();
+    let txn = crate::users::begin_write(db).await?;
+    let result = async {
+        let now = crate::db::now(&txn).await?;
+        let no_grant = AdminGrant::default();
+        crate::users::ensure_user_granting(
+            &txn,
+            &Identity {
+                user_id,
+                email: Some(new.email.to_string()),
+            },
+            if new.confirmed { grant } else { &no_grant },
+        )
+        .await?;
+        let account = acc::ActiveModel {
+            user_id: Set(user_id),
+            email: Set(new.email.to_string()),
+            email_norm: Set(new.email_norm.to_string()),
+            password_hash: Set(new.password_hash.clone()),
+            email_confirmed_at: Set(new.confirmed.then_some(now)),
+            email_change: Set(None),
+            confirmation_sent_at: Set(None),
+            recovery_sent_at: Set(None),
+            magiclink_sent_at: Set(None),
+            email_change_sent_at: Set(None),
+            last_sign_in_at: Set(None),
+            user_metadata: Set(new.user_metadata.to_string()),
+            created_at: Set(now),
+            updated_at: Set(now),
+        }
+        .insert(&txn)
+        .await?;
+        insert_identity(
+            &txn,
+            user_id,
+            "email",
+            &user_id.to_string(),
+            Some(new.email),
+            serde_json::json!({
+                "sub": user_id.to_string(),
+                "email": new.email,
+                "email_verified": new.confirmed,
+            }),
+            now,
+        )
+        .await?;
+        Ok::<_, sea_orm::DbErr>(account)
+    }
+    .await;
+    match result {
+        Ok(account) => {
+            txn.commit().await?;
+            Ok(Created::New(account))
+        }
+        Err(e) if is_unique_violation(&e) => {
+            txn.rollback().await?;
+            find_by_email(db, new.email_norm)
+                .await?
+                .map(Created::Existing)
+                .ok_or(IdentityError::Db(e))
+        }
+        Err(e) => Err(IdentityError::Db(e)),
+    }
+}
+
+async fn insert_identity<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    provider: &str,
+    provider_id: &str,
+    email: Option<&str>,
+    data: serde_json::Value,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), sea_orm::DbErr> {
+    ident::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        user_id: Set(user_id),
+        provider: Set(provider.into()),
+        provider_id: Set(provider_id.into()),
+        email: Set(email.map(str::to_string)),
+        identity_data: Set(data.to_string()),
+        last_sign_in_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .map(|_| ())
+}
+
+/// Marks the email of `user_id` confirmed (first time only; later calls keep
+/// the first time) and, on that first confirmation, grants `admin` when the
+/// email is in `grant` (`ADMIN_EMAILS`: an email counts only once confirmed).
+pub async fn confirm_email<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    grant: &AdminGrant<'_>,
+) -> Result<(), IdentityError> {
+    let now = crate::db::now(db).await?;
+    let first = acc::Entity::update_many()
+        .col_expr(acc::Column::EmailConfirmedAt, Expr::value(now))
+        .col_expr(acc::Column::UpdatedAt, Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .filter(acc::Column::EmailConfirmedAt.is_null())
+        .exec(db)
+        .await?
+        .rows_affected
+        == 1;
+    if first {
+        let email = acc::Entity::find_by_id(user_id)
+            .one(db)
+            .await?
+            .map(|a| a.email);
+        if grant.grants(&Identity { user_id, email }) {
+            user_roles::Entity::update_many()
+                .col_expr(user_roles::Column::Role, Expr::value(Role::Admin.as_str()))
+                .filter(user_roles::Column::UserId.eq(user_id))
+                .exec(db)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Records a successful sign-in (database clock).
+pub async fn record_sign_in<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+) -> Result<(), IdentityError> {
+    let now = crate::db::now(db).await?;
+    acc::Entity::update_many()
+        .col_expr(acc::Column::LastSignInAt, Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Replaces the password hash.
+pub async fn set_password<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    hash: &str,
+) -> Result<(), IdentityError> {
+    let now = crate::db::now(db).await?;
+    acc::Entity::update_many()
+        .col_expr(acc::Column::PasswordHash, Expr::value(hash))
+        .col_expr(acc::Column::UpdatedAt, Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Merges `data` into `user_metadata` (top-level keys; `null` removes a key).
+pub async fn merge_metadata<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    data: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), IdentityError> {
+    let Some(a) = acc::Entity::find_by_id(user_id).one(db).await? else {
+        return Err(IdentityError::UserNotFound);
+    };
+    let mut meta: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&a.user_metadata).unwrap_or_default();
+    for (k, v) in data {
+        if v.is_null() {
+            meta.remove(k);
+        } else {
+            meta.insert(k.clone(), v.clone());
+        }
+    }
+    let now = crate::db::now(db).await?;
+    acc::Entity::update_many()
+        .col_expr(
+            acc::Column::UserMetadata,
+            Expr::value(serde_json::Value::Object(meta).to_string()),
+        )
+        .col_expr(acc::Column::UpdatedAt, Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Records `new_email` as the pending email of `user_id`.
+///
+/// # Errors
+/// [`IdentityError::EmailExists`] when another account uses it.
+pub async fn request_email_change<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    new_email: &str,
+    new_norm: &str,
+) -> Result<(), IdentityError> {
+    if let Some(other) = find_by_email(db, new_norm).await? {
+        if other.user_id != user_id {
+            return Err(IdentityError::EmailExists);
+        }
+    }
+    acc::Entity::update_many()
+        .col_expr(acc::Column::EmailChange, Expr::value(new_email))
+        .filter(acc::Column::UserId.eq(user_id))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Applies the pending email change of `user_id` (the new address was
+/// proven by its mail): email, `users.email` and the `email` identity.
+///
+/// # Errors
+/// [`IdentityError::OtpExpired`] without a pending change;
+/// [`IdentityError::EmailExists`] when the address was taken meanwhile.
+pub async fn apply_email_change<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+) -> Result<(), IdentityError> {
+    let Some(a) = acc::Entity::find_by_id(user_id).one(db).await? else {
+        return Err(IdentityError::UserNotFound);
+    };
+    let Some(new_email) = a.email_change else {
+        return Err(IdentityError::OtpExpired);
+    };
+    let norm = new_email.to_ascii_lowercase();
+    let now = crate::db::now(db).await?;
+    let res = acc::Entity::update_many()
+        .col_expr(acc::Column::Email, Expr::value(new_email.clone()))
+        .col_expr(acc::Column::EmailNorm, Expr::value(norm))
+        .col_expr(
+            acc::Column::EmailChange,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(acc::Column::UpdatedAt, Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .exec(db)
+        .await;
+    match res {
+        Ok(_) => {}
+        Err(e) if is_unique_violation(&e) => return Err(IdentityError::EmailExists),
+        Err(e) => return Err(e.into()),
+    }
+    users::Entity::update_many()
+        .col_expr(users::Column::Email, Expr::value(new_email.clone()))
+        .filter(users::Column::Id.eq(user_id))
+        .exec(db)
+        .await?;
+    ident::Entity::update_many()
+        .col_expr(ident::Column::Email, Expr::value(new_email))
+        .filter(ident::Column::UserId.eq(user_id))
+        .filter(ident::Column::Provider.eq("email"))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// A profile from an OAuth provider.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OAuthProfile {
+    /// `github`, `google`.
+    pub provider: String,
+    /// The provider's account id.
+    pub provider_id: String,
+    /// The provider's primary email, if any.
+    pub email: Option<String>,
+    /// Whether the provider says that email is verified.
+    pub email_verified: bool,
+    /// Name, avatar, … (becomes `user_metadata` of a new account and the identity's data).
+    pub user_metadata: serde_json::Value,
+}
+
+/// The user of an OAuth sign-in: the user already linked to
+/// `(provider, provider_id)`; else the built-in account with the same
+/// confirmed email when the provider says the email is verified (linked now);
+/// else a new account (confirmed when the email is verified) with the
+/// default rows. Returns the user id.
+pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
+    db: &C,
+    profile: &OAuthProfile,
+    grant: &AdminGrant<'_>,
+) -> Result<Uuid, IdentityError> {
+    if profile.provider.trim().is_empty() || profile.provider_id.trim().is_empty() {
+        return Err(IdentityError::Validation(
+            "provider and provider_id are required".into(),
+        ));
+    }
+    let linked = ident::Entity::find()
+        .filter(ident::Column::Provider.eq(profile.provider.as_str()))
+        .filter(ident::Column::ProviderId.eq(profile.provider_id.as_str()))
+        .one(db)
+        .await?;
+    let now = crate::db::now(db).await?;
+    if let Some(i) = linked {
+        ident::Entity::update_many()
+            .col_expr(ident::Column::LastSignInAt, Expr::value(now))
+            .col_expr(
+                ident::Column::IdentityData,
+                Expr::value(profile.user_metadata.to_string()),
+            )
+            .filter(ident::Column::Id.eq(i.id))
+            .exec(db)
+            .await?;
+        return Ok(i.user_id);
+    }
+    let email = match profile.email.as_deref() {
+        Some(e) => Some(normalize_email(e)?),
+        None => None,
+    };
+    let verified = profile.email_verified && email.is_some();
+    if let (true, Some((_, norm))) = (verified, &email) {
+        if let Some(a) = find_by_email(db, norm).await? {
+            if a.email_confirmed_at.is_some() {
+                let res = insert_identity(
+                    db,
+                    a.user_id,
+                    &profile.provider,
+                    &profile.provider_id,
+                    Some(&a.email),
+                    profile.user_metadata.clone(),
+                    now,
+                )
+                .await;
+                return match res {
+                    Ok(()) => Ok(a.user_id),
+                    // A concurrent callback linked it first.
+                    Err(e) if is_unique_violation(&e) => linked_user(db, profile).await,
+                    Err(e) => Err(e.into()),
+                };
+            }
+        }
+    }
+    // New account. Without a verified email, an email already used by a
+    // built-in account is not taken over: the new account has none of its own.
+    let user_id = Uuid::new_v4();
+    let txn = crate::users::begin_write(db).await?;
+    let result = async {
+        let no_grant = AdminGrant::default();
+        crate::users::ensure_user_granting(
+            &txn,
+            &Identity {
+                user_id,
+                email: email.as_ref().map(|(e, _)| e.clone()),
+            },
+            if verified { grant } else { &no_grant },
+        )
+        .await?;
+        if let Some((e, norm)) = &email {
+            if find_by_email(&txn, norm).await.ok().flatten().is_none() {
+                acc::ActiveModel {
+                    user_id: Set(user_id),
+                    email: Set(e.clone()),
+                    email_norm: Set(norm.clone()),
+                    password_hash: Set(None),
+                    email_confirmed_at: Set(verified.then_some(now)),
+                    email_change: Set(None),
+                    confirmation_sent_at: Set(None),
+                    recovery_sent_at: Set(None),
+                    magiclink_sent_at: Set(None),
+                    email_change_sent_at: Set(None),
+                    last_sign_in_at: Set(Some(now)),
+                    user_metadata: Set(profile.user_metadata.to_string()),
+                    created_at: Set(now),
+                    updated_at: Set(now),
+                }
+                .insert(&txn)
+                .await?;
+            }
+        }
+        insert_identity(
+            &txn,
+            user_id,
+            &profile.provider,
+            &profile.provider_id,
+            email.as_ref().map(|(e, _)| e.as_str()),
+            profile.user_metadata.clone(),
+            now,
+        )
+        .await
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            txn.commit().await?;
+            Ok(user_id)
+        }
+        Err(e) if is_unique_violation(&e) => {
+            txn.rollback().await?;
+            linked_user(db, profile).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn linked_user<C: ConnectionTrait>(
+    db: &C,
+    profile: &OAuthProfile,
+) -> Result<Uuid, IdentityError> {
+    ident::Entity::find()
+        .filter(ident::Column::Provider.eq(profile.provider.as_str()))
+        .filter(ident::Column::ProviderId.eq(profile.provider_id.as_str()))
+        .one(db)
+        .await?
+        .map(|i| i.user_id)
+        .ok_or(IdentityError::UserNotFound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emails_normalise_to_lowercase() {
+        let (e, n) = normalize_email("  Ann@Example.COM ").unwrap();
+        assert_eq!(e, "Ann@Example.COM");
+        assert_eq!(n, "ann@example.com");
+        assert!(normalize_email("not-an-email").is_err());
+        assert!(normalize_email("").is_err());
+    }
+}

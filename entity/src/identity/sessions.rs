@@ -1,0 +1,252 @@
+//! Sessions and their rotating refresh tokens.
+//!
+//! A refresh token is opaque: the string is HMAC-SHA256(server secret, row
+//! id) ([`tokens::refresh_token_for`]) and only its SHA-256 is stored.
+//! Refreshing with token T:
+//! 1. T active: one transaction revokes T with a conditional UPDATE
+//!    (`… WHERE id = T AND revoked = false`) and inserts its child; exactly
+//!    one of several concurrent refreshes wins.
+//! 2. T already revoked (or the race above lost): when T was revoked less than
+//!    the reuse interval ago (database clock) and its child is still active,
+//!    the child is returned again (the platform's reuse interval, for clients
+//!    that refresh twice at once).
+//! 3. Anything else is reuse of an old token: the whole session is deleted
+//!    (with all its tokens) and the answer is
+//!    [`IdentityError::RefreshTokenAlreadyUsed`].
+
+use sea_orm::{
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set,
+    TransactionSession, TransactionTrait,
+};
+use uuid::Uuid;
+
+use super::{tokens, IdentityError};
+use crate::entities::{auth_refresh_tokens as rt, auth_sessions as sess};
+
+/// A session with the refresh token to hand to the client.
+#[derive(Debug, Clone)]
+pub struct IssuedSession {
+    /// The session row.
+    pub session: sess::Model,
+    /// The refresh token string (sent once, stored hashed).
+    pub refresh_token: String,
+}
+
+/// Creates a session for `user_id` established by `amr_method` (`password`,
+/// `otp`, `magiclink`, `oauth`, …) and its first refresh token.
+pub async fn create<C: ConnectionTrait + TransactionTrait>(
+    db: &C,
+    secret: &[u8],
+    user_id: Uuid,
+    amr_method: &str,
+) -> Result<IssuedSession, IdentityError> {
+    let txn = crate::users::begin_write(db).await?;
+    let now = crate::db::now(&txn).await?;
+    let session = sess::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        user_id: Set(user_id),
+        aal: Set("aal1".into()),
+        amr_method: Set(amr_method.to_string()),
+        created_at: Set(now),
+        refreshed_at: Set(now),
+    }
+    .insert(&txn)
+    .await?;
+    let refresh_token = insert_token(&txn, secret, session.id, user_id, None, now).await?;
+    txn.commit().await?;
+    Ok(IssuedSession {
+        session,
+        refresh_token,
+    })
+}
+
+async fn insert_token<C: ConnectionTrait>(
+    db: &C,
+    secret: &[u8],
+    session_id: Uuid,
+    user_id: Uuid,
+    parent: Option<Uuid>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<String, IdentityError> {
+    let id = Uuid::new_v4();
+    let token = tokens::refresh_token_for(secret, id);
+    rt::ActiveModel {
+        id: Set(id),
+        token_hash: Set(tokens::sha256_hex(&token)),
+        session_id: Set(session_id),
+        user_id: Set(user_id),
+        parent_id: Set(parent),
+        revoked: Set(false),
+        revoked_at: Set(None),
+        created_at: Set(now),
+    }
+    .insert(db)
+    .await?;
+    Ok(token)
+}
+
+/// Rotates `token` (see the module docs). `reuse_interval_ms`: how long a
+/// rotated token still yields its active child.
+pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
+    db: &C,
+    secret: &[u8],
+    token: &str,
+    reuse_interval_ms: i64,
+) -> Result<IssuedSession, IdentityError> {
+    let token = token.trim();
+    if token.is_empty() || token.len() > 256 {
+        return Err(IdentityError::RefreshTokenNotFound);
+    }
+    let Some(row) = rt::Entity::find()
+        .filter(rt::Column::TokenHash.eq(tokens::sha256_hex(token)))
+        .one(db)
+        .await?
+    else {
+        return Err(IdentityError::RefreshTokenNotFound);
+    };
+    if !row.revoked {
+        let txn = crate::users::begin_write(db).await?;
+        let now = crate::db::now(&txn).await?;
+        let won = rt::Entity::update_many()
+            .col_expr(rt::Column::Revoked, Expr::value(true))
+            .col_expr(rt::Column::RevokedAt, Expr::value(now))
+            .filter(rt::Column::Id.eq(row.id))
+            .filter(rt::Column::Revoked.eq(false))
+            .exec(&txn)
+            .await?
+            .rows_affected
+            == 1;
+        if won {
+            let session = sess::Entity::find_by_id(row.session_id)
+                .one(&txn)
+                .await?
+                .ok_or(IdentityError::SessionNotFound)?;
+            let refresh_token =
+                insert_token(&txn, secret, row.session_id, row.user_id, Some(row.id), now).await?;
+            sess::Entity::update_many()
+                .col_expr(sess::Column::RefreshedAt, Expr::value(now))
+                .filter(sess::Column::Id.eq(row.session_id))
+                .exec(&txn)
+                .await?;
+            txn.commit().await?;
+            return Ok(IssuedSession {
+                session,
+                refresh_token,
+            });
+        }
+        txn.rollback().await?;
+    }
+    // Revoked (or a concurrent refresh won): within the reuse interval the
+    // active child is handed out again; anything else revokes the session.
+    let row = rt::Entity::find_by_id(row.id)
+        .one(db)
+        .await?
+        .ok_or(IdentityError::RefreshTokenNotFound)?;
+    let now = crate::db::now(db).await?;
+    let recent = row
+        .revoked_at
+        .is_some_and(|at| (now - at).num_milliseconds() <= reuse_interval_ms);
+    if recent {
+        let child = rt::Entity::find()
+            .filter(rt::Column::ParentId.eq(row.id))
+            .filter(rt::Column::Revoked.eq(false))
+            .one(db)
+            .await?;
+        if let Some(child) = child {
+            let session = sess::Entity::find_by_id(row.session_id)
+                .one(db)
+                .await?
+                .ok_or(IdentityError::SessionNotFound)?;
+            return Ok(IssuedSession {
+                session,
+                refresh_token: tokens::refresh_token_for(secret, child.id),
+            });
+        }
+    }
+    tracing::warn!(session_id = %row.session_id, "refresh token reused: session revoked");
+    sess::Entity::delete_many()
+        .filter(sess::Column::Id.eq(row.session_id))
+        .exec(db)
+        .await?;
+    Err(IdentityError::RefreshTokenAlreadyUsed)
+}
+
+/// Whether session `id` still exists.
+pub async fn exists<C: ConnectionTrait>(db: &C, id: Uuid) -> Result<bool, IdentityError> {
+    Ok(sess::Entity::find_by_id(id).one(db).await?.is_some())
+}
+
+/// Which sessions a sign-out ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogoutScope {
+    /// Every session of the user.
+    Global,
+    /// Only the current session.
+    Local,
+    /// Every session but the current one.
+    Others,
+}
+
+impl LogoutScope {
+    /// Parses `global` (default when absent), `local`, `others`.
+    pub fn parse(s: Option<&str>) -> Result<Self, IdentityError> {
+        match s.map(str::trim).unwrap_or("global") {
+            "" | "global" => Ok(Self::Global),
+            "local" => Ok(Self::Local),
+            "others" => Ok(Self::Others),
+            _ => Err(IdentityError::Validation(
+                "scope: expected global, local or others".into(),
+            )),
+        }
+    }
+}
+
+/// Ends sessions of `user_id` per `scope`, `current` being the caller's session.
+pub async fn logout<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    current: Uuid,
+    scope: LogoutScope,
+) -> Result<(), IdentityError> {
+    let q = sess::Entity::delete_many().filter(sess::Column::UserId.eq(user_id));
+    let q = match scope {
+        LogoutScope::Global => q,
+        LogoutScope::Local => q.filter(sess::Column::Id.eq(current)),
+        LogoutScope::Others => q.filter(sess::Column::Id.ne(current)),
+    };
+    q.exec(db).await?;
+    Ok(())
+}
+
+/// Ends every session of `user_id` except `keep` (after a password change).
+pub async fn revoke_others<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    keep: Option<Uuid>,
+) -> Result<(), IdentityError> {
+    let mut q = sess::Entity::delete_many().filter(sess::Column::UserId.eq(user_id));
+    if let Some(k) = keep {
+        q = q.filter(sess::Column::Id.ne(k));
+    }
+    q.exec(db).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logout_scopes_parse() {
+        assert_eq!(LogoutScope::parse(None).unwrap(), LogoutScope::Global);
+        assert_eq!(
+            LogoutScope::parse(Some("local")).unwrap(),
+            LogoutScope::Local
+        );
+        assert_eq!(
+            LogoutScope::parse(Some("others")).unwrap(),
+            LogoutScope::Others
+        );
+        assert!(LogoutScope::parse(Some("all")).is_err());
+    }
+}
