@@ -17,6 +17,7 @@ use crate::{
         health::HealthApi, payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
         subscription::SubscriptionApi, waitlist::WaitlistApi, webhooks::WebhookApi,
     },
+    routes::auth_oauth::AuthOAuthApi,
     state::AppState,
 };
 
@@ -48,6 +49,7 @@ api_set!(
     WebhookApi,
     AiApi,
     AuthApi,
+    AuthOAuthApi,
 );
 
 const DESCRIPTION: &str = "\
@@ -159,6 +161,7 @@ pub async fn build_state(
     let providers =
         worker::providers::Providers::new(settings.clone()).context("payment provider client")?;
     let settings_for_ai = settings.clone();
+    let oauth = worker::oauth::OAuthClients::new(&settings.oauth).context("OAuth provider client")?;
     let idp = if settings.auth_provider == entity::settings::AuthProvider::Builtin
         && settings.toggles.auth
     {
@@ -171,6 +174,7 @@ pub async fn build_state(
     };
     Ok(AppState {
         idp,
+        oauth,
         providers,
         sessions: crate::session::SessionVerifier::from_settings(&settings),
         settings,

@@ -78,34 +78,7 @@ fn bad(field: &'static str, message: impl Into<String>) -> OAuthInputError {
     }
 }
 
-/// The client's PKCE method (RFC 7636 §4.2): `s256` or `plain`, as the
-/// platform's client sends them (any case accepted).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChallengeMethod {
-    /// `BASE64URL(SHA256(verifier)) == challenge`.
-    S256,
-    /// `verifier == challenge`.
-    Plain,
-}
-
-impl ChallengeMethod {
-    /// `s256` or `plain` (the platform's spelling).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChallengeMethod::S256 => "s256",
-            ChallengeMethod::Plain => "plain",
-        }
-    }
-
-    /// Parses `s256` / `plain` in any case.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "s256" => Some(ChallengeMethod::S256),
-            "plain" => Some(ChallengeMethod::Plain),
-            _ => None,
-        }
-    }
-}
+pub use crate::identity::flow::ChallengeMethod;
 
 /// The client's PKCE challenge: present means the PKCE flow (the callback
 /// redirects with `?code=`), absent the implicit flow (`#access_token=…`).
@@ -117,7 +90,8 @@ pub struct ClientPkce {
     pub method: ChallengeMethod,
 }
 
-/// Checks the client's `code_challenge` / `code_challenge_method`: both
+/// Checks the client's `code_challenge` / `code_challenge_method` with the
+/// identity provider's rule ([`crate::identity::flow::pkce_params`]): both
 /// absent → `None` (implicit flow); both present and valid → the PKCE flow;
 /// one without the other, a challenge outside RFC 7636's 43–128 unreserved
 /// characters, or a method other than `s256`/`plain` → an error naming the field.
@@ -125,31 +99,18 @@ pub fn client_pkce(
     challenge: Option<&str>,
     method: Option<&str>,
 ) -> Result<Option<ClientPkce>, OAuthInputError> {
-    let challenge = challenge.map(str::trim).filter(|c| !c.is_empty());
-    let method = method.map(str::trim).filter(|m| !m.is_empty());
-    match (challenge, method) {
-        (None, None) => Ok(None),
-        (Some(_), None) => Err(bad(
-            "code_challenge_method",
-            "required with code_challenge (s256 or plain)",
-        )),
-        (None, Some(_)) => Err(bad("code_challenge", "required with code_challenge_method")),
-        (Some(c), Some(m)) => {
-            let method = ChallengeMethod::parse(m)
-                .ok_or_else(|| bad("code_challenge_method", "expected s256 or plain"))?;
-            let unreserved = c
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
-            if !(43..=128).contains(&c.len()) || !unreserved {
-                return Err(bad(
-                    "code_challenge",
-                    "expected 43 to 128 characters of A-Z a-z 0-9 - . _ ~ (RFC 7636)",
-                ));
-            }
-            Ok(Some(ClientPkce {
-                challenge: c.to_owned(),
-                method,
-            }))
+    let has = |v: Option<&str>| v.is_some_and(|v| !v.trim().is_empty());
+    match crate::identity::flow::pkce_params(challenge, method) {
+        Ok(p) => Ok(p.map(|(challenge, method)| ClientPkce { challenge, method })),
+        Err(e) => {
+            let method_at_fault = (has(challenge) && !has(method))
+                || (has(method) && method.and_then(|m| ChallengeMethod::parse(m.trim()).ok()).is_none());
+            let field = if method_at_fault {
+                "code_challenge_method"
+            } else {
+                "code_challenge"
+            };
+            Err(bad(field, e.to_string()))
         }
     }
 }
@@ -321,7 +282,7 @@ pub async fn take_state<C: ConnectionTrait>(db: &C, state: &str) -> Result<Taken
         return Ok(TakenState::NotFound);
     };
     let client_pkce = match (row.code_challenge, row.code_challenge_method.as_deref()) {
-        (Some(challenge), Some(m)) => ChallengeMethod::parse(m).map(|method| ClientPkce {
+        (Some(challenge), Some(m)) => ChallengeMethod::parse(m).ok().map(|method| ClientPkce {
             challenge,
             method,
         }),
