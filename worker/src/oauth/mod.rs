@@ -218,7 +218,11 @@ impl OAuthClients {
         pkce_verifier: &str,
     ) -> Result<ProviderTokens, OAuthError> {
         let client = self.client(provider)?;
-        let http = |req: oauth2::HttpRequest| send(&self.http, req);
+        let shared = self.http.clone();
+        let http = move |req: oauth2::HttpRequest| {
+            let shared = shared.clone();
+            async move { send(&shared, req).await }
+        };
         let answer = client
             .exchange_code(AuthorizationCode::new(code.to_owned()))
             .set_pkce_verifier(PkceCodeVerifier::new(pkce_verifier.to_owned()))
@@ -270,19 +274,22 @@ impl OAuthClients {
         }
     }
 
-    /// [`Self::exchange`] then [`Self::profile`].
+    /// [`Self::exchange`] then [`Self::profile`] (a boxed `Send` future, so
+    /// route handlers can await it).
     ///
     /// # Errors
     /// As theirs.
-    pub async fn sign_in(
-        &self,
+    pub fn sign_in<'a>(
+        &'a self,
         provider: OAuthProvider,
-        code: &str,
-        pkce_verifier: &str,
-    ) -> Result<(ProviderTokens, OAuthProfile), OAuthError> {
-        let tokens = self.exchange(provider, code, pkce_verifier).await?;
-        let profile = self.profile(provider, &tokens).await?;
-        Ok((tokens, profile))
+        code: &'a str,
+        pkce_verifier: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(ProviderTokens, OAuthProfile), OAuthError>> {
+        Box::pin(async move {
+            let tokens = self.exchange(provider, code, pkce_verifier).await?;
+            let profile = self.profile(provider, &tokens).await?;
+            Ok((tokens, profile))
+        })
     }
 }
 
