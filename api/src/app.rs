@@ -12,12 +12,12 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
+    routes::auth_oauth::AuthOAuthApi,
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
         health::HealthApi, payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
         subscription::SubscriptionApi, waitlist::WaitlistApi, webhooks::WebhookApi,
     },
-    routes::auth_oauth::AuthOAuthApi,
     state::AppState,
 };
 
@@ -161,7 +161,8 @@ pub async fn build_state(
     let providers =
         worker::providers::Providers::new(settings.clone()).context("payment provider client")?;
     let settings_for_ai = settings.clone();
-    let oauth = worker::oauth::OAuthClients::new(&settings.oauth).context("OAuth provider client")?;
+    let oauth =
+        worker::oauth::OAuthClients::new(&settings.oauth).context("OAuth provider client")?;
     let idp = if settings.auth_provider == entity::settings::AuthProvider::Builtin
         && settings.toggles.auth
     {

@@ -104,7 +104,10 @@ pub fn client_pkce(
         Ok(p) => Ok(p.map(|(challenge, method)| ClientPkce { challenge, method })),
         Err(e) => {
             let method_at_fault = (has(challenge) && !has(method))
-                || (has(method) && method.and_then(|m| ChallengeMethod::parse(m.trim()).ok()).is_none());
+                || (has(method)
+                    && method
+                        .and_then(|m| ChallengeMethod::parse(m.trim()).ok())
+                        .is_none());
             let field = if method_at_fault {
                 "code_challenge_method"
             } else {
@@ -119,7 +122,10 @@ pub fn client_pkce(
 /// commas), added to the provider's defaults without duplicates. Each scope is
 /// printable ASCII without quotes or backslashes; the whole value at most
 /// [`MAX_SCOPES_LEN`] bytes.
-pub fn scopes(provider: OAuthProvider, extra: Option<&str>) -> Result<Vec<String>, OAuthInputError> {
+pub fn scopes(
+    provider: OAuthProvider,
+    extra: Option<&str>,
+) -> Result<Vec<String>, OAuthInputError> {
     let mut out: Vec<String> = provider
         .default_scopes()
         .iter()
@@ -282,10 +288,9 @@ pub async fn take_state<C: ConnectionTrait>(db: &C, state: &str) -> Result<Taken
         return Ok(TakenState::NotFound);
     };
     let client_pkce = match (row.code_challenge, row.code_challenge_method.as_deref()) {
-        (Some(challenge), Some(m)) => ChallengeMethod::parse(m).ok().map(|method| ClientPkce {
-            challenge,
-            method,
-        }),
+        (Some(challenge), Some(m)) => ChallengeMethod::parse(m)
+            .ok()
+            .map(|method| ClientPkce { challenge, method }),
         _ => None,
     };
     Ok(TakenState::Found(Box::new(TakenRecord {
@@ -322,7 +327,9 @@ mod tests {
         let p = client_pkce(Some(CHALLENGE), Some("s256")).unwrap().unwrap();
         assert_eq!(p.method, ChallengeMethod::S256);
         assert_eq!(p.challenge, CHALLENGE);
-        let p = client_pkce(Some(CHALLENGE), Some("PLAIN")).unwrap().unwrap();
+        let p = client_pkce(Some(CHALLENGE), Some("PLAIN"))
+            .unwrap()
+            .unwrap();
         assert_eq!(p.method, ChallengeMethod::Plain);
     }
 
@@ -346,7 +353,9 @@ mod tests {
         );
         let bad_chars = format!("{}+/", &CHALLENGE[..41]);
         assert_eq!(
-            client_pkce(Some(&bad_chars), Some("s256")).unwrap_err().field,
+            client_pkce(Some(&bad_chars), Some("s256"))
+                .unwrap_err()
+                .field,
             "code_challenge"
         );
         let long = "a".repeat(129);
@@ -364,7 +373,9 @@ mod tests {
             vec!["openid", "email", "profile", "repo", "https://x.test/a"]
         );
         assert_eq!(
-            scopes(OAuthProvider::Github, Some("a\"b")).unwrap_err().field,
+            scopes(OAuthProvider::Github, Some("a\"b"))
+                .unwrap_err()
+                .field,
             "scopes"
         );
         assert!(scopes(OAuthProvider::Github, Some(&"a".repeat(2000))).is_err());

@@ -143,9 +143,7 @@ impl OAuthSettings {
                     .unwrap_or_else(|| "https://oauth2.googleapis.com/token".into()),
                 profile_url: r
                     .url("OAUTH_GOOGLE_USERINFO_URL", &web)?
-                    .unwrap_or_else(|| {
-                        "https://openidconnect.googleapis.com/v1/userinfo".into()
-                    }),
+                    .unwrap_or_else(|| "https://openidconnect.googleapis.com/v1/userinfo".into()),
             }),
         };
         let redirect_uri = r

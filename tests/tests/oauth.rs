@@ -110,15 +110,23 @@ fn env(stack: &Stack, github: &MockServer, google: Option<&MockServer>) -> EnvMa
         env = env
             .with("OAUTH_GOOGLE_CLIENT_ID", GOOGLE_ID)
             .with("OAUTH_GOOGLE_CLIENT_SECRET", GOOGLE_SECRET)
-            .with("OAUTH_GOOGLE_AUTH_URL", format!("{}/o/oauth2/v2/auth", g.uri()))
+            .with(
+                "OAUTH_GOOGLE_AUTH_URL",
+                format!("{}/o/oauth2/v2/auth", g.uri()),
+            )
             .with("OAUTH_GOOGLE_TOKEN_URL", format!("{}/token", g.uri()))
-            .with("OAUTH_GOOGLE_USERINFO_URL", format!("{}/v1/userinfo", g.uri()));
+            .with(
+                "OAUTH_GOOGLE_USERINFO_URL",
+                format!("{}/v1/userinfo", g.uri()),
+            );
     }
     env
 }
 
 fn with_query(url: &str, pairs: &[(&str, &str)]) -> String {
-    reqwest::Url::parse_with_params(url, pairs).unwrap().to_string()
+    reqwest::Url::parse_with_params(url, pairs)
+        .unwrap()
+        .to_string()
 }
 
 fn query_of(url: &str) -> HashMap<String, String> {
@@ -138,25 +146,23 @@ fn fragment_of(url: &str) -> HashMap<String, String> {
 
 /// `GET /auth/v1/authorize?…` → the 302's `Location`.
 async fn authorize(api: &Proc, query: &[(&str, &str)]) -> Reply {
-    Reply::send(
-        no_redirects()
-            .get(with_query(&api.url("/auth/v1/authorize"), query)),
-    )
-    .await
+    Reply::send(no_redirects().get(with_query(&api.url("/auth/v1/authorize"), query))).await
 }
 
 fn location(r: &Reply) -> String {
-    assert_eq!(r.status.as_u16(), 302, "expected a redirect: {} {}", r.status, r.text);
+    assert_eq!(
+        r.status.as_u16(),
+        302,
+        "expected a redirect: {} {}",
+        r.status,
+        r.text
+    );
     r.header("location").expect("Location").to_owned()
 }
 
 /// The provider sends the browser back: `GET /auth/v1/callback?code&state`.
 async fn callback(api: &Proc, query: &[(&str, &str)]) -> String {
-    let r = Reply::send(
-        no_redirects()
-            .get(with_query(&api.url("/auth/v1/callback"), query)),
-    )
-    .await;
+    let r = Reply::send(no_redirects().get(with_query(&api.url("/auth/v1/callback"), query))).await;
     location(&r)
 }
 
@@ -234,7 +240,7 @@ async fn github_implicit_flow_signs_in_and_the_session_works() {
     let r = authorize(&api, &[("provider", "github")]).await;
     let state2 = query_of(&location(&r))["state"].clone();
     let back2 = callback(&api, &[("code", "gh-code-2"), ("state", &state2)]).await;
-    assert!(back2.starts_with(&format!("{APP_URL}")), "{back2}");
+    assert!(back2.starts_with(APP_URL), "{back2}");
     let f2 = fragment_of(&back2);
     let user2 = Reply::send(
         client()
@@ -261,7 +267,11 @@ async fn the_state_is_required_single_use_and_unguessable() {
     // Missing state.
     let back = callback(&api, &[("code", "c")]).await;
     assert!(back.starts_with(APP_URL), "{back}");
-    assert_eq!(error_of(&back)["error_code"], "bad_oauth_callback", "{back}");
+    assert_eq!(
+        error_of(&back)["error_code"],
+        "bad_oauth_callback",
+        "{back}"
+    );
     // Unknown state.
     let back = callback(&api, &[("code", "c"), ("state", "forged-state-value")]).await;
     assert_eq!(error_of(&back)["error_code"], "bad_oauth_state", "{back}");
@@ -276,7 +286,12 @@ async fn the_state_is_required_single_use_and_unguessable() {
     assert_eq!(error_of(&again)["error_code"], "bad_oauth_state", "{again}");
     assert!(!fragment_of(&again).contains_key("access_token"));
     // Only one code exchange reached the provider; the refused callbacks none.
-    assert_eq!(token_requests(&github, "/login/oauth/access_token").await.len(), 1);
+    assert_eq!(
+        token_requests(&github, "/login/oauth/access_token")
+            .await
+            .len(),
+        1
+    );
 
     // The user refused at the provider: its error is passed on to redirect_to.
     let r = authorize(&api, &[("provider", "github"), ("redirect_to", &to)]).await;
@@ -285,7 +300,10 @@ async fn the_state_is_required_single_use_and_unguessable() {
         &api,
         &[
             ("error", "access_denied"),
-            ("error_description", "The user has denied your application access."),
+            (
+                "error_description",
+                "The user has denied your application access.",
+            ),
             ("state", &state),
         ],
     )
@@ -308,18 +326,21 @@ async fn pkce_flow_gives_a_code_checked_against_the_verifier() {
         let to = to.clone();
         let challenge = challenge.clone();
         async move {
-            let r = Reply::send(no_redirects().get(with_query(&format!("{api_url}/auth/v1/authorize"), &[
-                ("provider", "github"),
-                ("redirect_to", to.as_str()),
-                ("code_challenge", challenge.as_str()),
-                ("code_challenge_method", "s256"),
-            ])))
+            let r = Reply::send(no_redirects().get(with_query(
+                &format!("{api_url}/auth/v1/authorize"),
+                &[
+                    ("provider", "github"),
+                    ("redirect_to", to.as_str()),
+                    ("code_challenge", challenge.as_str()),
+                    ("code_challenge_method", "s256"),
+                ],
+            )))
             .await;
             let state = query_of(&location(&r))["state"].clone();
-            let back = Reply::send(
-                no_redirects()
-                    .get(with_query(&format!("{api_url}/auth/v1/callback"), &[("code", "gh-pkce"), ("state", state.as_str())])),
-            )
+            let back = Reply::send(no_redirects().get(with_query(
+                &format!("{api_url}/auth/v1/callback"),
+                &[("code", "gh-pkce"), ("state", state.as_str())],
+            )))
             .await;
             let back = location(&back);
             assert!(back.starts_with(&format!("{to}?")), "{back}");
@@ -373,22 +394,43 @@ async fn google_signs_in_and_bad_requests_are_refused() {
     let stack = Stack::new().await;
     let api = stack.api(&env(&stack, &github, Some(&google))).await;
 
-    let r = authorize(&api, &[("provider", "google"), ("redirect_to", "https://evil.example/steal")]).await;
+    let r = authorize(
+        &api,
+        &[
+            ("provider", "google"),
+            ("redirect_to", "https://evil.example/steal"),
+        ],
+    )
+    .await;
     let upstream = location(&r);
-    assert!(upstream.starts_with(&format!("{}/o/oauth2/v2/auth?", google.uri())), "{upstream}");
+    assert!(
+        upstream.starts_with(&format!("{}/o/oauth2/v2/auth?", google.uri())),
+        "{upstream}"
+    );
     let q = query_of(&upstream);
     assert_eq!(q["client_id"], GOOGLE_ID);
     assert_eq!(q["scope"], "openid email profile");
     let back = callback(&api, &[("code", "4/0Adeu5B"), ("state", &q["state"])]).await;
     // Another origin in redirect_to lands on APP_URL.
-    assert!(back.starts_with(&format!("{APP_URL}/#")) || back.starts_with(&format!("{APP_URL}#")), "{back}");
+    assert!(
+        back.starts_with(&format!("{APP_URL}/#")) || back.starts_with(&format!("{APP_URL}#")),
+        "{back}"
+    );
     let f = fragment_of(&back);
     assert_eq!(f["provider_token"], "ya29.a0AfH6SMB");
     let reqs = token_requests(&google, "/token").await;
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0]["client_secret"], GOOGLE_SECRET);
-    assert_eq!(entity::oauth::s256_challenge(&reqs[0]["code_verifier"]), q["code_challenge"]);
-    let user = Reply::send(client().get(api.url("/auth/v1/user")).bearer_auth(&f["access_token"])).await;
+    assert_eq!(
+        entity::oauth::s256_challenge(&reqs[0]["code_verifier"]),
+        q["code_challenge"]
+    );
+    let user = Reply::send(
+        client()
+            .get(api.url("/auth/v1/user"))
+            .bearer_auth(&f["access_token"]),
+    )
+    .await;
     assert_eq!(user.json["email"], "jane.doe@example.com");
     assert_eq!(user.json["app_metadata"]["provider"], "google");
 
@@ -396,7 +438,11 @@ async fn google_signs_in_and_bad_requests_are_refused() {
     for query in [
         vec![("provider", "gitlab")],
         vec![],
-        vec![("provider", "github"), ("code_challenge", "short"), ("code_challenge_method", "s256")],
+        vec![
+            ("provider", "github"),
+            ("code_challenge", "short"),
+            ("code_challenge_method", "s256"),
+        ],
         vec![("provider", "github"), ("code_challenge_method", "s256")],
     ] {
         let r = Reply::send(
@@ -433,7 +479,10 @@ async fn a_disabled_provider_and_a_failing_provider() {
 
     let r = Reply::send(
         no_redirects()
-            .get(with_query(&api.url("/auth/v1/authorize"), &[("provider", "google")]))
+            .get(with_query(
+                &api.url("/auth/v1/authorize"),
+                &[("provider", "google")],
+            ))
             .header("X-Supabase-Api-Version", "2024-01-01"),
     )
     .await;

@@ -271,14 +271,16 @@ impl AuthOAuthApi {
             } else {
                 "provider_error"
             };
-            return Found::Found(fail.to(
-                err,
-                code,
-                error_description
-                    .0
-                    .as_deref()
-                    .unwrap_or("The provider refused the sign-in"),
-            ));
+            return Found::Found(
+                fail.to(
+                    err,
+                    code,
+                    error_description
+                        .0
+                        .as_deref()
+                        .unwrap_or("The provider refused the sign-in"),
+                ),
+            );
         }
         let Some(code) = code.0.as_deref().filter(|c| !c.is_empty()) else {
             return Found::Found(fail.to(

@@ -77,7 +77,11 @@ pub async fn profile(
     url: &str,
     access_token: &str,
 ) -> Result<OAuthProfile, OAuthError> {
-    let value = get_json(http.get(url).header("Accept", "application/json"), access_token).await?;
+    let value = get_json(
+        http.get(url).header("Accept", "application/json"),
+        access_token,
+    )
+    .await?;
     let info: GoogleUserinfo = serde_json::from_value(value)
         .map_err(|e| OAuthError::Undocumented(format!("userinfo: {e}")))?;
     to_profile(&info)
@@ -99,7 +103,10 @@ mod tests {
         let p = to_profile(&info).unwrap();
         assert_eq!(p.provider_id, "110169484474386276334");
         assert!(p.email_verified);
-        assert_eq!(p.user_metadata["avatar_url"], "https://lh3.googleusercontent.com/a/photo.jpg");
+        assert_eq!(
+            p.user_metadata["avatar_url"],
+            "https://lh3.googleusercontent.com/a/photo.jpg"
+        );
         assert_eq!(p.user_metadata["full_name"], "Jane Doe");
     }
 

@@ -27,9 +27,9 @@ use entity::{
     settings::{OAuthClientSettings, OAuthSettings},
 };
 use oauth2::{
-    basic::BasicClient, AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken, EndpointNotSet, EndpointSet,
-    PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, RequestTokenError, Scope, TokenResponse,
-    TokenUrl,
+    basic::BasicClient, AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken,
+    EndpointNotSet, EndpointSet, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl,
+    RequestTokenError, Scope, TokenResponse, TokenUrl,
 };
 
 pub mod github;
@@ -387,7 +387,10 @@ mod tests {
         let q: std::collections::HashMap<_, _> = url.query_pairs().into_owned().collect();
         assert_eq!(q["response_type"], "code");
         assert_eq!(q["client_id"], "gh-id");
-        assert_eq!(q["redirect_uri"], "https://app.example.test/auth/v1/callback");
+        assert_eq!(
+            q["redirect_uri"],
+            "https://app.example.test/auth/v1/callback"
+        );
         assert_eq!(q["scope"], "read:user user:email");
         assert_eq!(q["state"], started.state);
         assert!(started.state.len() >= 43, "32 random bytes, base64url");
@@ -446,7 +449,10 @@ mod tests {
             .sign_in(OAuthProvider::Github, "the-code", "the-verifier")
             .await
             .unwrap();
-        assert_eq!(tokens.access_token, "gho_16C7e42F292c6912E7710c838347Ae178B4a");
+        assert_eq!(
+            tokens.access_token,
+            "gho_16C7e42F292c6912E7710c838347Ae178B4a"
+        );
         assert_eq!(profile.provider_id, "583231");
         assert_eq!(profile.email, "octocat@github.com");
         assert!(profile.email_verified);
@@ -469,7 +475,10 @@ mod tests {
             .exchange(OAuthProvider::Github, "stale", "v")
             .await
             .unwrap_err();
-        assert!(matches!(&e, OAuthError::Refused(c) if c == "bad_verification_code"), "{e:?}");
+        assert!(
+            matches!(&e, OAuthError::Refused(c) if c == "bad_verification_code"),
+            "{e:?}"
+        );
     }
 
     #[tokio::test]
@@ -522,23 +531,40 @@ mod tests {
             .respond_with(
                 ResponseTemplate::new(200)
                     .set_delay(Duration::from_secs(3))
-                    .set_body_json(serde_json::json!({"access_token": "x", "token_type": "bearer"})),
+                    .set_body_json(
+                        serde_json::json!({"access_token": "x", "token_type": "bearer"}),
+                    ),
             )
             .mount(&server)
             .await;
         let clients = OAuthClients::new(&settings(&server)).unwrap();
-        let e = clients.exchange(OAuthProvider::Google, "c", "v").await.unwrap_err();
-        assert!(matches!(&e, OAuthError::Refused(c) if c == "invalid_grant"), "{e:?}");
+        let e = clients
+            .exchange(OAuthProvider::Google, "c", "v")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, OAuthError::Refused(c) if c == "invalid_grant"),
+            "{e:?}"
+        );
         let started = std::time::Instant::now();
-        let e = clients.exchange(OAuthProvider::Github, "c", "v").await.unwrap_err();
+        let e = clients
+            .exchange(OAuthProvider::Github, "c", "v")
+            .await
+            .unwrap_err();
         assert!(matches!(e, OAuthError::Unavailable(_)), "{e:?}");
-        assert!(started.elapsed() < Duration::from_secs(2), "bounded by OAUTH_TIMEOUT_MS");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "bounded by OAUTH_TIMEOUT_MS"
+        );
         let tokens = ProviderTokens {
             access_token: "t".into(),
             refresh_token: None,
         };
         // No /v1/userinfo mock: wiremock answers 404.
-        let e = clients.profile(OAuthProvider::Google, &tokens).await.unwrap_err();
+        let e = clients
+            .profile(OAuthProvider::Google, &tokens)
+            .await
+            .unwrap_err();
         assert!(matches!(e, OAuthError::Unavailable(_)), "{e:?}");
     }
 
