@@ -47,6 +47,10 @@ pub enum Found {
 /// OAuth sign-in (GitHub, Google).
 pub struct AuthOAuthApi;
 
+fn found(location: String) -> AuthResult<Found> {
+    AuthResult::Ok(Found::Found(location), None)
+}
+
 fn idp(state: &AppState) -> Result<&Idp, AuthApiError> {
     if !state.settings.toggles.auth {
         return Err(AuthApiError::new(
@@ -205,7 +209,8 @@ impl AuthOAuthApi {
     /// `bad_oauth_state` (unknown or used state), `flow_state_expired`, the
     /// provider's own error (e.g. `access_denied`), `unexpected_failure`
     /// (provider unreachable or undocumented answer),
-    /// `email_address_not_provided`.
+    /// `email_address_not_provided`. With the built-in provider off: 404
+    /// `not_found` (or 503 `feature_disabled` when auth is switched off).
     #[oai(path = "/callback", method = "get", operation_id = "authCallback")]
     async fn callback(
         &self,
@@ -219,20 +224,17 @@ impl AuthOAuthApi {
         error: Query<Option<String>>,
         /// The provider's description of `error`.
         error_description: Query<Option<String>>,
-    ) -> Found {
+    ) -> AuthResult<Found> {
         let unknown = ErrorRedirect {
             target: state.settings.app_url.clone(),
             in_fragment: false,
         };
-        let Ok(idp) = idp(&state) else {
-            return Found::Found(unknown.to(
-                "server_error",
-                "provider_disabled",
-                "the built-in identity provider is off",
-            ));
+        let idp = match idp(&state) {
+            Ok(idp) => idp,
+            Err(e) => return AuthResult::Err(e),
         };
         let Some(raw_state) = oauth_state.0.as_deref().filter(|s| !s.is_empty()) else {
-            return Found::Found(unknown.to(
+            return found(unknown.to(
                 "invalid_request",
                 "bad_oauth_callback",
                 "OAuth state parameter missing",
@@ -241,20 +243,20 @@ impl AuthOAuthApi {
         let taken = match bounded(&state, oauth::take_state(&state.db, raw_state)).await {
             Ok(t) => t,
             Err(e) => {
-                return Found::Found(unknown.to("server_error", e.code, &e.message));
+                return found(unknown.to("server_error", e.code, &e.message));
             }
         };
         let record = match taken {
             TakenState::Found(r) => r,
             TakenState::NotFound => {
-                return Found::Found(unknown.to(
+                return found(unknown.to(
                     "invalid_request",
                     "bad_oauth_state",
                     "OAuth callback with invalid state",
                 ))
             }
             TakenState::Expired => {
-                return Found::Found(unknown.to(
+                return found(unknown.to(
                     "invalid_request",
                     "flow_state_expired",
                     "OAuth state has expired; sign in again",
@@ -271,7 +273,7 @@ impl AuthOAuthApi {
             } else {
                 "provider_error"
             };
-            return Found::Found(
+            return found(
                 fail.to(
                     err,
                     code,
@@ -283,15 +285,15 @@ impl AuthOAuthApi {
             );
         }
         let Some(code) = code.0.as_deref().filter(|c| !c.is_empty()) else {
-            return Found::Found(fail.to(
+            return found(fail.to(
                 "invalid_request",
                 "bad_oauth_callback",
                 "OAuth callback without a code",
             ));
         };
         match sign_in(&state, idp, &record, code).await {
-            Ok(location) => Found::Found(location),
-            Err(e) => Found::Found(fail.to(
+            Ok(location) => found(location),
+            Err(e) => found(fail.to(
                 if e.status >= 500 {
                     "server_error"
                 } else {
