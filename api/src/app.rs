@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
     rate_limit::RateLimiter,
+    routes::auth_oauth::AuthOAuthApi,
     routes::confirm::ConfirmApi,
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
@@ -49,6 +50,7 @@ api_set!(
     WebhookApi,
     AiApi,
     AuthApi,
+    AuthOAuthApi,
     ConfirmApi,
 );
 
@@ -161,6 +163,8 @@ pub async fn build_state(
     let providers =
         worker::providers::Providers::new(settings.clone()).context("payment provider client")?;
     let settings_for_ai = settings.clone();
+    let oauth =
+        worker::oauth::OAuthClients::new(&settings.oauth).context("OAuth provider client")?;
     let idp = if settings.auth_provider == entity::settings::AuthProvider::Builtin
         && settings.toggles.auth
     {
@@ -173,6 +177,7 @@ pub async fn build_state(
     };
     Ok(AppState {
         idp,
+        oauth,
         providers,
         sessions: crate::session::SessionVerifier::from_settings(&settings),
         settings,

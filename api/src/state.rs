@@ -41,6 +41,8 @@ pub struct AppState {
     /// The built-in identity provider; `None` unless `AUTH_PROVIDER=builtin`
     /// (the default without an external platform) and auth is on.
     pub idp: Option<Arc<crate::idp::Idp>>,
+    /// The OAuth sign-in providers (GitHub, Google), bounded by `OAUTH_TIMEOUT_MS`.
+    pub oauth: worker::oauth::OAuthClients,
 }
 
 impl AppState {

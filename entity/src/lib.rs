@@ -13,6 +13,7 @@ pub mod entities;
 pub mod features;
 pub mod identity;
 pub mod mail;
+pub mod oauth;
 pub mod payment;
 pub mod plans;
 pub mod profile;

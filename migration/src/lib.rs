@@ -26,6 +26,7 @@ mod m20261123_000002_add_audit_client_request_id;
 mod m20261123_000003_add_payment_idempotency_and_reconcile;
 mod m20261123_000010_add_ai_usage_outcome;
 mod m20261123_000020_create_identity;
+mod m20261123_000021_create_oauth_states;
 
 /// The list of all migrations, in the order they are applied.
 pub struct Migrator;
@@ -48,6 +49,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000003_add_payment_idempotency_and_reconcile::Migration),
             Box::new(m20261123_000010_add_ai_usage_outcome::Migration),
             Box::new(m20261123_000020_create_identity::Migration),
+            Box::new(m20261123_000021_create_oauth_states::Migration),
         ]
     }
 }

@@ -5,6 +5,7 @@
 pub mod ai;
 pub mod jobs;
 pub mod mailer;
+pub mod oauth;
 pub mod providers;
 pub mod queue;
 pub mod retry;

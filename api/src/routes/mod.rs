@@ -5,6 +5,7 @@ use poem_openapi::{Object, Tags};
 pub mod admin;
 pub mod ai;
 pub mod auth;
+pub mod auth_oauth;
 pub mod avatar;
 pub mod confirm;
 pub mod contact;

@@ -708,8 +708,8 @@ impl AuthApi {
                     external: ExternalProviders {
                         email: true,
                         phone: false,
-                        github: false,
-                        google: false,
+                        github: state.settings.oauth.github.is_some(),
+                        google: state.settings.oauth.google.is_some(),
                     },
                     disable_signup: false,
                     mailer_autoconfirm: state.settings.auth_autoconfirm,
