@@ -73,8 +73,32 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The column migrations step down and up again, newest first; each
-    // names the columns it adds.
+    // The identity migrations (newest) step down first; each names the
+    // tables it creates.
+    let created: [&[&str]; 2] = [
+        &["auth_oauth_states"],
+        &[
+            "auth_accounts",
+            "auth_identities",
+            "auth_sessions",
+            "auth_refresh_tokens",
+            "auth_one_time_tokens",
+            "auth_flow_states",
+        ],
+    ];
+    for (steps, tables) in created.iter().enumerate() {
+        for table in tables.iter() {
+            assert!(manager.has_table(table).await?, "{table} missing after up");
+        }
+        Migrator::down(db, Some(1)).await?;
+        for table in tables.iter() {
+            assert!(!manager.has_table(table).await?, "{table} after down");
+        }
+        assert_eq!(Migrator::get_pending_migrations(db).await?.len(), steps + 1);
+    }
+
+    // Then the column migrations, newest first; each names the columns it
+    // adds.
     let added: [&[(&str, &str)]; 4] = [
         &[("ai_usage", "aborted"), ("ai_usage", "estimated")],
         &[
@@ -95,9 +119,15 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
                 "{table}.{column} after down"
             );
         }
-        assert_eq!(Migrator::get_pending_migrations(db).await?.len(), steps + 1);
+        assert_eq!(
+            Migrator::get_pending_migrations(db).await?.len(),
+            created.len() + steps + 1
+        );
     }
     Migrator::up(db, None).await?;
+    for table in created.iter().flat_map(|t| t.iter()) {
+        assert!(manager.has_table(table).await?, "{table} after up");
+    }
     for (table, column) in added.iter().flat_map(|c| c.iter()) {
         assert!(
             manager.has_column(table, column).await?,
