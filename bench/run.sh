@@ -11,6 +11,8 @@
 #   bash bench/run.sh payments-seed webhook webhook256 settle lookup pgbench
 # AI (issue 9; not in the default list, run by name): ai-ttfb ai-streams ai-generate ai-quota
 #   bash bench/run.sh ai-ttfb ai-streams ai-generate ai-quota
+# Identity (issue 10; not in the default list, run by name): auth-signin auth-refresh auth-user
+#   bash bench/run.sh auth-signin auth-refresh auth-user
 # BIN (default target/release) picks the binaries; NO_BUILD=1 skips the release
 # build, e.g. a smoke test with debug binaries:
 #   BIN=target/debug NO_BUILD=1 DUR=3s bash bench/run.sh ai-ttfb
@@ -38,6 +40,11 @@ want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 # AI limits raised (bench/ai_plans.toml); the other plans are unchanged.
 PLANS=config/plans.toml
 [[ " $SECTIONS " == *" ai-"* ]] && PLANS=bench/ai_plans.toml
+# The auth sections run the api as its own identity provider (AUTH_PROVIDER=
+# builtin), new accounts confirmed at once, the per-IP auth limits out of the way.
+AUTH_ENV=()
+[[ " $SECTIONS " == *" auth-"* ]] && AUTH_ENV=(AUTH_PROVIDER=builtin AUTH_AUTOCONFIRM=true
+  AUTH_RATE_LIMIT_PER_5MIN=100000000 AUTH_RATE_LIMIT_REFRESH_PER_5MIN=100000000)
 # 500 concurrent chats hold ~1,000 sockets in the api (client + upstream side).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
@@ -72,8 +79,9 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" REDIS_URL=redis://1
 # payments are all PENDING and the settle section measures the queue, not the
 # sweep re-queueing a backlog that is merely waiting.
 
-"$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
+env "${AUTH_ENV[@]}" "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
 for _ in $(seq 1 50); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
+grep -q listening "$OUT/api.out" 2>/dev/null || { echo "the api did not start:" >&2; cat "$OUT/api.err" >&2; exit 1; }
 BASE=http://127.0.0.1:$API_PORT
 
 load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"; }
@@ -371,4 +379,57 @@ for i, t in enumerate(l for l in sys.stdin if l.strip()):
   redis-cli --scan --pattern "$PREFIX:ai:tokens:*" | xargs -r -n 500 redis-cli del > /dev/null
   ai_generate_run ai-quota-1m-no-counters
   echo "ai-quota: counters re-seeded from the sum during that run: $(redis-cli --scan --pattern "$PREFIX:ai:tokens:*" | wc -l) of $users users"
+fi
+
+# ---- Identity (issue 10) -----------------------------------------------------
+# $AUTH_USERS (64) accounts signed up through POST /auth/v1/signup (autoconfirm:
+# each answer is a session); bench/auth.lua reads "email access refresh" lines.
+AUTH_USERS=${AUTH_USERS:-64}
+AUTH_PASSWORD=bench-password-0123
+export AUTH_PASSWORD
+auth_setup() {
+  [ -n "${AUTH_READY:-}" ] && return
+  AUTH_READY=1
+  python3 - "$BASE" "$AUTH_USERS" "$AUTH_PASSWORD" > "$OUT/auth.users" <<'PY'
+import concurrent.futures, json, os, sys, urllib.request
+base, n, password = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def signup(k):
+    body = json.dumps({"email": f"bench{k}@example.com", "password": password}).encode()
+    req = urllib.request.Request(base + "/auth/v1/signup", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        s = json.load(r)
+    return f'{s["user"]["email"]} {s["access_token"]} {s["refresh_token"]}'
+with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+    for line in pool.map(signup, range(1, n + 1)):
+        print(line)
+PY
+  echo "auth: $(wc -l < "$OUT/auth.users") accounts signed up; password hash parameters: $(psqlq -c "select split_part(password_hash, '\$', 4) from auth_accounts limit 1") (argon2id)"
+}
+auth_run() { # name, mode, connections
+  USERS="$OUT/auth.users" AUTH_MODE=$2 CONN=$3 run "$1" -s bench/auth.lua "$BASE"
+  grep -E "^answers|^latency ms" "$OUT/$1.txt" || true
+  echo "$1: api RSS: $(rss $API_PID); $(load)"
+}
+
+# Password sign-in: every request verifies an argon2id hash (on the blocking
+# pool) and creates a session. Goal >= 50 req/s per core; the machine's cores:
+# $(nproc), shared with wrk and PostgreSQL.
+if want auth-signin; then
+  auth_setup
+  auth_run auth-signin signin "${SIGNIN_CONN:-8}"
+  echo "auth-signin: $(awk -v c="$(nproc)" '/Requests\/sec/ {printf "%.0f req/s over %d cores = %.1f req/s per core", $2, c, $2 / c}' "$OUT/auth-signin.txt") (goal >= 50 per core)"
+fi
+# Refresh: each request rotates a refresh token it has not used before
+# (bench/auth.lua chains each answer's token into the next request). A
+# connection without a token in its thread's pool sends one that must fail, so
+# CONN stays below $AUTH_USERS. Goal >= 3,000 req/s.
+if want auth-refresh; then
+  auth_setup
+  auth_run auth-refresh refresh "${REFRESH_CONN:-32}"
+fi
+# GET /auth/v1/user: verify the ES256 token, check its session still exists,
+# load the user. Goal >= 10,000 req/s.
+if want auth-user; then
+  auth_setup
+  auth_run auth-user user "$CONN"
 fi
