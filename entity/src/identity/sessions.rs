@@ -97,52 +97,45 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
     if token.is_empty() || token.len() > 256 {
         return Err(IdentityError::RefreshTokenNotFound);
     }
+    let hash = tokens::sha256_hex(token);
+    // The usual case, one transaction: revoke T if still active (the
+    // conditional UPDATE decides the race), touch its session, insert the child.
+    let txn = crate::users::begin_write(db).await?;
+    let now = crate::db::now(&txn).await?;
+    let revoked = rt::Entity::update_many()
+        .col_expr(rt::Column::Revoked, Expr::value(true))
+        .col_expr(rt::Column::RevokedAt, Expr::value(now))
+        .filter(rt::Column::TokenHash.eq(hash.as_str()))
+        .filter(rt::Column::Revoked.eq(false))
+        .exec_with_returning(&txn)
+        .await?;
+    if let Some(row) = revoked.into_iter().next() {
+        let session = sess::Entity::update_many()
+            .col_expr(sess::Column::RefreshedAt, Expr::value(now))
+            .filter(sess::Column::Id.eq(row.session_id))
+            .exec_with_returning(&txn)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(IdentityError::SessionNotFound)?;
+        let refresh_token =
+            insert_token(&txn, secret, row.session_id, row.user_id, Some(row.id), now).await?;
+        txn.commit().await?;
+        return Ok(IssuedSession {
+            session,
+            refresh_token,
+        });
+    }
+    txn.rollback().await?;
     let Some(row) = rt::Entity::find()
-        .filter(rt::Column::TokenHash.eq(tokens::sha256_hex(token)))
+        .filter(rt::Column::TokenHash.eq(hash))
         .one(db)
         .await?
     else {
         return Err(IdentityError::RefreshTokenNotFound);
     };
-    if !row.revoked {
-        let txn = crate::users::begin_write(db).await?;
-        let now = crate::db::now(&txn).await?;
-        let won = rt::Entity::update_many()
-            .col_expr(rt::Column::Revoked, Expr::value(true))
-            .col_expr(rt::Column::RevokedAt, Expr::value(now))
-            .filter(rt::Column::Id.eq(row.id))
-            .filter(rt::Column::Revoked.eq(false))
-            .exec(&txn)
-            .await?
-            .rows_affected
-            == 1;
-        if won {
-            let mut session = sess::Entity::find_by_id(row.session_id)
-                .one(&txn)
-                .await?
-                .ok_or(IdentityError::SessionNotFound)?;
-            session.refreshed_at = now;
-            let refresh_token =
-                insert_token(&txn, secret, row.session_id, row.user_id, Some(row.id), now).await?;
-            sess::Entity::update_many()
-                .col_expr(sess::Column::RefreshedAt, Expr::value(now))
-                .filter(sess::Column::Id.eq(row.session_id))
-                .exec(&txn)
-                .await?;
-            txn.commit().await?;
-            return Ok(IssuedSession {
-                session,
-                refresh_token,
-            });
-        }
-        txn.rollback().await?;
-    }
     // Revoked (or a concurrent refresh won): within the reuse interval the
     // active child is handed out again; anything else revokes the session.
-    let row = rt::Entity::find_by_id(row.id)
-        .one(db)
-        .await?
-        .ok_or(IdentityError::RefreshTokenNotFound)?;
     let now = crate::db::now(db).await?;
     let recent = row
         .revoked_at
