@@ -37,12 +37,16 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use worker::{jobs::SendAuthEmail, Job, Queues};
 
+use crate::verified::VerifiedTokens;
+
 pub use keys::KeySet;
 
 /// The audience of access tokens.
 pub const AUDIENCE: &str = "authenticated";
 /// The request (and echoed response) header selecting the error format.
 pub const API_VERSION_HEADER: &str = "x-supabase-api-version";
+/// Access tokens remembered as verified (cleared when full).
+const VERIFIED_TOKENS_MAX: usize = 16_384;
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -605,6 +609,24 @@ pub struct Idp {
     queues: Queues,
     issuer: String,
     validation: Validation,
+    /// Access tokens that verified (bounded; see [`VerifiedTokens`]).
+    verified: VerifiedTokens<AccessClaims>,
+    /// One permit per core for password hashing ([`Idp::hashing`]).
+    hashing: tokio::sync::Semaphore,
+}
+
+/// Why an access token was refused.
+#[derive(Debug, Clone, Copy)]
+enum Rejected {
+    Malformed,
+    Algorithm,
+    NoKid,
+    UnknownKey,
+    Expired,
+    NotYetValid,
+    Audience,
+    Issuer,
+    Signature,
 }
 
 impl std::fmt::Debug for Idp {
@@ -658,6 +680,10 @@ impl Idp {
             queues,
             issuer,
             validation,
+            verified: VerifiedTokens::new(VERIFIED_TOKENS_MAX),
+            hashing: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, usize::from),
+            ),
         })
     }
 
@@ -682,30 +708,16 @@ impl Idp {
     /// Verifies one of our access tokens (signature, `exp`, `aud`, `iss`) —
     /// locally, without asking the database whether the session still exists.
     pub fn verify_access(&self, token: &str) -> Result<AccessClaims, AuthApiError> {
-        let token = token.trim();
-        if token.is_empty() || token.len() > 16 * 1024 {
-            return Err(AuthApiError::bad_jwt("malformed token"));
-        }
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|_| AuthApiError::bad_jwt("malformed token"))?;
-        if header.alg != Algorithm::ES256 {
-            return Err(AuthApiError::bad_jwt("unexpected algorithm"));
-        }
-        let kid = header.kid.ok_or_else(|| AuthApiError::bad_jwt("no kid"))?;
-        let key = self
-            .keys
-            .public
-            .iter()
-            .find(|k| k.kid == kid)
-            .ok_or_else(|| AuthApiError::bad_jwt("unknown key"))?;
-        jsonwebtoken::decode::<AccessClaims>(token, &key.decoding, &self.validation)
-            .map(|d| d.claims)
-            .map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => {
-                    AuthApiError::bad_jwt("token is expired")
-                }
-                _ => AuthApiError::bad_jwt("invalid token"),
+        self.check(token).map_err(|why| {
+            AuthApiError::bad_jwt(match why {
+                Rejected::Malformed => "malformed token",
+                Rejected::Algorithm => "unexpected algorithm",
+                Rejected::NoKid => "no kid",
+                Rejected::UnknownKey => "unknown key",
+                Rejected::Expired => "token is expired",
+                _ => "invalid token",
             })
+        })
     }
 
     /// Verifies one of our access tokens for the logged-in `/api` routes
@@ -716,32 +728,16 @@ impl Idp {
         token: &str,
     ) -> Result<crate::session::Claims, crate::session::AuthError> {
         use crate::session::AuthError as E;
-        use jsonwebtoken::errors::ErrorKind as K;
-        let token = token.trim();
-        if token.is_empty() || token.len() > 16 * 1024 {
-            return Err(E::Malformed);
-        }
-        let header = jsonwebtoken::decode_header(token).map_err(|_| E::Malformed)?;
-        if header.alg != Algorithm::ES256 {
-            return Err(E::UnsupportedAlgorithm);
-        }
-        let kid = header.kid.ok_or(E::UnknownKey)?;
-        let key = self
-            .keys
-            .public
-            .iter()
-            .find(|k| k.kid == kid)
-            .ok_or(E::UnknownKey)?;
-        let c = jsonwebtoken::decode::<AccessClaims>(token, &key.decoding, &self.validation)
-            .map_err(|e| match e.kind() {
-                K::ExpiredSignature => E::Expired,
-                K::ImmatureSignature => E::NotYetValid,
-                K::InvalidAudience => E::WrongAudience,
-                K::InvalidIssuer => E::WrongIssuer,
-                K::InvalidSignature | K::InvalidEcdsaKey => E::BadSignature,
-                _ => E::Malformed,
-            })?
-            .claims;
+        let c = self.check(token).map_err(|why| match why {
+            Rejected::Malformed => E::Malformed,
+            Rejected::Algorithm => E::UnsupportedAlgorithm,
+            Rejected::NoKid | Rejected::UnknownKey => E::UnknownKey,
+            Rejected::Expired => E::Expired,
+            Rejected::NotYetValid => E::NotYetValid,
+            Rejected::Audience => E::WrongAudience,
+            Rejected::Issuer => E::WrongIssuer,
+            Rejected::Signature => E::BadSignature,
+        })?;
         Ok(crate::session::Claims {
             sub: c.sub,
             email: Some(c.email).filter(|e| !e.is_empty()),
@@ -750,6 +746,47 @@ impl Idp {
             iat: Some(c.iat),
             external: false,
         })
+    }
+
+    /// The checks both verifiers share. A token that verified before is
+    /// answered from [`VerifiedTokens`] with only `exp` checked again (leeway 0,
+    /// as in [`Validation`] here).
+    fn check(&self, token: &str) -> Result<AccessClaims, Rejected> {
+        use jsonwebtoken::errors::ErrorKind as K;
+        let token = token.trim();
+        if token.is_empty() || token.len() > 16 * 1024 {
+            return Err(Rejected::Malformed);
+        }
+        if let Some(c) = self.verified.get(token) {
+            return if c.exp <= chrono::Utc::now().timestamp() {
+                Err(Rejected::Expired)
+            } else {
+                Ok(c)
+            };
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(|_| Rejected::Malformed)?;
+        if header.alg != Algorithm::ES256 {
+            return Err(Rejected::Algorithm);
+        }
+        let kid = header.kid.ok_or(Rejected::NoKid)?;
+        let key = self
+            .keys
+            .public
+            .iter()
+            .find(|k| k.kid == kid)
+            .ok_or(Rejected::UnknownKey)?;
+        let claims = jsonwebtoken::decode::<AccessClaims>(token, &key.decoding, &self.validation)
+            .map_err(|e| match e.kind() {
+                K::ExpiredSignature => Rejected::Expired,
+                K::ImmatureSignature => Rejected::NotYetValid,
+                K::InvalidAudience => Rejected::Audience,
+                K::InvalidIssuer => Rejected::Issuer,
+                K::InvalidSignature | K::InvalidEcdsaKey => Rejected::Signature,
+                _ => Rejected::Malformed,
+            })?
+            .claims;
+        self.verified.insert(token, &claims);
+        Ok(claims)
     }
 
     /// Verifies the bearer token AND that its session still exists
@@ -766,6 +803,21 @@ impl Idp {
         Ok(claims)
     }
 
+    /// `GET /user`: verifies the bearer token and answers its user while the
+    /// session still exists, in one query ([`account::load_for_session`]).
+    pub async fn current_user(&self, bearer: Option<&str>) -> Result<UserJson, AuthApiError> {
+        let token = bearer.ok_or_else(AuthApiError::no_authorization)?;
+        let claims = self.verify_access(token)?;
+        let view = self
+            .bounded(account::load_for_session(
+                &self.db,
+                claims.sub,
+                claims.session_id,
+            ))
+            .await??;
+        Ok(UserJson::from_view(&view))
+    }
+
     async fn bounded<F: std::future::Future>(&self, f: F) -> Result<F::Output, AuthApiError> {
         tokio::time::timeout(self.settings.dependency_timeout * 4, f)
             .await
@@ -773,6 +825,23 @@ impl Idp {
                 tracing::error!("auth: a database call exceeded its time budget");
                 AuthApiError::unavailable()
             })
+    }
+
+    /// Runs an argon2id hash or verification (tens of ms of CPU and 19 MiB
+    /// each) on the blocking pool, at most one per core at a time: a burst of
+    /// sign-ins queues here instead of running hundreds of hashes at once
+    /// (each with its own 19 MiB). Waiting longer than the time budget: 503.
+    async fn hashing<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, AuthApiError> {
+        let _permit = self
+            .bounded(self.hashing.acquire())
+            .await?
+            .map_err(AuthApiError::internal)?;
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(AuthApiError::internal)
     }
 
     fn grant(&self) -> AdminGrant<'_> {
@@ -873,9 +942,7 @@ impl Idp {
             .and_then(|a| a.password_hash.clone())
             .unwrap_or_else(|| password::dummy_hash().to_string());
         let pw = pw.to_string();
-        let ok = tokio::task::spawn_blocking(move || password::verify(&pw, &phc))
-            .await
-            .map_err(AuthApiError::internal)?;
+        let ok = self.hashing(move || password::verify(&pw, &phc)).await?;
         let Some(acc) = acc.filter(|a| ok && a.password_hash.is_some()) else {
             return Err(IdentityError::InvalidCredentials.into());
         };
@@ -1005,9 +1072,7 @@ impl Idp {
             Some(_) => return Err(AuthApiError::validation("data must be an object")),
         };
         let pw = req.password.to_string();
-        let hash = tokio::task::spawn_blocking(move || password::hash(&pw))
-            .await
-            .map_err(AuthApiError::internal)?;
+        let hash = self.hashing(move || password::hash(&pw)).await?;
         let autoconfirm = self.settings.auth_autoconfirm;
         let grant = self.grant();
         let created = self
@@ -1215,12 +1280,6 @@ impl Idp {
         }
     }
 
-    /// The current user of a verified caller.
-    pub async fn user(&self, claims: &AccessClaims) -> Result<UserJson, AuthApiError> {
-        let view = self.bounded(account::load(&self.db, claims.sub)).await??;
-        Ok(UserJson::from_view(&view))
-    }
-
     /// `PUT /user`: password, email (sends the change mail), data.
     pub async fn update_user(
         &self,
@@ -1234,18 +1293,14 @@ impl Idp {
         if let Some(pw) = req.password {
             password::check_strength(pw, self.settings.auth_password_min_length)?;
             let (pw1, old) = (pw.to_string(), acc.password_hash.clone());
-            let same = tokio::task::spawn_blocking(move || {
-                old.is_some_and(|h| password::verify(&pw1, &h))
-            })
-            .await
-            .map_err(AuthApiError::internal)?;
+            let same = self
+                .hashing(move || old.is_some_and(|h| password::verify(&pw1, &h)))
+                .await?;
             if same {
                 return Err(IdentityError::SamePassword.into());
             }
             let pw2 = pw.to_string();
-            let hash = tokio::task::spawn_blocking(move || password::hash(&pw2))
-                .await
-                .map_err(AuthApiError::internal)?;
+            let hash = self.hashing(move || password::hash(&pw2)).await?;
             self.bounded(account::set_password(&self.db, claims.sub, &hash))
                 .await??;
         }

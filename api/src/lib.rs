@@ -16,3 +16,4 @@ pub mod server;
 pub mod session;
 pub mod spec;
 pub mod state;
+pub mod verified;

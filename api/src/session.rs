@@ -33,7 +33,6 @@
 //! RS256/ES256 token then costs a hash lookup, like HS256.
 
 use std::{
-    collections::HashMap,
     fmt,
     sync::{Arc, PoisonError, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -47,6 +46,8 @@ use jsonwebtoken::{
 };
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
+
+use crate::verified::VerifiedTokens;
 
 /// The audience every session token must carry.
 pub const AUDIENCE: &str = "authenticated";
@@ -550,43 +551,40 @@ fn rsa_modulus_ok(params: &RSAKeyParameters) -> bool {
     })
 }
 
-#[derive(Default)]
 struct KeySet {
     keys: Vec<JwkKey>,
-    /// Tokens that already verified with these keys, with their claims. The
-    /// signature, `aud` and `iss` of a token never change, so a hit only needs the
-    /// `exp` check again (`nbf` was already passed). It lives and dies with this
-    /// key set: a JWKS fetch starts an empty one, so a removed key stops counting.
-    verified: RwLock<HashMap<Box<str>, Claims>>,
+    /// Tokens that already verified with these keys, with their claims
+    /// (`nbf` was passed then; a hit re-checks `exp`). It lives and dies with
+    /// this key set: a JWKS fetch starts an empty one, so a removed key stops
+    /// counting.
+    verified: VerifiedTokens<Claims>,
+}
+
+impl Default for KeySet {
+    fn default() -> Self {
+        KeySet::new(Vec::new())
+    }
 }
 
 impl KeySet {
     fn new(keys: Vec<JwkKey>) -> Self {
         KeySet {
             keys,
-            verified: RwLock::default(),
+            verified: VerifiedTokens::new(VERIFIED_CACHE_MAX),
         }
     }
 
     /// The claims of a token verified before, re-checking its expiry.
     fn cached(&self, token: &str) -> Option<Result<Claims, AuthError>> {
-        let map = self.verified.read().unwrap_or_else(PoisonError::into_inner);
-        let claims = map.get(token)?;
+        let claims = self.verified.get(token)?;
         if claims.exp.saturating_add(LEEWAY_SECS as i64) < unix_now() {
             return Some(Err(AuthError::Expired));
         }
-        Some(Ok(claims.clone()))
+        Some(Ok(claims))
     }
 
     fn remember(&self, token: &str, claims: &Claims) {
-        let mut map = self
-            .verified
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if map.len() >= VERIFIED_CACHE_MAX {
-            map.clear();
-        }
-        map.insert(token.into(), claims.clone());
+        self.verified.insert(token, claims);
     }
 
     fn candidates<'a>(

@@ -32,8 +32,22 @@ pub struct Model {
     pub updated_at: DateTimeUtc,
 }
 
-/// No navigable relations (joins are written by hand).
+/// The user an identity belongs to.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub enum Relation {
+    /// `auth_identities.user_id` → `users.id`.
+    #[sea_orm(
+        belongs_to = "super::users::Entity",
+        from = "Column::UserId",
+        to = "super::users::Column::Id"
+    )]
+    User,
+}
+
+impl Related<super::users::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::User.def()
+    }
+}
 
 impl ActiveModelBehavior for ActiveModel {}

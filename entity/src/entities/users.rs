@@ -19,7 +19,7 @@ pub struct Model {
 }
 
 /// Relations of a user: one profile, one subscription, one role, many payments
-/// and many AI usage records.
+/// and many AI usage records; one built-in account and its identities.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
 pub enum Relation {
     /// The user's profile (`profiles.user_id`).
@@ -37,6 +37,24 @@ pub enum Relation {
     /// The user's AI usage records (`ai_usage.user_id`).
     #[sea_orm(has_many = "super::ai_usage::Entity")]
     AiUsage,
+    /// The user's built-in account (`auth_accounts.user_id`).
+    #[sea_orm(has_one = "super::auth_accounts::Entity")]
+    AuthAccount,
+    /// The user's sign-in identities (`auth_identities.user_id`).
+    #[sea_orm(has_many = "super::auth_identities::Entity")]
+    AuthIdentities,
+}
+
+impl Related<super::auth_accounts::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::AuthAccount.def()
+    }
+}
+
+impl Related<super::auth_identities::Entity> for Entity {
+    fn to() -> RelationDef {
+        Relation::AuthIdentities.def()
+    }
 }
 
 impl Related<super::profiles::Entity> for Entity {

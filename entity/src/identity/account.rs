@@ -70,22 +70,63 @@ impl UserView {
     }
 }
 
-/// Loads the view of `user_id`.
+/// Loads the view of `user_id`, in one query.
 ///
 /// # Errors
 /// [`IdentityError::UserNotFound`] when there is no such user.
 pub async fn load<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<UserView, IdentityError> {
-    let user = users::Entity::find_by_id(user_id)
-        .one(db)
-        .await?
-        .ok_or(IdentityError::UserNotFound)?;
-    let account = acc::Entity::find_by_id(user_id).one(db).await?;
-    let identities = ident::Entity::find()
-        .filter(ident::Column::UserId.eq(user_id))
-        .order_by_asc(ident::Column::CreatedAt)
+    let rows = view_query(user_id).all(db).await?;
+    view_of(rows).ok_or(IdentityError::UserNotFound)
+}
+
+/// Loads the view of `user_id` for an access token of session `session_id`,
+/// in one query (the view's, under `EXISTS` the session): what `GET /user`
+/// answers.
+///
+/// # Errors
+/// [`IdentityError::SessionNotFound`] when the session no longer exists (signed
+/// out, revoked) or is not `user_id`'s; [`IdentityError::Db`] otherwise.
+pub async fn load_for_session<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    session_id: Uuid,
+) -> Result<UserView, IdentityError> {
+    use crate::entities::auth_sessions as sess;
+    use sea_orm::sea_query::Query;
+    let session_alive = Query::select()
+        .expr(Expr::val(1))
+        .from(sess::Entity)
+        .and_where(sess::Column::Id.eq(session_id))
+        .and_where(sess::Column::UserId.eq(user_id))
+        .to_owned();
+    let rows = view_query(user_id)
+        .filter(Expr::exists(session_alive))
         .all(db)
         .await?;
-    Ok(UserView {
+    view_of(rows).ok_or(IdentityError::SessionNotFound)
+}
+
+type ViewRow = (users::Model, Option<acc::Model>, Option<ident::Model>);
+
+/// `users ⟕ auth_accounts ⟕ auth_identities` for one user: one row per
+/// identity (one row with no identity when there is none), oldest first.
+fn view_query(
+    user_id: Uuid,
+) -> sea_orm::SelectThree<users::Entity, acc::Entity, ident::Entity, sea_orm::TopologyStar> {
+    users::Entity::find_by_id(user_id)
+        .find_also_related(acc::Entity)
+        .find_also(users::Entity, ident::Entity)
+        .order_by_asc(ident::Column::CreatedAt)
+}
+
+fn view_of(rows: Vec<ViewRow>) -> Option<UserView> {
+    let mut rows = rows.into_iter();
+    let (user, account, first) = rows.next()?;
+    let identities = first
+        .into_iter()
+        .chain(rows.filter_map(|(_, _, i)| i))
+        .collect();
+    Some(UserView {
         user,
         account,
         identities,

@@ -598,8 +598,7 @@ impl AuthApi {
         AuthResult::from(
             async {
                 let idp = idp(&state)?;
-                let claims = idp.authenticate(bearer(req)).await?;
-                Ok((Json(idp.user(&claims).await?), None))
+                Ok((Json(idp.current_user(bearer(req)).await?), None))
             }
             .await,
         )
