@@ -904,3 +904,50 @@ async fn the_embedded_default_runs_the_provider_on_sqlite() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+/// Twenty clients refreshing with the same token at once (as tabs of one
+/// browser do): exactly one rotation happens; every answer is 200 and carries
+/// the same new refresh token (the others get it through the reuse interval),
+/// and that token rotates once more.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_refreshes_of_one_token_rotate_it_once() {
+    let idp = Idp::start(&[("AUTH_AUTOCONFIRM", "true")]).await;
+    let r = idp.signup("tabs@example.com").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let first = r.json["refresh_token"].as_str().unwrap().to_string();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (url, ip, token) = (
+            idp.url("/token?grant_type=refresh_token"),
+            idp.ip.clone(),
+            first.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            Reply::send(
+                client()
+                    .post(url)
+                    .header("x-forwarded-for", ip)
+                    .header("x-supabase-api-version", "2024-01-01")
+                    .json(&json!({ "refresh_token": token })),
+            )
+            .await
+        }));
+    }
+    let mut children = std::collections::BTreeSet::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text);
+        children.insert(r.json["refresh_token"].as_str().unwrap().to_string());
+    }
+    assert_eq!(children.len(), 1, "one rotation, one child: {children:?}");
+    let child = children.into_iter().next().unwrap();
+    assert_ne!(child, first);
+    let r = idp
+        .post(
+            "/token?grant_type=refresh_token",
+            &json!({ "refresh_token": child }),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_ne!(r.json["refresh_token"], child.as_str());
+}

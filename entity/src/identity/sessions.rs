@@ -3,9 +3,10 @@
 //! A refresh token is opaque: the string is HMAC-SHA256(server secret, row
 //! id) ([`tokens::refresh_token_for`]) and only its SHA-256 is stored.
 //! Refreshing with token T:
-//! 1. T active: one transaction revokes T with a conditional UPDATE
-//!    (`… WHERE id = T AND revoked = false`) and inserts its child; exactly
-//!    one of several concurrent refreshes wins.
+//! 1. T active: revoke T with a conditional UPDATE (`… WHERE token_hash = H
+//!    AND revoked = false`), touch the session and insert T's child, atomically
+//!    (one statement on PostgreSQL, one transaction on SQLite); exactly one of
+//!    several concurrent refreshes wins.
 //! 2. T already revoked (or the race above lost): when T was revoked less than
 //!    the reuse interval ago (database clock) and its child is still active,
 //!    the child is returned again (the platform's reuse interval, for clients
@@ -15,8 +16,8 @@
 //!    [`IdentityError::RefreshTokenAlreadyUsed`].
 
 use sea_orm::{
-    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set,
-    TransactionSession, TransactionTrait,
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait,
+    QueryFilter, Set, Statement, TransactionSession, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -85,6 +86,91 @@ async fn insert_token<C: ConnectionTrait>(
     Ok(token)
 }
 
+/// Step 1 of the module docs, when the token with SHA-256 `hash` is still
+/// active: revokes it (the conditional UPDATE decides a race), touches its
+/// session and inserts the child, all at the database's clock. `None` when no
+/// active token has that hash (revoked, unknown, or a concurrent refresh won).
+///
+/// On PostgreSQL this is one statement (data-modifying CTEs, one round trip
+/// and one commit); on SQLite, which has no UPDATE inside WITH, one
+/// transaction of three statements.
+async fn rotate_active<C: ConnectionTrait + TransactionTrait>(
+    db: &C,
+    secret: &[u8],
+    hash: &str,
+) -> Result<Option<IssuedSession>, IdentityError> {
+    if db.get_database_backend() == DbBackend::Postgres {
+        let child = Uuid::new_v4();
+        let refresh_token = tokens::refresh_token_for(secret, child);
+        let session = sess::Entity::find()
+            .from_raw_sql(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                ROTATE_SQL,
+                [
+                    hash.into(),
+                    child.into(),
+                    tokens::sha256_hex(&refresh_token).into(),
+                ],
+            ))
+            .one(db)
+            .await?;
+        return Ok(session.map(|session| IssuedSession {
+            session,
+            refresh_token,
+        }));
+    }
+    let txn = crate::users::begin_write(db).await?;
+    let now = crate::db::now(&txn).await?;
+    let revoked = rt::Entity::update_many()
+        .col_expr(rt::Column::Revoked, Expr::value(true))
+        .col_expr(rt::Column::RevokedAt, Expr::value(now))
+        .filter(rt::Column::TokenHash.eq(hash))
+        .filter(rt::Column::Revoked.eq(false))
+        .exec_with_returning(&txn)
+        .await?;
+    let Some(row) = revoked.into_iter().next() else {
+        txn.rollback().await?;
+        return Ok(None);
+    };
+    let session = sess::Entity::update_many()
+        .col_expr(sess::Column::RefreshedAt, Expr::value(now))
+        .filter(sess::Column::Id.eq(row.session_id))
+        .exec_with_returning(&txn)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(IdentityError::SessionNotFound)?;
+    let refresh_token =
+        insert_token(&txn, secret, row.session_id, row.user_id, Some(row.id), now).await?;
+    txn.commit().await?;
+    Ok(Some(IssuedSession {
+        session,
+        refresh_token,
+    }))
+}
+
+/// [`rotate_active`] on PostgreSQL. `$1`: the presented token's hash; `$2`,
+/// `$3`: the child's id and hash. Answers the touched session row (none when
+/// `$1` is not an active token). `clock_timestamp()` as in [`crate::db::now`].
+const ROTATE_SQL: &str = r#"
+WITH r AS (
+    UPDATE auth_refresh_tokens SET revoked = TRUE, revoked_at = clock_timestamp()
+    WHERE token_hash = $1 AND revoked = FALSE
+    RETURNING id, session_id, revoked_at
+), s AS (
+    UPDATE auth_sessions SET refreshed_at = r.revoked_at FROM r
+    WHERE auth_sessions.id = r.session_id
+    RETURNING auth_sessions.*, r.id AS parent_id
+), i AS (
+    INSERT INTO auth_refresh_tokens
+        (id, token_hash, session_id, user_id, parent_id, revoked, revoked_at, created_at)
+    SELECT $2, $3, s.id, s.user_id, s.parent_id, FALSE, NULL, s.refreshed_at FROM s
+    RETURNING id
+)
+SELECT s.id, s.user_id, s.aal, s.amr_method, s.created_at, s.refreshed_at
+FROM s WHERE EXISTS (SELECT 1 FROM i)
+"#;
+
 /// Rotates `token` (see the module docs). `reuse_interval_ms`: how long a
 /// rotated token still yields its active child.
 pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
@@ -98,35 +184,9 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
         return Err(IdentityError::RefreshTokenNotFound);
     }
     let hash = tokens::sha256_hex(token);
-    // The usual case, one transaction: revoke T if still active (the
-    // conditional UPDATE decides the race), touch its session, insert the child.
-    let txn = crate::users::begin_write(db).await?;
-    let now = crate::db::now(&txn).await?;
-    let revoked = rt::Entity::update_many()
-        .col_expr(rt::Column::Revoked, Expr::value(true))
-        .col_expr(rt::Column::RevokedAt, Expr::value(now))
-        .filter(rt::Column::TokenHash.eq(hash.as_str()))
-        .filter(rt::Column::Revoked.eq(false))
-        .exec_with_returning(&txn)
-        .await?;
-    if let Some(row) = revoked.into_iter().next() {
-        let session = sess::Entity::update_many()
-            .col_expr(sess::Column::RefreshedAt, Expr::value(now))
-            .filter(sess::Column::Id.eq(row.session_id))
-            .exec_with_returning(&txn)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or(IdentityError::SessionNotFound)?;
-        let refresh_token =
-            insert_token(&txn, secret, row.session_id, row.user_id, Some(row.id), now).await?;
-        txn.commit().await?;
-        return Ok(IssuedSession {
-            session,
-            refresh_token,
-        });
+    if let Some(issued) = rotate_active(db, secret, &hash).await? {
+        return Ok(issued);
     }
-    txn.rollback().await?;
     let Some(row) = rt::Entity::find()
         .filter(rt::Column::TokenHash.eq(hash))
         .one(db)
