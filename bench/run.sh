@@ -62,7 +62,7 @@ if curl -s -o /dev/null "http://$PEER/count"; then echo "port of $PEER is taken;
 "$BIN/examples/bench_peer" "$PEER" > "$OUT/peer.log" 2>&1 & PEER_PID=$!
 for _ in $(seq 1 50); do curl -s -o /dev/null "http://$PEER/count" && break; sleep 0.1; done
 
-export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" REDIS_URL=redis://127.0.0.1:6379 \
+export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB${PG_PARAMS:-}" REDIS_URL=redis://127.0.0.1:6379 \
   QUEUE_PREFIX=$PREFIX TRUST_PROXY=true RATE_LIMIT_PUBLIC_PER_HOUR=100000000 \
   EMAIL_PROVIDER_API_KEY=bench EMAIL_PROVIDER_BASE_URL=http://$PEER EMAIL_FROM=site@example.com \
   PLANS_FILE=$PLANS RUST_LOG=${RUST_LOG:-warn} HOST=127.0.0.1 PORT=$API_PORT \
