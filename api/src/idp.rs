@@ -827,10 +827,11 @@ impl Idp {
             })
     }
 
-    /// Runs an argon2id hash or verification (tens of ms of CPU and 19 MiB
-    /// each) on the blocking pool, at most one per core at a time: a burst of
-    /// sign-ins queues here instead of running hundreds of hashes at once
-    /// (each with its own 19 MiB). Waiting longer than the time budget: 503.
+    /// Runs an argon2id hash or verification (~12 ms of CPU and the cost's
+    /// work memory, 7 MiB by default) on the blocking pool, at most one per
+    /// core at a time: a burst of sign-ins queues here instead of running
+    /// hundreds of hashes at once (each with its own work memory). Waiting
+    /// longer than the time budget: 503.
     async fn hashing<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
@@ -937,12 +938,14 @@ impl Idp {
         let acc = self
             .bounded(account::find_by_email(&self.db, &norm))
             .await??;
-        let phc = acc
-            .as_ref()
-            .and_then(|a| a.password_hash.clone())
-            .unwrap_or_else(|| password::dummy_hash().to_string());
-        let pw = pw.to_string();
-        let ok = self.hashing(move || password::verify(&pw, &phc)).await?;
+        let phc = acc.as_ref().and_then(|a| a.password_hash.clone());
+        let (pw, cost) = (pw.to_string(), self.settings.auth_password_hash_cost);
+        let ok = self
+            .hashing(move || match phc {
+                Some(phc) => password::verify(&pw, &phc),
+                None => password::verify(&pw, password::dummy_hash(cost)),
+            })
+            .await?;
         let Some(acc) = acc.filter(|a| ok && a.password_hash.is_some()) else {
             return Err(IdentityError::InvalidCredentials.into());
         };
@@ -1071,8 +1074,11 @@ impl Idp {
             None | Some(serde_json::Value::Null) => serde_json::json!({}),
             Some(_) => return Err(AuthApiError::validation("data must be an object")),
         };
-        let pw = req.password.to_string();
-        let hash = self.hashing(move || password::hash(&pw)).await?;
+        let (pw, cost) = (
+            req.password.to_string(),
+            self.settings.auth_password_hash_cost,
+        );
+        let hash = self.hashing(move || password::hash(&pw, cost)).await?;
         let autoconfirm = self.settings.auth_autoconfirm;
         let grant = self.grant();
         let created = self
@@ -1299,8 +1305,8 @@ impl Idp {
             if same {
                 return Err(IdentityError::SamePassword.into());
             }
-            let pw2 = pw.to_string();
-            let hash = self.hashing(move || password::hash(&pw2)).await?;
+            let (pw2, cost) = (pw.to_string(), self.settings.auth_password_hash_cost);
+            let hash = self.hashing(move || password::hash(&pw2, cost)).await?;
             self.bounded(account::set_password(&self.db, claims.sub, &hash))
                 .await??;
         }

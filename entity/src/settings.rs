@@ -367,6 +367,12 @@ pub struct Settings {
     pub auth_autoconfirm: bool,
     /// `AUTH_PASSWORD_MIN_LENGTH`: shortest password accepted (default 8, 6–128).
     pub auth_password_min_length: usize,
+    /// `AUTH_ARGON2_MEMORY_KIB` (default 7168) and `AUTH_ARGON2_ITERATIONS`
+    /// (default 5): the argon2id cost of new password hashes (one lane). A cost
+    /// below every row of OWASP's argon2id table is refused (memory under 7168
+    /// KiB, or memory × iterations under 35,840); existing hashes keep
+    /// verifying with the cost stored in them.
+    pub auth_password_hash_cost: crate::identity::password::HashCost,
     /// `AUTH_OTP_EXPIRY_SECS`: lifetime of mailed codes and links (default 3600, 1–86400).
     pub auth_otp_expiry: Duration,
     /// `AUTH_ACCESS_TOKEN_TTL_SECS`: lifetime of access tokens (default 3600, 120–604800).
@@ -1004,6 +1010,11 @@ impl Settings {
             auth_provider,
             auth_autoconfirm: r.bool_or("AUTH_AUTOCONFIRM", false)?,
             auth_password_min_length: r.num_or("AUTH_PASSWORD_MIN_LENGTH", 8usize, 6, 128)?,
+            auth_password_hash_cost: crate::identity::password::HashCost::new(
+                r.num_or("AUTH_ARGON2_MEMORY_KIB", 7168u32, 7168, 4_194_304)?,
+                r.num_or("AUTH_ARGON2_ITERATIONS", 5u32, 1, 64)?,
+            )
+            .map_err(|e| err("AUTH_ARGON2_ITERATIONS", e))?,
             auth_otp_expiry: Duration::from_secs(r.num_or(
                 "AUTH_OTP_EXPIRY_SECS",
                 3600u64,

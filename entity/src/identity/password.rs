@@ -1,16 +1,22 @@
 //! Password rules and argon2id hashing.
 //!
-//! Parameters: argon2id v0x13, m = 19456 KiB (19 MiB), t = 2, p = 1 — the
-//! OWASP Password Storage Cheat Sheet's first argon2id configuration. The PHC
-//! string stores them with each hash, so verifying keeps working after a
-//! change of parameters. Hashing and verifying are CPU-bound (tens of ms):
-//! call them off the async runtime (`spawn_blocking`).
+//! Parameters: argon2id v0x13, one lane, memory and passes from
+//! [`HashCost`] (settings `AUTH_ARGON2_MEMORY_KIB`, `AUTH_ARGON2_ITERATIONS`).
+//! The default, m = 7168 KiB (7 MiB), t = 5, p = 1, is a row of the OWASP
+//! Password Storage Cheat Sheet's argon2id table, whose rows "provide an equal
+//! level of defense" and trade memory for passes; measured here it is the
+//! fastest of them (the work memory stays in cache), and it holds 7 MiB per
+//! hash instead of 19. The PHC string stores the parameters with each hash,
+//! so verifying keeps working after a change of settings. Hashing and
+//! verifying are CPU-bound (~12 ms): call them off the async runtime
+//! (`spawn_blocking`).
 //!
 //! Each hash needs `m` KiB of work memory. It comes from a small pool that
 //! keeps one buffer per core for reuse, not from a fresh allocation per hash:
-//! the allocator would otherwise keep each freed 19 MiB in the arena of
-//! whichever thread hashed (measured: 64 sign-ups took an api from 38 MiB to
-//! 466 MiB RSS), and reusing skips the page faults (~20 % of a hash's time).
+//! the allocator would otherwise keep each freed buffer in the arena of
+//! whichever thread hashed (measured with 19 MiB: 64 sign-ups took an api
+//! from 38 MiB to 466 MiB RSS), and reusing skips the page faults (~20 % of
+//! a hash's time).
 
 use std::sync::{Mutex, OnceLock};
 
@@ -19,17 +25,69 @@ use argon2::{Algorithm, Argon2, Block, Params, Version};
 
 use super::IdentityError;
 
-/// argon2id memory cost in KiB.
-pub const ARGON2_M_KIB: u32 = 19_456;
-/// argon2id passes.
-pub const ARGON2_T: u32 = 2;
-/// argon2id lanes.
-pub const ARGON2_P: u32 = 1;
 /// Longest password accepted, in bytes (bounds the hashing work).
 pub const MAX_PASSWORD_BYTES: usize = 1024;
 
-fn params() -> Params {
-    Params::new(ARGON2_M_KIB, ARGON2_T, ARGON2_P, None).expect("valid argon2 parameters")
+/// The cost of new argon2id hashes (one lane).
+///
+/// Source: OWASP Password Storage Cheat Sheet, "Argon2id": m = 47104 KiB,
+/// t = 1; 19456, 2; 12288, 3; 9216, 4; 7168, 5 (all p = 1), equal in
+/// defense. [`HashCost::new`] refuses a cost below all of those rows:
+/// `memory_kib` under 7168, or `memory_kib × iterations` under
+/// 7168 × 5 = 35,840.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashCost {
+    /// Work memory per hash, KiB.
+    pub memory_kib: u32,
+    /// Passes over the memory.
+    pub iterations: u32,
+}
+
+impl HashCost {
+    /// Smallest `memory_kib` accepted (OWASP's lowest-memory row).
+    pub const MIN_MEMORY_KIB: u32 = 7168;
+    /// Smallest `memory_kib × iterations` accepted (OWASP's cheapest row).
+    pub const MIN_MEMORY_PASSES: u64 = 7168 * 5;
+
+    /// A cost, checked against OWASP's table (see the type's doc).
+    ///
+    /// # Errors
+    /// A message saying which bound is not met.
+    pub fn new(memory_kib: u32, iterations: u32) -> Result<Self, String> {
+        if memory_kib < Self::MIN_MEMORY_KIB {
+            return Err(format!(
+                "argon2id memory must be at least {} KiB, got {memory_kib}",
+                Self::MIN_MEMORY_KIB
+            ));
+        }
+        if u64::from(memory_kib) * u64::from(iterations) < Self::MIN_MEMORY_PASSES {
+            return Err(format!(
+                "argon2id memory × iterations must be at least {} (OWASP's cheapest row, \
+                 7168 KiB × 5), got {memory_kib} × {iterations}",
+                Self::MIN_MEMORY_PASSES
+            ));
+        }
+        Params::new(memory_kib, iterations, 1, None).map_err(|e| e.to_string())?;
+        Ok(Self {
+            memory_kib,
+            iterations,
+        })
+    }
+
+    fn params(self) -> Params {
+        Params::new(self.memory_kib, self.iterations, 1, None)
+            .expect("argon2 parameters checked by HashCost::new")
+    }
+}
+
+impl Default for HashCost {
+    /// m = 7168 KiB, t = 5, p = 1.
+    fn default() -> Self {
+        Self {
+            memory_kib: 7168,
+            iterations: 5,
+        }
+    }
 }
 
 /// Work-memory buffers kept for reuse, at most one per core.
@@ -92,13 +150,14 @@ pub fn check_strength(password: &str, min_len: usize) -> Result<(), IdentityErro
     Ok(())
 }
 
-/// Hashes `password` with a fresh random salt: an argon2id PHC string.
+/// Hashes `password` with a fresh random salt at `cost`: an argon2id PHC
+/// string (`$argon2id$v=19$m=…,t=…,p=1$<salt>$<hash>`).
 ///
 /// # Panics
 /// When the OS random source fails (no salt can be made).
-pub fn hash(password: &str) -> String {
+pub fn hash(password: &str, cost: HashCost) -> String {
     let salt = argon2::password_hash::generate_salt();
-    let params = params();
+    let params = cost.params();
     let mut out = [0u8; Params::DEFAULT_OUTPUT_LEN];
     let phc_params = ParamsString::try_from(&params).expect("argon2 parameters as a PHC string");
     raw(
@@ -151,10 +210,11 @@ pub fn verify(password: &str, phc: &str) -> bool {
 }
 
 /// A hash of a random password, verified against when an email is unknown
-/// so that "no such user" costs the same time as "wrong password".
-pub fn dummy_hash() -> &'static str {
-    static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    DUMMY.get_or_init(|| hash(&super::tokens::random_token(16)))
+/// so that "no such user" costs the same time as "wrong password". Made
+/// once per process at the first call's `cost` (a process has one cost).
+pub fn dummy_hash(cost: HashCost) -> &'static str {
+    static DUMMY: OnceLock<String> = OnceLock::new();
+    DUMMY.get_or_init(|| hash(&super::tokens::random_token(16), cost))
 }
 
 #[cfg(test)]
@@ -163,12 +223,22 @@ mod tests {
 
     #[test]
     fn hashes_verify_and_carry_parameters() {
-        let h = hash("correct horse");
-        assert!(h.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{h}");
+        let h = hash("correct horse", HashCost::default());
+        assert!(h.starts_with("$argon2id$v=19$m=7168,t=5,p=1$"), "{h}");
         assert!(verify("correct horse", &h));
         assert!(!verify("wrong horse", &h));
         assert!(!verify("correct horse", "not a phc string"));
-        assert_ne!(hash("correct horse"), h, "fresh salt each time");
+        assert_ne!(
+            hash("correct horse", HashCost::default()),
+            h,
+            "fresh salt each time"
+        );
+        let other = hash("correct horse", HashCost::new(19_456, 2).unwrap());
+        assert!(
+            other.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"),
+            "{other}"
+        );
+        assert!(verify("correct horse", &other));
     }
 
     #[test]
@@ -184,7 +254,7 @@ mod tests {
         assert!(verify("pw-12345", &h));
         assert!(!verify("pw-12346", &h));
         // Ours verify with the reference verifier.
-        let ours = hash("pw-12345");
+        let ours = hash("pw-12345", HashCost::default());
         assert!(Argon2::default()
             .verify_password(b"pw-12345", ours.as_str())
             .is_ok());
@@ -201,5 +271,15 @@ mod tests {
             check_strength(&"x".repeat(2000), 8),
             Err(IdentityError::Validation(_))
         ));
+    }
+
+    #[test]
+    fn cost_below_every_owasp_row_is_refused() {
+        for (m, t) in [(47_104, 1), (19_456, 2), (12_288, 3), (9216, 4), (7168, 5)] {
+            assert!(HashCost::new(m, t).is_ok(), "OWASP row {m}, {t}");
+        }
+        assert!(HashCost::new(7168, 4).unwrap_err().contains("35840"));
+        assert!(HashCost::new(4096, 20).unwrap_err().contains("7168 KiB"));
+        assert!(HashCost::new(19_456, 0).is_err());
     }
 }
