@@ -861,9 +861,13 @@ impl Idp {
         &self,
         issued: sessions::IssuedSession,
     ) -> Result<SessionGrant, AuthApiError> {
-        let view = self
-            .bounded(account::load(&self.db, issued.session.user_id))
-            .await??;
+        let view = match issued.view {
+            Some(view) => view,
+            None => {
+                self.bounded(account::load(&self.db, issued.session.user_id))
+                    .await??
+            }
+        };
         let user = UserJson::from_view(&view);
         let iat = issued.session.refreshed_at.timestamp();
         let exp = iat + self.ttl();

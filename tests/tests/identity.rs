@@ -291,6 +291,7 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["id"], s1["user"]["id"]);
     assert_eq!(r.json["app_metadata"]["providers"], json!(["email"]));
+    let user = r.json.clone();
 
     // Refresh rotates; the parent within the reuse interval yields the active one.
     let rt1 = s1["refresh_token"].as_str().unwrap();
@@ -301,6 +302,10 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["user"], user,
+        "a refresh answers the user GET /user shows"
+    );
     let rt2 = r.json["refresh_token"].as_str().unwrap().to_string();
     assert_ne!(rt2, rt1);
     let r = idp

@@ -249,6 +249,17 @@ async fn github_implicit_flow_signs_in_and_the_session_works() {
     )
     .await;
     assert_eq!(user2.json["id"], user.json["id"]);
+
+    // A refresh of that session answers the same user (identities included).
+    let r = Reply::send(
+        client()
+            .post(api.url("/auth/v1/token?grant_type=refresh_token"))
+            .json(&json!({ "refresh_token": f2["refresh_token"] })),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.text);
+    assert_eq!(r.json["user"], user2.json);
+    assert_eq!(r.json["user"]["identities"][0]["provider"], "github");
 }
 
 #[tokio::test]

@@ -106,7 +106,8 @@ pub async fn load_for_session<C: ConnectionTrait>(
     view_of(rows).ok_or(IdentityError::SessionNotFound)
 }
 
-type ViewRow = (users::Model, Option<acc::Model>, Option<ident::Model>);
+/// One row of [`view_query`] (or of a statement selecting the same join).
+pub(crate) type ViewRow = (users::Model, Option<acc::Model>, Option<ident::Model>);
 
 /// `users ⟕ auth_accounts ⟕ auth_identities` for one user: one row per
 /// identity (one row with no identity when there is none), oldest first.
@@ -119,7 +120,7 @@ fn view_query(
         .order_by_asc(ident::Column::CreatedAt)
 }
 
-fn view_of(rows: Vec<ViewRow>) -> Option<UserView> {
+pub(crate) fn view_of(rows: Vec<ViewRow>) -> Option<UserView> {
     let mut rows = rows.into_iter();
     let (user, account, first) = rows.next()?;
     let identities = first

@@ -15,14 +15,22 @@
 //!    (with all its tokens) and the answer is
 //!    [`IdentityError::RefreshTokenAlreadyUsed`].
 
+use std::sync::OnceLock;
+
+use sea_orm::entity::prelude::IdenStatic;
+
 use sea_orm::{
-    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, EntityTrait,
-    QueryFilter, Set, Statement, TransactionSession, TransactionTrait,
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait,
+    FromQueryResult, Iterable, QueryFilter, QueryResult, Set, Statement, TransactionSession,
+    TransactionTrait, TryGetError,
 };
 use uuid::Uuid;
 
 use super::{tokens, IdentityError};
-use crate::entities::{auth_refresh_tokens as rt, auth_sessions as sess};
+use crate::entities::{
+    auth_accounts as acc, auth_identities as ident, auth_refresh_tokens as rt,
+    auth_sessions as sess, users,
+};
 
 /// A session with the refresh token to hand to the client.
 #[derive(Debug, Clone)]
@@ -31,6 +39,10 @@ pub struct IssuedSession {
     pub session: sess::Model,
     /// The refresh token string (sent once, stored hashed).
     pub refresh_token: String,
+    /// The session user's view, when the statement that issued the session
+    /// read it too (a rotation on PostgreSQL); `None`: load it with
+    /// [`super::account::load`].
+    pub view: Option<super::account::UserView>,
 }
 
 /// Creates a session for `user_id` established by `amr_method` (`password`,
@@ -58,6 +70,7 @@ pub async fn create<C: ConnectionTrait + TransactionTrait>(
     Ok(IssuedSession {
         session,
         refresh_token,
+        view: None,
     })
 }
 
@@ -102,21 +115,36 @@ async fn rotate_active<C: ConnectionTrait + TransactionTrait>(
     if db.get_database_backend() == DbBackend::Postgres {
         let child = Uuid::new_v4();
         let refresh_token = tokens::refresh_token_for(secret, child);
-        let session = sess::Entity::find()
-            .from_raw_sql(Statement::from_sql_and_values(
+        let rows = db
+            .query_all_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
-                ROTATE_SQL,
+                rotate_sql(),
                 [
                     hash.into(),
                     child.into(),
                     tokens::sha256_hex(&refresh_token).into(),
                 ],
             ))
-            .one(db)
             .await?;
-        return Ok(session.map(|session| IssuedSession {
+        let Some(first) = rows.first() else {
+            return Ok(None);
+        };
+        let session = sess::Model::from_query_result(first, "S_")?;
+        let mut view_rows = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let Some(user) = optional::<users::Model>(row, "A_")? else {
+                return Err(IdentityError::UserNotFound);
+            };
+            view_rows.push((
+                user,
+                optional::<acc::Model>(row, "B_")?,
+                optional::<ident::Model>(row, "C_")?,
+            ));
+        }
+        return Ok(Some(IssuedSession {
             session,
             refresh_token,
+            view: super::account::view_of(view_rows),
         }));
     }
     let txn = crate::users::begin_write(db).await?;
@@ -146,13 +174,41 @@ async fn rotate_active<C: ConnectionTrait + TransactionTrait>(
     Ok(Some(IssuedSession {
         session,
         refresh_token,
+        view: None,
     }))
 }
 
+/// A model read from the columns prefixed `pre`, `None` when they are NULL
+/// (the outer side of a LEFT JOIN that matched nothing).
+fn optional<M: FromQueryResult>(row: &QueryResult, pre: &str) -> Result<Option<M>, DbErr> {
+    match M::from_query_result_nullable(row, pre) {
+        Ok(m) => Ok(Some(m)),
+        Err(TryGetError::Null(_)) => Ok(None),
+        Err(TryGetError::DbErr(e)) => Err(e),
+    }
+}
+
+/// `"{table}"."{col}" AS "{pre}{col}"` for every column of entity `E`.
+fn prefixed<E: EntityTrait>(table: &str, pre: &str) -> String {
+    E::Column::iter()
+        .map(|c| format!(r#"{table}."{c}" AS "{pre}{c}""#, c = c.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// [`rotate_active`] on PostgreSQL. `$1`: the presented token's hash; `$2`,
-/// `$3`: the child's id and hash. Answers the touched session row (none when
-/// `$1` is not an active token). `clock_timestamp()` as in [`crate::db::now`].
-const ROTATE_SQL: &str = r#"
+/// `$3`: the child's id and hash. Answers, when `$1` was an active token, the
+/// touched session (columns `S_*`) joined with the user's view as
+/// [`super::account::load`] reads it (`A_*` users ⟕ `B_*` auth_accounts ⟕
+/// `C_*` auth_identities, one row per identity, oldest first), so a refresh
+/// makes one round trip to the database; no row otherwise. The view is read
+/// from the statement's snapshot, which the CTEs (tokens and sessions only)
+/// do not touch. `clock_timestamp()` as in [`crate::db::now`].
+fn rotate_sql() -> &'static str {
+    static SQL: OnceLock<String> = OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            r#"
 WITH r AS (
     UPDATE auth_refresh_tokens SET revoked = TRUE, revoked_at = clock_timestamp()
     WHERE token_hash = $1 AND revoked = FALSE
@@ -167,9 +223,21 @@ WITH r AS (
     SELECT $2, $3, s.id, s.user_id, s.parent_id, FALSE, NULL, s.refreshed_at FROM s
     RETURNING id
 )
-SELECT s.id, s.user_id, s.aal, s.amr_method, s.created_at, s.refreshed_at
-FROM s WHERE EXISTS (SELECT 1 FROM i)
-"#;
+SELECT {s}, {u}, {a}, {d}
+FROM s
+LEFT JOIN users u ON u.id = s.user_id
+LEFT JOIN auth_accounts a ON a.user_id = u.id
+LEFT JOIN auth_identities d ON d.user_id = u.id
+WHERE EXISTS (SELECT 1 FROM i)
+ORDER BY d.created_at ASC
+"#,
+            s = prefixed::<sess::Entity>("s", "S_"),
+            u = prefixed::<users::Entity>("u", "A_"),
+            a = prefixed::<acc::Entity>("a", "B_"),
+            d = prefixed::<ident::Entity>("d", "C_"),
+        )
+    })
+}
 
 /// Rotates `token` (see the module docs). `reuse_interval_ms`: how long a
 /// rotated token still yields its active child.
@@ -214,6 +282,7 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
             return Ok(IssuedSession {
                 session,
                 refresh_token: tokens::refresh_token_for(secret, child.id),
+                view: None,
             });
         }
     }
