@@ -95,9 +95,10 @@ impl Problem {
 pub struct RateInfo {
     /// `X-RateLimit-Limit`: requests allowed per window.
     pub limit: u64,
-    /// `X-RateLimit-Remaining`: requests left in the current window.
+    /// `X-RateLimit-Remaining`: requests allowed right now.
     pub remaining: u64,
-    /// `X-RateLimit-Reset`: Unix epoch seconds when the window resets.
+    /// `X-RateLimit-Reset`: Unix epoch seconds, rounded up, when the whole
+    /// allowance is back; on a 429, when the next request is allowed.
     pub reset: u64,
     /// `Retry-After` seconds (on 429).
     pub retry_after: u64,
@@ -259,10 +260,10 @@ pub enum TooManyRequests {
         /// Requests allowed per window.
         #[oai(header = "X-RateLimit-Limit")]
         u64,
-        /// Requests left in this window (0).
+        /// Requests allowed right now (0).
         #[oai(header = "X-RateLimit-Remaining")]
         u64,
-        /// Unix epoch seconds when the window resets.
+        /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
         #[oai(header = "X-RateLimit-Reset")]
         u64,
         /// Seconds to wait before retrying.

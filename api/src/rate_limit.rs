@@ -1,10 +1,22 @@
 //! Request rate limits and their headers.
 //!
-//! * With Redis: a fixed window per `(limit, subject)`, counted atomically by
-//!   one Lua script (`INCR` + `EXPIRE`), so every api process shares it and
-//!   concurrent requests can never exceed the limit.
+//! The algorithm is GCRA (the generic cell rate algorithm, as in ATM's
+//! ITU-T I.371 and the `governor` crate): a limit of `max` per `window` is a
+//! burst of `max` refilled one request per `window / max`, so a client never
+//! gets more than `max` in any `window` (no doubled burst at a window
+//! boundary, as fixed windows allow).
+//! * With Redis: the state per `(limit, subject)` is one key holding the
+//!   theoretical arrival time, read and moved by one Lua script
+//!   ([`GCRA_LUA`]) that takes the time from Redis (`TIME`, microseconds), so
+//!   every api process shares the limit and one clock decides, whatever the
+//!   api hosts' clocks say; concurrent requests can never exceed it.
 //! * Without Redis (embedded mode): the `governor` crate's GCRA limiter in
-//!   process (burst = the limit, refilled evenly over the window).
+//!   process, with the same burst and refill.
+//!
+//! Headers: `X-RateLimit-Limit` is `max`; `X-RateLimit-Remaining` the requests
+//! allowed right now; `X-RateLimit-Reset` (Unix epoch seconds, rounded up) when
+//! the whole burst is back, or on a 429 when the next request is allowed;
+//! on a 429, `Retry-After` the seconds (rounded up, at least 1) until then.
 //!
 //! If Redis does not answer within the request's deadline, the check falls
 //! back to the in-process limiter (logged): the limit then holds per api
@@ -53,7 +65,7 @@ type Local = Gcra<String, DefaultKeyedStateStore<String>, DefaultClock, StateInf
 /// The limiter shared by all routes.
 #[derive(Clone)]
 pub enum RateLimiter {
-    /// Shared counters in Redis, keys `<prefix>:rl:<name>:<subject>:<window index>`.
+    /// Shared state in Redis, keys `<prefix>:rl:<name>:<subject>` ([`GCRA_LUA`]).
     Redis {
         /// Connection (shared with the queue producer).
         conn: ConnectionManager,
@@ -69,14 +81,37 @@ pub enum RateLimiter {
 /// In-process GCRA limiters, one per limit, keyed by subject.
 pub type LocalLimits = Arc<std::sync::Mutex<HashMap<Limit, Arc<Local>>>>;
 
+/// GCRA in Lua, for Redis scripts: defines `gcra(key, max, window_us)`, which
+/// counts one request against the limit whose state is `key` and returns
+/// `allowed` (1/0), `remaining`, `reset_us` (microseconds until the whole
+/// burst is back), `retry_us` (microseconds until the next request is allowed;
+/// 0 when allowed) and `now_s` (Redis's clock, Unix seconds). A refused
+/// request changes nothing. The key (the theoretical arrival time, µs) expires
+/// when the burst is whole again. Times come from Redis's `TIME` (scripts
+/// replicate their effects, Redis ≥ 5), not from the caller. The other scripts
+/// that count a request (the AI gate) prepend this to their own body.
+pub const GCRA_LUA: &str = r"
+local function gcra(key, max, window_us)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  max = tonumber(max)
+  local period = math.max(math.floor(tonumber(window_us) / max), 1)
+  local tat = tonumber(redis.call('GET', key) or 0)
+  if tat < now then tat = now end
+  local new_tat = tat + period
+  local allow_at = new_tat - max * period
+  if now < allow_at then
+    return 0, 0, tat - now, allow_at - now, tonumber(t[1])
+  end
+  redis.call('SET', key, new_tat, 'PX', math.ceil((new_tat - now) / 1000) + 1)
+  return 1, math.floor((now - allow_at) / period), new_tat - now, 0, tonumber(t[1])
+end
+";
+
 static CHECK_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-return n
-",
-    )
+    Script::new(&format!(
+        "{GCRA_LUA}\nlocal a, r, reset, retry, now = gcra(KEYS[1], ARGV[1], ARGV[2])\nreturn {{a, r, reset, retry, now}}\n"
+    ))
 });
 
 fn now_secs() -> u64 {
@@ -84,6 +119,37 @@ fn now_secs() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs()
+}
+
+/// The decision for a [`GCRA_LUA`] reply `[allowed, remaining, reset_us,
+/// retry_us, now_s]` (its first five values); `None` when the reply is not
+/// that shape.
+pub fn decide_gcra(limit: Limit, reply: &[i64]) -> Option<Decision> {
+    let [allowed, remaining, reset_us, retry_us, now_s] = *reply.get(..5)? else {
+        return None;
+    };
+    let up = |us: i64| (us.max(0) as u64).div_ceil(1_000_000);
+    let now = now_s.max(0) as u64;
+    let info = if allowed == 1 {
+        RateInfo {
+            limit: u64::from(limit.max),
+            remaining: remaining.max(0) as u64,
+            reset: now + up(reset_us),
+            retry_after: 0,
+        }
+    } else {
+        let retry_after = up(retry_us).max(1);
+        RateInfo {
+            limit: u64::from(limit.max),
+            remaining: 0,
+            reset: now + retry_after,
+            retry_after,
+        }
+    };
+    Some(Decision {
+        allowed: allowed == 1,
+        info,
+    })
 }
 
 impl RateLimiter {
@@ -113,22 +179,16 @@ impl RateLimiter {
         deadline: std::time::Instant,
     ) -> Decision {
         match self {
-            RateLimiter::Redis {
-                conn,
-                prefix,
-                fallback,
-            } => {
-                let window = limit.window.as_secs().max(1);
-                let now = now_secs();
-                let index = now / window;
-                let reset = (index + 1) * window;
-                let key = format!("{prefix}:{}:{subject}:{index}", limit.name);
-                let mut c = conn.clone();
-                let mut invocation = CHECK_SCRIPT.key(key);
-                invocation.arg(window + 1);
-                let call = invocation.invoke_async::<u64>(&mut c);
-                let count = match tokio::time::timeout_at(deadline.into(), call).await {
-                    Ok(Ok(n)) => n,
+            RateLimiter::Redis { fallback, .. } => {
+                let Some(k) = self.limit_key(limit, subject) else {
+                    return check_local(fallback, limit, subject);
+                };
+                let mut c = k.conn;
+                let mut invocation = CHECK_SCRIPT.key(k.key);
+                invocation.arg(k.max).arg(k.window_us);
+                let call = invocation.invoke_async::<Vec<i64>>(&mut c);
+                let reply = match tokio::time::timeout_at(deadline.into(), call).await {
+                    Ok(Ok(r)) => r,
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, limit = limit.name, "rate-limit store unavailable; limiting in process");
                         return check_local(fallback, limit, subject);
@@ -141,71 +201,55 @@ impl RateLimiter {
                         return check_local(fallback, limit, subject);
                     }
                 };
-                let max = u64::from(limit.max);
-                Decision {
-                    allowed: count <= max,
-                    info: RateInfo {
-                        limit: max,
-                        remaining: max.saturating_sub(count),
-                        reset,
-                        retry_after: reset.saturating_sub(now).max(1),
-                    },
-                }
+                decide_gcra(limit, &reply).unwrap_or_else(|| {
+                    tracing::warn!(
+                        ?reply,
+                        limit = limit.name,
+                        "unexpected rate-limit reply; limiting in process"
+                    );
+                    check_local(fallback, limit, subject)
+                })
             }
             RateLimiter::Local(map) => check_local(map, limit, subject),
         }
     }
 }
 
-/// The shared-store side of one window check, for a caller that counts the
-/// request in its own Redis script together with other keys (the AI routes'
-/// one-round-trip gate): the same key, expiry and reset as [`RateLimiter::check`].
+/// The shared-store side of one check, for a caller that counts the request
+/// in its own Redis script together with other keys (the AI routes'
+/// one-round-trip gate, which prepends [`GCRA_LUA`]): the same key and
+/// arguments as [`RateLimiter::check`]; [`decide_gcra`] reads the reply.
 #[derive(Clone)]
-pub struct WindowKey {
+pub struct LimitKey {
     /// Connection to the shared store.
     pub conn: ConnectionManager,
-    /// `<prefix>:rl:<name>:<subject>:<window index>`.
+    /// `<prefix>:rl:<name>:<subject>`.
     pub key: String,
-    /// Seconds the key lives (the window plus one).
-    pub ttl_secs: u64,
-    /// Unix epoch seconds now (this host's clock picks only the window index).
-    pub now: u64,
-    /// Unix epoch seconds when this window ends.
-    pub reset: u64,
+    /// `gcra`'s `max`.
+    pub max: u32,
+    /// `gcra`'s `window_us`.
+    pub window_us: u64,
 }
 
-impl WindowKey {
-    /// The decision for the window's `count` after this request's `INCR`.
-    pub fn decide(&self, limit: Limit, count: u64) -> Decision {
-        let max = u64::from(limit.max);
-        Decision {
-            allowed: count <= max,
-            info: RateInfo {
-                limit: max,
-                remaining: max.saturating_sub(count),
-                reset: self.reset,
-                retry_after: self.reset.saturating_sub(self.now).max(1),
-            },
-        }
-    }
+/// A limit's window in microseconds (at least 1).
+fn window_us(limit: Limit) -> u64 {
+    u64::try_from(limit.window.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 impl RateLimiter {
-    /// The Redis key of `subject`'s current window of `limit`; `None` for the
+    /// The Redis key of `subject`'s state for `limit`; `None` for the
     /// in-process limiter.
-    pub fn window_key(&self, limit: Limit, subject: &str) -> Option<WindowKey> {
+    pub fn limit_key(&self, limit: Limit, subject: &str) -> Option<LimitKey> {
         let RateLimiter::Redis { conn, prefix, .. } = self else {
             return None;
         };
-        let window = limit.window.as_secs().max(1);
-        let now = now_secs();
-        let index = now / window;
-        Some(WindowKey {
+        Some(LimitKey {
             conn: conn.clone(),
-            key: format!("{prefix}:{}:{subject}:{index}", limit.name),
-            ttl_secs: window + 1,
-            now,
-            reset: (index + 1) * window,
+            key: format!("{prefix}:{}:{subject}", limit.name),
+            max: limit.max.max(1),
+            window_us: window_us(limit),
         })
     }
 

@@ -1,5 +1,5 @@
-//! 5 requests per hour per client IP on contact and waitlist (Redis fixed
-//! window shared by every api process), with the `X-RateLimit-*` headers and
+//! 5 requests per hour per client IP on contact and waitlist (GCRA in Redis,
+//! shared by every api process), with the `X-RateLimit-*` headers and
 //! `Retry-After` on 429.
 
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -40,7 +40,7 @@ use crate::{
     auth::{BearerAuth, Gate},
     payload::{JsonBody, RawJson},
     problem::{ApiError, Problem, RateInfo},
-    rate_limit::{Limit, WindowKey},
+    rate_limit::{self, Limit, LimitKey},
     state::AppState,
 };
 
@@ -317,10 +317,10 @@ pub enum ChatResponse {
         /// Requests allowed per 5 minutes on the caller's plan.
         #[oai(header = "X-RateLimit-Limit")]
         u64,
-        /// Requests left in this window.
+        /// Requests allowed right now.
         #[oai(header = "X-RateLimit-Remaining")]
         u64,
-        /// Unix epoch seconds when the window resets.
+        /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
         #[oai(header = "X-RateLimit-Reset")]
         u64,
     ),
@@ -333,10 +333,10 @@ pub enum ChatResponse {
         /// Requests allowed per 5 minutes on the caller's plan.
         #[oai(header = "X-RateLimit-Limit")]
         u64,
-        /// Requests left in this window.
+        /// Requests allowed right now.
         #[oai(header = "X-RateLimit-Remaining")]
         u64,
-        /// Unix epoch seconds when the window resets.
+        /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
         #[oai(header = "X-RateLimit-Reset")]
         u64,
         /// Seconds to wait before retrying.
@@ -355,10 +355,10 @@ pub enum GenerateResponse {
         /// Requests allowed per 5 minutes on the caller's plan.
         #[oai(header = "X-RateLimit-Limit")]
         u64,
-        /// Requests left in this window.
+        /// Requests allowed right now.
         #[oai(header = "X-RateLimit-Remaining")]
         u64,
-        /// Unix epoch seconds when the window resets.
+        /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
         #[oai(header = "X-RateLimit-Reset")]
         u64,
     ),
@@ -371,10 +371,10 @@ pub enum GenerateResponse {
         /// Requests allowed per 5 minutes on the caller's plan.
         #[oai(header = "X-RateLimit-Limit")]
         u64,
-        /// Requests left in this window.
+        /// Requests allowed right now.
         #[oai(header = "X-RateLimit-Remaining")]
         u64,
-        /// Unix epoch seconds when the window resets.
+        /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
         #[oai(header = "X-RateLimit-Reset")]
         u64,
         /// Seconds to wait before retrying.
@@ -724,7 +724,7 @@ async fn admit(
     // difference to its real tokens when it ends.
     let estimate = i64::from(rules::estimate_tokens(bytes));
     let now = Utc::now();
-    let (rate, used, reserved) = match state.limiter.window_key(limit, &user_id.to_string()) {
+    let (rate, used, reserved) = match state.limiter.limit_key(limit, &user_id.to_string()) {
         Some(window) => {
             gate_redis(
                 state,
@@ -791,19 +791,20 @@ fn quota_refusal(q: rules::QuotaExceeded, now: chrono::DateTime<Utc>, rate: Rate
     )
 }
 
-/// The rate window, the month's tokens used (`None`: no quota on the plan,
+/// The rate limit's headers, the month's tokens used (`None`: no quota on the plan,
 /// or not checked) and whether this request's estimate was reserved.
 type Gated = (RateInfo, Option<u64>, bool);
 
 /// Both limits in one Redis script (one round trip, atomic): count the
-/// request in its 5-minute window; when allowed and the plan has a quota,
+/// request against the plan's requests per 5 minutes (GCRA, as
+/// [`RateLimiter::check`]); when allowed and the plan has a quota,
 /// read the month counter and, while under the quota, reserve the estimate.
 /// An absent counter is seeded from `ai_usage` (once per user and month) by a
 /// second script. Redis failing or slow: the in-process limiter and the
 /// database sum decide, and nothing is reserved (as [`RateLimiter::check`]).
 async fn gate_redis(
     state: &AppState,
-    window: WindowKey,
+    window: LimitKey,
     limit: Limit,
     user_id: Uuid,
     quota: Option<u64>,
@@ -814,14 +815,14 @@ async fn gate_redis(
     let mut conn = window.conn.clone();
     let mut inv = GATE.key(&window.key);
     inv.key(&counter)
-        .arg(window.ttl_secs)
-        .arg(limit.max)
+        .arg(window.max)
+        .arg(window.window_us)
         .arg(quota.map_or(-1, |q| i64::try_from(q).unwrap_or(i64::MAX)))
         .arg(estimate);
     let budget = state.settings.dependency_timeout;
     let got = tokio::time::timeout(budget, inv.invoke_async::<Vec<i64>>(&mut conn)).await;
     let reply = match got {
-        Ok(Ok(r)) if r.len() >= 2 => r,
+        Ok(Ok(r)) if r.len() >= 6 => r,
         other => {
             match other {
                 Ok(Ok(r)) => tracing::warn!(?r, "unexpected AI gate reply; limiting in process"),
@@ -833,7 +834,9 @@ async fn gate_redis(
             return gate_fallback(state, limit, user_id, quota, now).await;
         }
     };
-    let decision = window.decide(limit, reply[0].max(0) as u64);
+    let Some(decision) = rate_limit::decide_gcra(limit, &reply) else {
+        return gate_fallback(state, limit, user_id, quota, now).await;
+    };
     if !decision.allowed {
         return Err(ApiError::RateLimited(decision.info).into());
     }
@@ -841,9 +844,9 @@ async fn gate_redis(
     let Some(quota) = quota else {
         return Ok((rate, None, false));
     };
-    if reply[1] >= 0 {
-        let reserved = reply.get(2).copied() == Some(1);
-        return Ok((rate, Some(reply[1] as u64), reserved));
+    if reply[5] >= 0 {
+        let reserved = reply.get(6).copied() == Some(1);
+        return Ok((rate, Some(reply[5] as u64), reserved));
     }
     // No counter for this month yet: seed it from the database.
     let sum = state
@@ -1202,28 +1205,31 @@ return -1
     )
 });
 
-/// The AI gate (one round trip). KEYS: the 5-minute window, the month
-/// counter. ARGV: the window key's lifetime, the plan's requests per window,
-/// its monthly tokens (-1: none), this request's estimate. Returns
-/// `{count}` plus: `-2` (rate-limited, or no quota: counter untouched), `-1`
-/// (no counter yet), or `used, reserved` (the counter before this request;
-/// `reserved` 1 when the estimate was added, i.e. `used` < the quota).
+/// The AI gate (one round trip). KEYS: the rate limit's state, the month
+/// counter. ARGV: the plan's requests per window, the window in
+/// microseconds, its monthly tokens (-1: none), this request's estimate.
+/// Returns the five values of [`rate_limit::GCRA_LUA`]'s `gcra` (allowed,
+/// remaining, reset, retry, now) plus: `-2` (rate-limited, or no quota:
+/// counter untouched), `-1` (no counter yet), or `used, reserved` (the counter
+/// before this request; `reserved` 1 when the estimate was added, i.e. `used`
+/// < the quota).
 static GATE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    redis::Script::new(&format!(
+        "{}{}",
+        rate_limit::GCRA_LUA,
         r"
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-if n > tonumber(ARGV[2]) or tonumber(ARGV[3]) < 0 then return {n, -2} end
+local a, r, reset, retry, now = gcra(KEYS[1], ARGV[1], ARGV[2])
+if a == 0 or tonumber(ARGV[3]) < 0 then return {a, r, reset, retry, now, -2} end
 local used = redis.call('GET', KEYS[2])
-if not used then return {n, -1} end
+if not used then return {a, r, reset, retry, now, -1} end
 used = math.max(tonumber(used), 0)
 if used < tonumber(ARGV[3]) then
   redis.call('INCRBY', KEYS[2], ARGV[4])
-  return {n, used, 1}
+  return {a, r, reset, retry, now, used, 1}
 end
-return {n, used, 0}
-",
-    )
+return {a, r, reset, retry, now, used, 0}
+"
+    ))
 });
 
 /// Seeds an absent month counter and then checks and reserves like [`GATE`].

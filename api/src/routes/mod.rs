@@ -81,10 +81,10 @@ macro_rules! limited_ok {
                 /// Requests allowed per window.
                 #[oai(header = "X-RateLimit-Limit")]
                 u64,
-                /// Requests left in this window.
+                /// Requests allowed right now.
                 #[oai(header = "X-RateLimit-Remaining")]
                 u64,
-                /// Unix epoch seconds when the window resets.
+                /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
                 #[oai(header = "X-RateLimit-Reset")]
                 u64,
             ),
@@ -95,10 +95,10 @@ macro_rules! limited_ok {
                 /// Requests allowed per window.
                 #[oai(header = "X-RateLimit-Limit")]
                 u64,
-                /// Requests left in this window (0).
+                /// Requests allowed right now (0).
                 #[oai(header = "X-RateLimit-Remaining")]
                 u64,
-                /// Unix epoch seconds when the window resets.
+                /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
                 #[oai(header = "X-RateLimit-Reset")]
                 u64,
                 /// Seconds to wait before retrying.

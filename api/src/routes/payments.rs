@@ -121,10 +121,10 @@ pub enum PaymentResponse {
         /// Requests allowed per window (5).
         #[oai(header = "X-RateLimit-Limit")]
         u64,
-        /// Requests left in this window.
+        /// Requests allowed right now.
         #[oai(header = "X-RateLimit-Remaining")]
         u64,
-        /// Unix epoch seconds when the window resets.
+        /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
         #[oai(header = "X-RateLimit-Reset")]
         u64,
         /// `true` when this answer replays an earlier request with the same
@@ -139,10 +139,10 @@ pub enum PaymentResponse {
         /// Requests allowed per window.
         #[oai(header = "X-RateLimit-Limit")]
         u64,
-        /// Requests left in this window (0).
+        /// Requests allowed right now (0).
         #[oai(header = "X-RateLimit-Remaining")]
         u64,
-        /// Unix epoch seconds when the window resets.
+        /// Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed.
         #[oai(header = "X-RateLimit-Reset")]
         u64,
         /// Seconds to wait before retrying.

@@ -36,11 +36,11 @@ fn rate_headers() -> Vec<MetaHeader> {
         ),
         (
             "X-RateLimit-Remaining",
-            "Requests left in this window (limited routes).",
+            "Requests allowed right now (limited routes).",
         ),
         (
             "X-RateLimit-Reset",
-            "Unix epoch seconds when the window resets (limited routes).",
+            "Unix epoch seconds, rounded up, when the whole allowance is back; on a 429, when the next request is allowed (limited routes).",
         ),
     ]
     .into_iter()
