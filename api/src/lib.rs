@@ -15,5 +15,6 @@ pub mod routes;
 pub mod server;
 pub mod session;
 pub mod spec;
+pub mod sse;
 pub mod state;
 pub mod verified;

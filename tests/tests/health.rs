@@ -329,3 +329,33 @@ async fn postgres_frozen_then_back() {
 async fn redis_frozen_then_back() {
     outage(Dep::Redis, ProxyMode::Freeze).await;
 }
+
+/// The API reference pages (Scalar at `/api/docs`, Swagger UI at
+/// `/api/swagger`) embed the very document `/api/openapi.json` serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn reference_pages_show_the_served_document() {
+    let stack = Stack::new().await;
+    let api = stack.api(&configured(stack.env())).await;
+    let doc = get(&api.url("/api/openapi.json")).await;
+    assert_eq!(doc.status, 200);
+    assert!(doc.text.len() > 10_000, "{}", doc.text.len());
+    for (path, marker) in [
+        ("/api/docs", "api-reference"),
+        ("/api/swagger", "SwaggerUIBundle"),
+    ] {
+        let page = get(&api.url(path)).await;
+        assert_eq!(page.status, 200, "{path}");
+        assert!(
+            page.header("content-type")
+                .unwrap_or("")
+                .starts_with("text/html"),
+            "{path}: {:?}",
+            page.headers
+        );
+        assert!(page.text.contains(marker), "{path}");
+        assert!(
+            page.text.contains(&doc.text),
+            "{path} embeds the served document"
+        );
+    }
+}

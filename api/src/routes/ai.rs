@@ -20,13 +20,9 @@ use std::{
 
 use chrono::Utc;
 use entity::ai::{self as rules, ChatMessage, Provider, Role, UsageRecord};
-use futures::{stream::BoxStream, StreamExt};
+use futures::StreamExt;
 use poem::{http::StatusCode, web::Data};
-use poem_openapi::{
-    payload::{EventStream, Json},
-    types::ToJSON,
-    ApiResponse, Enum, Object, OpenApi, Union,
-};
+use poem_openapi::{payload::Json, types::ToJSON, ApiResponse, Enum, Object, OpenApi, Union};
 use serde_json::Value;
 use uuid::Uuid;
 use worker::{
@@ -299,7 +295,7 @@ impl AiLimitProblem {
 }
 
 /// The chunk stream of a chat answer (`None` = `data: [DONE]`).
-pub type ChunkStream = EventStream<BoxStream<'static, Option<UiChunk>>>;
+pub type ChunkStream = crate::sse::SseStream<Option<UiChunk>>;
 
 /// Answers of `POST /api/ai/chat`.
 #[derive(ApiResponse)]
@@ -978,9 +974,9 @@ async fn chat_inner(
         }
     };
     let stream = relay(upstream, guard).boxed();
-    let events = EventStream::new(stream).to_event(|chunk: Option<UiChunk>| match chunk {
-        Some(c) => poem::web::sse::Event::message(c.to_json_string()),
-        None => poem::web::sse::Event::message("[DONE]"),
+    let events = ChunkStream::new(stream, |chunk| match chunk {
+        Some(c) => c.to_json_string(),
+        None => "[DONE]".into(),
     });
     Ok((events, admitted.rate))
 }
