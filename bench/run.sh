@@ -11,8 +11,8 @@
 #   bash bench/run.sh payments-seed webhook webhook256 settle lookup pgbench
 # AI (issue 9; not in the default list, run by name): ai-ttfb ai-streams ai-generate ai-quota
 #   bash bench/run.sh ai-ttfb ai-streams ai-generate ai-quota
-# Identity (issue 10; not in the default list, run by name): auth-signin auth-refresh auth-user
-#   bash bench/run.sh auth-signin auth-refresh auth-user
+# Identity (issue 10; not in the default list, run by name): auth-signin auth-refresh auth-user auth-settings
+#   bash bench/run.sh auth-signin auth-refresh auth-user auth-settings
 # BIN (default target/release) picks the binaries; NO_BUILD=1 skips the release
 # build, e.g. a smoke test with debug binaries:
 #   BIN=target/debug NO_BUILD=1 DUR=3s bash bench/run.sh ai-ttfb
@@ -432,4 +432,10 @@ fi
 if want auth-user; then
   auth_setup
   auth_run auth-user user "$CONN"
+fi
+# The floor under auth-user: GET /auth/v1/settings goes through the same
+# server, gates and JSON answer but touches neither the database nor a token.
+if want auth-settings; then
+  run auth-settings "$BASE/auth/v1/settings"
+  echo "auth-settings: api RSS: $(rss $API_PID); $(load)"
 fi

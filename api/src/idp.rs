@@ -37,7 +37,10 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use worker::{jobs::SendAuthEmail, Job, Queues};
 
-use crate::verified::VerifiedTokens;
+use crate::{
+    user_cache::{Lookup, UserCache},
+    verified::VerifiedTokens,
+};
 
 pub use keys::KeySet;
 
@@ -613,6 +616,8 @@ pub struct Idp {
     verified: VerifiedTokens<AccessClaims>,
     /// One permit per core for password hashing ([`Idp::hashing`]).
     hashing: tokio::sync::Semaphore,
+    /// `GET /user` answers per session, validated in Redis ([`UserCache`]).
+    users: UserCache<UserJson>,
 }
 
 /// Why an access token was refused.
@@ -674,16 +679,21 @@ impl Idp {
         validation.leeway = 0;
         Ok(Idp {
             db,
-            settings,
             keys,
             refresh_secret,
-            queues,
             issuer,
             validation,
             verified: VerifiedTokens::new(VERIFIED_TOKENS_MAX),
             hashing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, usize::from),
             ),
+            users: UserCache::new(
+                queues.redis(),
+                &settings.queue_prefix,
+                settings.dependency_timeout,
+            ),
+            queues,
+            settings,
         })
     }
 
@@ -808,6 +818,10 @@ impl Idp {
     pub async fn current_user(&self, bearer: Option<&str>) -> Result<UserJson, AuthApiError> {
         let token = bearer.ok_or_else(AuthApiError::no_authorization)?;
         let claims = self.verify_access(token)?;
+        let generation = match self.users.lookup(claims.sub, claims.session_id).await {
+            Lookup::Hit(user) => return Ok(user),
+            Lookup::Miss(generation) => generation,
+        };
         let view = self
             .bounded(account::load_for_session(
                 &self.db,
@@ -815,7 +829,19 @@ impl Idp {
                 claims.session_id,
             ))
             .await??;
-        Ok(UserJson::from_view(&view))
+        let user = UserJson::from_view(&view);
+        if let Some(generation) = generation {
+            self.users
+                .store(claims.sub, claims.session_id, generation, &user);
+        }
+        Ok(user)
+    }
+
+    /// Records that `user_id`'s account, identities or sessions changed (after
+    /// the change committed, before answering): `GET /user` answers cached
+    /// for the user, in this process and the others, are no longer used.
+    pub async fn user_changed(&self, user_id: Uuid) {
+        self.users.changed(user_id).await;
     }
 
     async fn bounded<F: std::future::Future>(&self, f: F) -> Result<F::Output, AuthApiError> {
@@ -925,6 +951,7 @@ impl Idp {
             .await??;
         self.bounded(account::record_sign_in(&self.db, user_id))
             .await??;
+        self.user_changed(user_id).await;
         self.grant_for(issued).await
     }
 
@@ -962,14 +989,23 @@ impl Idp {
     /// `grant_type=refresh_token`.
     pub async fn refresh(&self, token: &str) -> Result<SessionGrant, AuthApiError> {
         let reuse = self.settings.auth_refresh_reuse_interval.as_millis() as i64;
-        let issued = self
+        let issued = match self
             .bounded(sessions::refresh(
                 &self.db,
                 &self.refresh_secret,
                 token,
                 reuse,
             ))
-            .await??;
+            .await?
+        {
+            Ok(issued) => issued,
+            Err(IdentityError::RefreshTokenAlreadyUsed { user_id }) => {
+                // The session was revoked.
+                self.user_changed(user_id).await;
+                return Err(IdentityError::RefreshTokenAlreadyUsed { user_id }.into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.grant_for(issued).await
     }
 
@@ -1065,6 +1101,7 @@ impl Idp {
         }
         self.bounded(account::confirm_email(&self.db, row.user_id, &grant))
             .await??;
+        self.user_changed(row.user_id).await;
         Ok((row.user_id, row.flow_state_id))
     }
 
@@ -1313,12 +1350,14 @@ impl Idp {
             let hash = self.hashing(move || password::hash(&pw2, cost)).await?;
             self.bounded(account::set_password(&self.db, claims.sub, &hash))
                 .await??;
+            self.user_changed(claims.sub).await;
         }
         if let Some(data) = req.data {
             match data {
                 serde_json::Value::Object(m) => {
                     self.bounded(account::merge_metadata(&self.db, claims.sub, m))
-                        .await??
+                        .await??;
+                    self.user_changed(claims.sub).await;
                 }
                 serde_json::Value::Null => {}
                 _ => return Err(AuthApiError::validation("data must be an object")),
@@ -1332,6 +1371,7 @@ impl Idp {
                     &self.db, claims.sub, &new_email, &new_norm,
                 ))
                 .await??;
+                self.user_changed(claims.sub).await;
                 self.send_mail(
                     claims.sub,
                     MailKind::EmailChange,
@@ -1363,6 +1403,7 @@ impl Idp {
             scope,
         ))
         .await??;
+        self.user_changed(claims.sub).await;
         Ok(())
     }
 
@@ -1397,6 +1438,7 @@ impl Idp {
         };
         self.bounded(otp::claim_mail_slot(&self.db, user_id, kind))
             .await??;
+        self.user_changed(user_id).await;
         let flow_id = match pkce {
             Some((challenge, method)) => Some(
                 self.bounded(flow::create_flow_state(

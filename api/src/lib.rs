@@ -17,4 +17,5 @@ pub mod session;
 pub mod spec;
 pub mod sse;
 pub mod state;
+pub mod user_cache;
 pub mod verified;

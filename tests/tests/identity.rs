@@ -25,6 +25,7 @@ struct Idp {
     ip: String,
     stack: Option<Stack>,
     _dir: Option<tests::TempDir>,
+    env: Option<tests::EnvMap>,
 }
 
 impl Idp {
@@ -50,7 +51,14 @@ impl Idp {
             ip: random_ip(),
             stack: Some(stack),
             _dir: None,
+            env: Some(env),
         }
+    }
+
+    /// Another api process on the same database, Redis prefix and keys.
+    async fn another_api(&self) -> tests::Proc {
+        let (stack, env) = (self.stack.as_ref().unwrap(), self.env.as_ref().unwrap());
+        stack.api(env).await
     }
 
     /// The embedded default: no DATABASE_URL, no REDIS_URL, `api --with-worker`.
@@ -71,6 +79,7 @@ impl Idp {
             ip: random_ip(),
             stack: None,
             _dir: Some(dir),
+            env: None,
         }
     }
 
@@ -955,4 +964,101 @@ async fn concurrent_refreshes_of_one_token_rotate_it_once() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_ne!(r.json["refresh_token"], child.as_str());
+}
+
+/// `GET /user` answers come from a per-process cache checked against Redis on
+/// every request: whatever changes the user through one api process (profile
+/// data, a sign-in, a sign-out, a revoked session) shows at once on another
+/// api process that had the user cached.
+#[tokio::test(flavor = "multi_thread")]
+async fn user_answers_follow_changes_made_through_another_api_process() {
+    let idp = Idp::start(&[
+        ("AUTH_AUTOCONFIRM", "true"),
+        ("AUTH_REFRESH_REUSE_INTERVAL_SECS", "1"),
+    ])
+    .await;
+    let b = idp.another_api().await;
+    let user_on_b = |token: String| {
+        let url = b.url("/auth/v1/user");
+        async move {
+            Reply::send(
+                client()
+                    .get(url)
+                    .header("x-supabase-api-version", "2024-01-01")
+                    .bearer_auth(token),
+            )
+            .await
+        }
+    };
+    let r = idp.signup("cache@example.com").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let s1 = r.json.clone();
+    let access1 = s1["access_token"].as_str().unwrap().to_string();
+    for _ in 0..3 {
+        let r = user_on_b(access1.clone()).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(r.json["user_metadata"]["name"], "Ann", "{}", r.text);
+    }
+
+    // Profile data changed through A: B shows it on the next request.
+    let r = idp
+        .put_auth("/user", &access1, &json!({"data": {"name": "Bob"}}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = user_on_b(access1.clone()).await;
+    assert_eq!(r.json["user_metadata"]["name"], "Bob", "{}", r.text);
+    assert_eq!(r.json, idp.get_auth("/user", &access1).await.json);
+
+    // A second session (password sign-in through A) moves last_sign_in_at.
+    let before = r.json["last_sign_in_at"].clone();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let r = idp
+        .post(
+            "/token?grant_type=password",
+            &json!({"email": "cache@example.com", "password": PASSWORD}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let s2 = r.json.clone();
+    let access2 = s2["access_token"].as_str().unwrap().to_string();
+    let r = user_on_b(access1.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_ne!(r.json["last_sign_in_at"], before, "{}", r.text);
+    assert_eq!(r.json["last_sign_in_at"], s2["user"]["last_sign_in_at"]);
+    assert_eq!(user_on_b(access2.clone()).await.status, 200);
+
+    // Session 1 signed out through A: refused on B at once; session 2 lives.
+    let r = Reply::send(
+        client()
+            .post(idp.url("/logout?scope=local"))
+            .bearer_auth(&access1)
+            .header("content-type", "application/json;charset=UTF-8"),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    assert_error(&user_on_b(access1.clone()).await, 403, "session_not_found");
+    assert_eq!(user_on_b(access2.clone()).await.status, 200);
+
+    // Session 2 revoked by a reused refresh token (through A): refused on B.
+    let rt1 = s2["refresh_token"].as_str().unwrap();
+    let refresh = |rt: String| {
+        let idp = &idp;
+        async move {
+            idp.post(
+                "/token?grant_type=refresh_token",
+                &json!({"refresh_token": rt}),
+            )
+            .await
+        }
+    };
+    let r = refresh(rt1.to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(user_on_b(access2.clone()).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_error(
+        &refresh(rt1.to_string()).await,
+        400,
+        "refresh_token_already_used",
+    );
+    assert_error(&user_on_b(access2.clone()).await, 403, "session_not_found");
 }

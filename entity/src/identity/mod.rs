@@ -65,7 +65,10 @@ pub enum IdentityError {
     /// A rotated refresh token was used again outside the reuse interval: the
     /// session is revoked.
     #[error("Invalid Refresh Token: Already Used")]
-    RefreshTokenAlreadyUsed,
+    RefreshTokenAlreadyUsed {
+        /// The owner of the revoked session.
+        user_id: uuid::Uuid,
+    },
     /// The user does not exist.
     #[error("User not found")]
     UserNotFound,
@@ -93,7 +96,7 @@ impl IdentityError {
             Self::BadCodeVerifier => "bad_code_verifier",
             Self::SessionNotFound => "session_not_found",
             Self::RefreshTokenNotFound => "refresh_token_not_found",
-            Self::RefreshTokenAlreadyUsed => "refresh_token_already_used",
+            Self::RefreshTokenAlreadyUsed { .. } => "refresh_token_already_used",
             Self::UserNotFound => "user_not_found",
             Self::Validation(_) => "validation_failed",
             Self::Db(_) => "unexpected_failure",
@@ -107,7 +110,7 @@ impl IdentityError {
             | Self::EmailNotConfirmed
             | Self::BadCodeVerifier
             | Self::RefreshTokenNotFound
-            | Self::RefreshTokenAlreadyUsed
+            | Self::RefreshTokenAlreadyUsed { .. }
             | Self::Validation(_) => 400,
             Self::OtpExpired | Self::SessionNotFound => 403,
             Self::FlowStateNotFound | Self::UserNotFound => 404,

@@ -291,7 +291,9 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
         .filter(sess::Column::Id.eq(row.session_id))
         .exec(db)
         .await?;
-    Err(IdentityError::RefreshTokenAlreadyUsed)
+    Err(IdentityError::RefreshTokenAlreadyUsed {
+        user_id: row.user_id,
+    })
 }
 
 /// Whether session `id` still exists.
