@@ -1095,13 +1095,19 @@ impl Idp {
             .bounded(otp::consume(&self.db, kinds, proof, expiry))
             .await??;
         let grant = self.grant();
-        if row.kind == MailKind::EmailChange.as_str() {
-            self.bounded(account::apply_email_change(&self.db, row.user_id))
+        let applied = async {
+            if row.kind == MailKind::EmailChange.as_str() {
+                self.bounded(account::apply_email_change(&self.db, row.user_id))
+                    .await??;
+            }
+            self.bounded(account::confirm_email(&self.db, row.user_id, &grant))
                 .await??;
+            Ok::<_, AuthApiError>(())
         }
-        self.bounded(account::confirm_email(&self.db, row.user_id, &grant))
-            .await??;
+        .await;
+        // Also when the second step failed: the first may have committed.
         self.user_changed(row.user_id).await;
+        applied?;
         Ok((row.user_id, row.flow_state_id))
     }
 

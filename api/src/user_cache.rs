@@ -189,3 +189,28 @@ impl<T: Clone> UserCache<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn without_redis_nothing_is_answered_from_the_cache() {
+        let c = UserCache::<u32>::new(None, "t", Duration::from_millis(100));
+        let (user, session) = (Uuid::new_v4(), Uuid::new_v4());
+        c.store(user, session, "g".into(), &7);
+        assert!(matches!(c.lookup(user, session).await, Lookup::Miss(None)));
+        c.changed(user).await;
+        assert!(c.entries.read().unwrap().is_empty());
+    }
+
+    #[test]
+    fn stays_bounded() {
+        let c = UserCache::<u32>::new(None, "t", Duration::from_millis(100));
+        let user = Uuid::new_v4();
+        for i in 0..=MAX_ENTRIES {
+            c.store(user, Uuid::new_v4(), "g".into(), &(i as u32));
+        }
+        assert!(c.entries.read().unwrap().len() <= MAX_ENTRIES);
+    }
+}
