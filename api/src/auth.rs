@@ -180,6 +180,36 @@ impl AppState {
     /// 4. the stored account (created on first sight), bounded by
     ///    `DEPENDENCY_TIMEOUT_MS` → 503 `database_unavailable`.
     pub async fn session(&self, auth: &BearerAuth, gate: Gate) -> Result<UserContext, ApiError> {
+        let (identity, grant) = self.checked_identity(auth, gate).await?;
+        self.bounded_db(
+            "loading the account",
+            users::ensure_user_granting(&self.db, &identity, &grant),
+        )
+        .await
+    }
+
+    /// [`AppState::session`] and the caller's plan in force (its id), read
+    /// with the account in one query ([`users::ensure_user_with_plan`]).
+    pub async fn session_with_plan(
+        &self,
+        auth: &BearerAuth,
+        gate: Gate,
+    ) -> Result<(UserContext, String), ApiError> {
+        let (identity, grant) = self.checked_identity(auth, gate).await?;
+        self.bounded_db(
+            "loading the account and its plan",
+            users::ensure_user_with_plan(&self.db, &identity, &grant),
+        )
+        .await
+    }
+
+    /// Steps 1–3 of [`AppState::session`]: the gates and the token, giving
+    /// the caller's identity and who may be granted admin at first sight.
+    async fn checked_identity(
+        &self,
+        auth: &BearerAuth,
+        gate: Gate,
+    ) -> Result<(Identity, AdminGrant<'_>), ApiError> {
         self.require(Feature::Auth)?;
         match gate {
             Gate::Auth => {}
@@ -222,10 +252,6 @@ impl AppState {
             user_id: claims.sub,
             email: claims.email,
         };
-        self.bounded_db(
-            "loading the account",
-            users::ensure_user_granting(&self.db, &identity, &grant),
-        )
-        .await
+        Ok((identity, grant))
     }
 }

@@ -167,10 +167,16 @@ pub fn check_quota(
 /// `active` (also when cancelled at period end), else FREE.
 pub async fn plan_of<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<String, DbErr> {
     let sub = subscriptions::Entity::find_by_id(user_id).one(db).await?;
-    Ok(match sub {
-        Some(s) if s.status == subscriptions::SubscriptionStatus::Active => s.plan,
+    Ok(plan_in_force(sub.map(|s| (s.plan, s.status))))
+}
+
+/// The rule of [`plan_of`] on a loaded subscription row (`None`: no row):
+/// its `plan` while its status is `active`, else FREE.
+pub fn plan_in_force(sub: Option<(String, subscriptions::SubscriptionStatus)>) -> String {
+    match sub {
+        Some((plan, subscriptions::SubscriptionStatus::Active)) => plan,
         _ => FREE.to_string(),
-    })
+    }
 }
 
 /// Tokens (input + output) of `user_id` recorded since the first of the

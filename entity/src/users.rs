@@ -8,9 +8,9 @@
 
 use chrono::Utc;
 use sea_orm::{
-    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbErr, EntityTrait,
-    QueryFilter, Set, SqliteTransactionMode, TransactionOptions, TransactionSession,
-    TransactionTrait,
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, JoinType,
+    QueryFilter, QuerySelect, RelationTrait, Set, SqliteTransactionMode, TransactionOptions,
+    TransactionSession, TransactionTrait,
 };
 use uuid::Uuid;
 
@@ -132,6 +132,68 @@ where
         });
     }
     create_defaults(db, id, grant).await
+}
+
+/// [`ensure_user_granting`] and the caller's plan in force
+/// ([`crate::ai::plan_of`]'s rule) together: for a known user one
+/// `SELECT` joining `users`, `user_roles` and `subscriptions` (one round trip
+/// where the two functions took two), for a new one the first-sight
+/// transaction and then FREE, the plan it creates.
+///
+/// Errors: as [`ensure_user_granting`].
+pub async fn ensure_user_with_plan<C>(
+    db: &C,
+    id: &Identity,
+    grant: &AdminGrant<'_>,
+) -> Result<(UserContext, String), DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    type Row = (
+        Uuid,
+        Option<String>,
+        chrono::DateTime<Utc>,
+        Option<Role>,
+        Option<String>,
+        Option<SubscriptionStatus>,
+    );
+    let found: Option<Row> = users::Entity::find_by_id(id.user_id)
+        .select_only()
+        .columns([
+            users::Column::Id,
+            users::Column::Email,
+            users::Column::CreatedAt,
+        ])
+        .column(user_roles::Column::Role)
+        .column(subscriptions::Column::Plan)
+        .column(subscriptions::Column::Status)
+        .join(JoinType::LeftJoin, users::Relation::Role.def())
+        .join(JoinType::LeftJoin, users::Relation::Subscription.def())
+        .into_tuple()
+        .one(db)
+        .await?;
+    if let Some((user_id, email, created_at, Some(role), plan, status)) = found {
+        let user = users::Model {
+            id: user_id,
+            email,
+            created_at,
+        };
+        let email = sync_email(db, &user, id.email.as_deref()).await?;
+        let plan = crate::ai::plan_in_force(plan.zip(status));
+        return Ok((
+            UserContext {
+                user_id,
+                email,
+                role,
+            },
+            plan,
+        ));
+    }
+    let user = create_defaults(db, id, grant).await?;
+    // Rows that were missing besides the role (the subscription among them)
+    // were created by the same transaction; an existing subscription was kept.
+    let plan = crate::ai::plan_of(db, id.user_id).await?;
+    Ok((user, plan))
 }
 
 /// Whether `email` is in `admin_emails`, both trimmed and compared with

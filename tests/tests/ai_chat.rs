@@ -11,9 +11,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use entity::entities::ai_usage;
+use entity::entities::{
+    ai_usage,
+    subscriptions::{self, SubscriptionStatus},
+};
 use futures::StreamExt;
-use sea_orm::{ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
+use sea_orm::{
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
+    Set,
+};
 use serde_json::{json, Value};
 use tests::{
     client, connect_db, free_user, hs256_token, session_claims, wait_until, EnvMap, Proc, Reply,
@@ -490,6 +496,55 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
     })
     .await;
     assert!(agrees, "ai_usage does not sum to {used}");
+}
+
+/// The limits are the caller's plan in force, read with the session: a new
+/// user's FREE, an active paid plan's, and FREE again once that plan is no
+/// longer active.
+#[tokio::test]
+async fn the_callers_plan_in_force_sets_the_limits() {
+    let stack = Stack::new().await;
+    let upstream = MockServer::start().await;
+    openai_mock(&upstream).await;
+    let api = stack.api_with_worker(&env(&stack, &upstream.uri())).await;
+    let db = connect_db(&stack).await;
+    let limit_of = |r: &Reply| {
+        assert_eq!(r.status, 200, "{}", r.text);
+        r.header_u64("X-RateLimit-Limit")
+    };
+
+    // First sight: the account and its FREE subscription are created.
+    let t = token(Uuid::new_v4());
+    let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+    assert_eq!(limit_of(&r), 10, "FREE");
+
+    let user = free_user(&db).await;
+    let set = |plan: &'static str, status: SubscriptionStatus| {
+        let db = db.clone();
+        async move {
+            subscriptions::Entity::update_many()
+                .col_expr(subscriptions::Column::Plan, Expr::value(plan))
+                .col_expr(subscriptions::Column::Status, Expr::value(status))
+                .filter(subscriptions::Column::UserId.eq(user))
+                .exec(&db)
+                .await
+                .expect("update the subscription");
+        }
+    };
+    let t = token(user);
+    let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "x"})).await;
+    assert_eq!(limit_of(&r), 10, "FREE");
+    set("PRO", SubscriptionStatus::Active).await;
+    let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+    assert_eq!(limit_of(&r), 40, "PRO, active");
+    let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "x"})).await;
+    assert_eq!(limit_of(&r), 40, "PRO, active");
+    set("PRO", SubscriptionStatus::PastDue).await;
+    let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+    assert_eq!(limit_of(&r), 10, "PRO, past due: FREE");
+    set("ULTIMATE", SubscriptionStatus::Active).await;
+    let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "x"})).await;
+    assert_eq!(limit_of(&r), 80, "ULTIMATE, active");
 }
 
 /// A provider that streams OpenAI chunks on demand: one delta, then waits

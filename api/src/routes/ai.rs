@@ -656,22 +656,15 @@ struct Admitted {
     reserved: (i64, chrono::DateTime<Utc>),
 }
 
-/// The caller's session, then the id of its plan. (Reading the plan in
-/// parallel with the session was tried: 29 of 500 simultaneous chats then
-/// waited past the pool's acquire deadline, see BENCHMARKS.md.)
+/// The caller's session and the id of its plan, read together in one query.
+/// (Reading the plan in parallel with the session was tried: 29 of 500
+/// simultaneous chats then waited past the pool's acquire deadline, see
+/// BENCHMARKS.md.)
 async fn session_and_plan(
     state: &AppState,
     auth: &BearerAuth,
 ) -> Result<(entity::users::UserContext, String), ApiError> {
-    let user = state.session(auth, Gate::Auth).await?;
-    let plan = plan_id(state, user.user_id).await?;
-    Ok((user, plan))
-}
-
-async fn plan_id(state: &AppState, user_id: Uuid) -> Result<String, ApiError> {
-    state
-        .bounded_db("loading the plan", rules::plan_of(&state.db, user_id))
-        .await
+    state.session_with_plan(auth, Gate::Auth).await
 }
 
 /// Provider, size, configuration and both limits, in that order; `plan_id`
