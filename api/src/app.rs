@@ -237,7 +237,7 @@ pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result
         tokio::spawn(async move { worker::runtime::run(s, t).await })
     });
 
-    let listener = tokio::net::TcpListener::bind((settings.host.as_str(), settings.port))
+    let listener = crate::server::bind(&settings.host, settings.port)
         .await
         .with_context(|| format!("cannot listen on {}:{}", settings.host, settings.port))?;
     let addr = listener.local_addr().context("no local address")?;

@@ -62,6 +62,44 @@ impl Limits {
     }
 }
 
+/// Connections the kernel may hold completed but not yet accepted
+/// (`listen(2)`'s backlog; Linux caps it at `net.core.somaxconn`). Tokio's
+/// `TcpListener::bind` asks for 128: a burst of a few hundred clients
+/// connecting at once (500 chats opened together, BENCHMARKS.md) then
+/// overflows the queue and the kernel drops their SYNs, which the clients
+/// resend only after 1 s.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// Listens on `host:port` (a name is resolved; the first address that binds
+/// is used) with [`LISTEN_BACKLOG`] and `SO_REUSEADDR`, as
+/// `TcpListener::bind` does otherwise.
+///
+/// Errors: the name does not resolve, or no address can be bound.
+pub async fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        };
+        let bound = socket.and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind(addr)?;
+            s.listen(LISTEN_BACKLOG)
+        });
+        match bound {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{host} resolves to no address"),
+        )
+    }))
+}
+
 type HyperBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
 
 /// Serves `ep` on `listener` until `shutdown`, then lets connections finish
@@ -169,5 +207,22 @@ async fn serve_connection<E>(
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn binds_addresses_and_names_and_refuses_a_port_in_use() {
+        let l = bind("127.0.0.1", 0).await.expect("bind 127.0.0.1");
+        assert!(l.local_addr().unwrap().port() > 0);
+        let l = bind("localhost", 0).await.expect("bind localhost");
+        assert!(l.local_addr().unwrap().ip().is_loopback());
+        // A port already listened on cannot be bound again.
+        let port = l.local_addr().unwrap().port();
+        let taken = bind(&l.local_addr().unwrap().ip().to_string(), port).await;
+        assert!(taken.is_err(), "bound a port in use");
     }
 }
