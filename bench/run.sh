@@ -328,6 +328,8 @@ if want ai-streams; then
   echo "### ai-streams: $ns concurrent chats of $AI_CHUNKS chunks, $AI_CHUNK_DELAY_MS ms apart; $(load)"
   "$BIN/examples/bench_peer" streams "$FAKE" - "$ns" "$(fake_body "$AI_CHUNKS" "$AI_CHUNK_DELAY_MS")" | tee "$OUT/ai-streams-direct.txt"
   rest=$(awk '/VmRSS/ {print $2}' "/proc/$API_PID/status")
+  # RssFile: the binary's own pages (code, read-only data) mapped in; RssAnon: the heap.
+  echo "ai-streams: api before the streams: $(grep -E '^Rss(Anon|File)' "/proc/$API_PID/status" | tr -s ' \t' ' ' | paste -sd ' ')"
   echo 5 > "/proc/$API_PID/clear_refs"
   "$BIN/examples/bench_peer" streams "$BASE/api/ai/chat" "$OUT/ai.tokens" "$ns" "$(ai_body "$AI_CHUNKS" "$AI_CHUNK_DELAY_MS")" | tee "$OUT/ai-streams-api.txt"
   peak=$(awk '/VmHWM/ {print $2}' "/proc/$API_PID/status")
