@@ -137,8 +137,9 @@ where
 /// [`ensure_user_granting`] and the caller's plan in force
 /// ([`crate::ai::plan_of`]'s rule) together: for a known user one
 /// `SELECT` joining `users`, `user_roles` and `subscriptions` (one round trip
-/// where the two functions took two), for a new one the first-sight
-/// transaction and then FREE, the plan it creates.
+/// where the two functions took two); for a new one the first-sight
+/// transaction, then its subscription's plan (FREE, which that transaction
+/// creates, unless a subscription row already existed).
 ///
 /// Errors: as [`ensure_user_granting`].
 pub async fn ensure_user_with_plan<C>(
