@@ -9,13 +9,17 @@
 # payments-seed webhook webhook256 settle lookup pgbench checkout (issue 8; checkout is not
 # in the default list: run it by name).
 #   bash bench/run.sh payments-seed webhook webhook256 settle lookup pgbench
-# AI (issue 9; not in the default list, run by name): ai-ttfb ai-streams ai-generate ai-quota
+# AI (issue 9; not in the default list, run by name): ai-ttfb ai-ttfb-parts ai-streams ai-generate ai-quota
 #   bash bench/run.sh ai-ttfb ai-streams ai-generate ai-quota
 # Identity (issue 10; not in the default list, run by name): auth-signin auth-refresh auth-user auth-settings
 #   bash bench/run.sh auth-signin auth-refresh auth-user auth-settings
 # BIN (default target/release) picks the binaries; NO_BUILD=1 skips the release
 # build, e.g. a smoke test with debug binaries:
 #   BIN=target/debug NO_BUILD=1 DUR=3s bash bench/run.sh ai-ttfb
+# API_ENV adds variables to the api's environment only (e.g.
+# API_ENV=TOKIO_WORKER_THREADS=1); API_CPUS / CLIENT_CPUS pin the api and the
+# ttfb clients to cores (taskset lists):
+#   API_CPUS=1 CLIENT_CPUS=0 TTFB_N=1000 bash bench/run.sh ai-ttfb ai-ttfb-parts
 # Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS);
 # all traffic stays on 127.0.0.1.
 set -euo pipefail
@@ -74,17 +78,29 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB${PG_PARAMS:-}" REDIS
   PROVIDER_A_BASE_URL=http://$PEER PROVIDER_A_API_BASE_URL=http://$PEER \
   SETTLEMENT_SWEEP_AFTER_SECS=86400 PAYMENT_RECONCILE_AFTER_SECS=86400 \
   NEXT_PUBLIC_ENABLE_AI=true AI_DEFAULT_PROVIDER=openai OPENAI_API_KEY=sk-bench \
-  OPENAI_BASE_URL=http://$PEER/v1 OPENAI_MODEL=gpt-4o-mini
+  OPENAI_BASE_URL=http://$PEER/v1 OPENAI_MODEL=gpt-4o-mini \
+  OPENAI_COMPATIBLE_BASE_URL=http://127.0.0.1:${CLOSED_PORT:-9}/v1
+# (openai_compatible points at a closed port: ai-ttfb-parts times a chat that
+# passes every gate and then fails to connect.)
 # The sweep and reconciliation are pushed out of the runs' way: the seeded
 # payments are all PENDING and the settle section measures the queue, not the
 # sweep re-queueing a backlog that is merely waiting.
 
-env "${AUTH_ENV[@]}" "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
+env "${AUTH_ENV[@]}" ${API_ENV:-} "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
 for _ in $(seq 1 50); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
 grep -q listening "$OUT/api.out" 2>/dev/null || { echo "the api did not start:" >&2; cat "$OUT/api.err" >&2; exit 1; }
 BASE=http://127.0.0.1:$API_PORT
+# API_CPUS / CLIENT_CPUS (taskset lists, e.g. 1 and 0): the api's threads and
+# the ttfb clients on their own cores, so the client reading a first byte does
+# not wait for a core the api holds (as a browser on its own machine would
+# not); unset: the kernel places both (see BENCHMARKS.md, AI ttfb).
+[ -n "${API_CPUS:-}" ] && taskset -a -p -c "$API_CPUS" "$API_PID" > /dev/null
+CLIENT=()
+[ -n "${CLIENT_CPUS:-}" ] && CLIENT=(taskset -c "$CLIENT_CPUS")
 
 load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"; }
+# CPU time a process has used (user + system), in milliseconds.
+cpu_ms() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) * 1000 / hz}' "/proc/$1/stat"; }
 rss() { awk '/VmHWM/ {print $2/1024 " MiB peak"}' "/proc/$1/status"; }
 run() { # name, wrk args...
   local name=$1; shift
@@ -309,13 +325,39 @@ ai_setup() {
 # Time to first byte: $TTFB_N (200) sequential requests to the fake directly
 # and as many through POST /api/ai/chat, taking turns (one keep-alive client
 # each, 10 unmeasured warm-ups; each body read to its end). The fake streams
-# $AI_CHUNKS chunks with no delay (the first byte does not depend on it).
+# $AI_CHUNKS chunks $TTFB_DELAY_MS (0) ms apart: with 0 the whole answer comes
+# in one burst, the api's hardest case (it relays the burst right after its
+# first byte, while the client reads).
 if want ai-ttfb; then
   ai_setup
-  echo "### ai-ttfb; $(load)"
+  d=${TTFB_DELAY_MS:-0}
+  echo "### ai-ttfb ($AI_CHUNKS chunks, $d ms apart; api cores ${API_CPUS:-any}, client cores ${CLIENT_CPUS:-any}); $(load)"
   n=${TTFB_N:-200}
-  "$BIN/examples/bench_peer" ttfb "$FAKE" - "$n" "$(fake_body "$AI_CHUNKS" 0)" \
-    "$BASE/api/ai/chat" "$OUT/ai.tokens" "$(ai_body "$AI_CHUNKS" 0)" | tee "$OUT/ai-ttfb.txt" | sed 's/^ttfb difference.*/& (goal: both <= 2 ms)/'
+  c0=$(cpu_ms "$API_PID")
+  "${CLIENT[@]}" "$BIN/examples/bench_peer" ttfb "$FAKE" - "$n" "$(fake_body "$AI_CHUNKS" "$d")" \
+    "$BASE/api/ai/chat" "$OUT/ai.tokens" "$(ai_body "$AI_CHUNKS" "$d")" | tee "$OUT/ai-ttfb.txt" | sed 's/^ttfb difference.*/& (goal: both <= 2 ms)/'
+  echo "ai-ttfb: api CPU $(echo "scale=3; ($(cpu_ms "$API_PID") - $c0) / ($n + 10)" | bc) ms per chat"
+fi
+
+# Where the first byte's time goes: the same sequential turns against the
+# fake, each time with a chat that stops at a later step: no session (401:
+# the HTTP hop and the gates), an unknown provider (400: + the token and the
+# one database query), a provider at a closed port (503: + the Redis limits
+# script and a refused connect), then the whole chat (+ the upstream's headers).
+if want ai-ttfb-parts; then
+  ai_setup
+  n=${TTFB_N:-200}
+  part() { # name, status, tokens, body
+    echo "ai-ttfb-parts: $1"
+    TTFB_STATUS=$2 "${CLIENT[@]}" "$BIN/examples/bench_peer" ttfb "$FAKE" - "$n" "$(fake_body "$AI_CHUNKS" 0)" \
+      "$BASE/api/ai/chat" "$3" "$4" | tee -a "$OUT/ai-ttfb-parts.txt"
+  }
+  echo "### ai-ttfb-parts; $(load)"
+  : > "$OUT/ai-ttfb-parts.txt"
+  part "401, no session" 401 - "$(ai_body 1 0)"
+  part "400, unknown provider" 400 "$OUT/ai.tokens" '{"provider":"none","messages":[{"role":"user","content":"hi"}]}'
+  part "503, closed port" 503 "$OUT/ai.tokens" '{"provider":"openai_compatible","messages":[{"role":"user","content":"hi"}]}'
+  part "200, the whole chat" 200 "$OUT/ai.tokens" "$(ai_body "$AI_CHUNKS" 0)"
 fi
 
 # 500 concurrent chats ($AI_STREAMS), each $AI_CHUNKS chunks $AI_CHUNK_DELAY_MS

@@ -43,7 +43,10 @@
 //!   `n` sequential POSTs (after 10 unmeasured warm-ups), time from sending
 //!   to the first byte of the body, each body read to its end; median, p99,
 //!   max. With a second target the two take turns, and a last line gives the
-//!   second's median and p99 minus the first's.
+//!   second's median and p99 minus the first's. The second target's answers
+//!   must be a success, or with `TTFB_STATUS=<code>` that status (a refusal
+//!   timed on purpose, to see where the time goes). `TTFB_PAUSE_MS=<ms>`
+//!   pauses before each measured request.
 //!   `bench_peer streams <url> <tokens file|-> <n> <json body>`: `n`
 //!   concurrent POSTs (token `i` of the file for stream `i`, round robin);
 //!   counts the streams that end with `data: [DONE]` and carry no error
@@ -368,11 +371,13 @@ struct Timed {
     complete: bool,
 }
 
+/// `expect`: the status the answer must have (`None`: any success).
 async fn timed_post(
     client: &reqwest::Client,
     url: &str,
     token: Option<&str>,
     body: &str,
+    expect: Option<u16>,
 ) -> Result<Timed, String> {
     let t0 = std::time::Instant::now();
     let mut req = client
@@ -399,7 +404,8 @@ async fn timed_post(
         all.extend_from_slice(&c);
     }
     let total = t0.elapsed();
-    if !status.is_success() {
+    let wanted = expect.map_or(status.is_success(), |e| status.as_u16() == e);
+    if !wanted {
         return Err(format!("{status}: {}", String::from_utf8_lossy(&all)));
     }
     let text = String::from_utf8_lossy(&all);
@@ -437,22 +443,25 @@ fn quantile(v: &[std::time::Duration], q: f64) -> std::time::Duration {
     v[rank - 1]
 }
 
-/// One ttfb target: URL, session tokens (none: no `Authorization`), body.
+/// One ttfb target: URL, session tokens (none: no `Authorization`), body,
+/// the status its answers must have (`None`: any success).
 struct Target {
     url: String,
     tokens: Vec<String>,
     body: String,
+    expect: Option<u16>,
     client: reqwest::Client,
     firsts: Vec<std::time::Duration>,
     incomplete: usize,
 }
 
 impl Target {
-    fn new(url: String, tokens: &str, body: String) -> Self {
+    fn new(url: String, tokens: &str, body: String, expect: Option<u16>) -> Self {
         Target {
             url,
             tokens: read_tokens(tokens),
             body,
+            expect,
             client: reqwest::Client::new(),
             firsts: Vec::new(),
             incomplete: 0,
@@ -461,7 +470,7 @@ impl Target {
 
     async fn once(&mut self, i: usize, measure: bool) {
         let token = (!self.tokens.is_empty()).then(|| self.tokens[i % self.tokens.len()].as_str());
-        let t = timed_post(&self.client, &self.url, token, &self.body)
+        let t = timed_post(&self.client, &self.url, token, &self.body, self.expect)
             .await
             .expect("request");
         if measure {
@@ -481,8 +490,19 @@ async fn ttfb(mut targets: Vec<Target>, n: usize) {
             t.once(i, false).await;
         }
     }
+    // TTFB_PAUSE_MS: a pause before each measured request (think time), so
+    // that work a previous answer left behind is done by then.
+    let pause = std::time::Duration::from_millis(
+        std::env::var("TTFB_PAUSE_MS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+    );
     for i in 0..n {
         for t in &mut targets {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
             t.once(i, true).await;
         }
     }
@@ -527,7 +547,7 @@ async fn streams(url: &str, tokens: &str, n: usize, body: &str) {
             );
             tokio::spawn(async move {
                 let token = (!tokens.is_empty()).then(|| tokens[i % tokens.len()].as_str());
-                timed_post(&client, &url, token, &body).await
+                timed_post(&client, &url, token, &body, None).await
             })
         })
         .collect();
@@ -586,9 +606,14 @@ async fn main() -> std::io::Result<()> {
                 .parse()
                 .unwrap_or(if arg(1) == "ttfb" { 200 } else { 500 });
             if arg(1) == "ttfb" {
-                let mut targets = vec![Target::new(arg(2), &arg(3), arg(5))];
+                let mut targets = vec![Target::new(arg(2), &arg(3), arg(5), None)];
                 if !arg(6).is_empty() {
-                    targets.push(Target::new(arg(6), &arg(7), arg(8)));
+                    // TTFB_STATUS: the status the second target answers
+                    // (a refusal measured on purpose), else any success.
+                    let expect = std::env::var("TTFB_STATUS")
+                        .ok()
+                        .and_then(|s| s.parse().ok());
+                    targets.push(Target::new(arg(6), &arg(7), arg(8), expect));
                 }
                 ttfb(targets, n).await;
             } else {
