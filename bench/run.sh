@@ -326,8 +326,9 @@ ai_setup() {
 # and as many through POST /api/ai/chat, taking turns (one keep-alive client
 # each, 10 unmeasured warm-ups; each body read to its end). The fake streams
 # $AI_CHUNKS chunks $TTFB_DELAY_MS (0) ms apart: with 0 the whole answer comes
-# in one burst, the api's hardest case (it relays the burst right after its
-# first byte, while the client reads).
+# in one burst (the api relays it right after its first byte, while the client
+# reads); with 1 or more it is spread out as a model's would be (each request
+# then lasts AI_CHUNKS x that long: lower TTFB_N).
 if want ai-ttfb; then
   ai_setup
   d=${TTFB_DELAY_MS:-0}
