@@ -196,9 +196,7 @@ impl Queues {
                     .acquire_timeout(timeout.max(Duration::from_secs(5)))
                     .connect_with(opts)
                     .await?;
-                SqliteStorage::<()>::setup(&pool).await.map_err(|e| {
-                    QueueError::Push(format!("cannot set up the SQLite queue: {e}"))
-                })?;
+                setup_sqlite(&pool, timeout.max(Duration::from_secs(5))).await?;
                 let storages = names
                     .iter()
                     .map(|(q, n)| {
@@ -798,3 +796,122 @@ return deleted
 ",
     )
 });
+
+/// apalis-sqlite's setup (pragmas, `PRAGMA optimize`, its migrations), again
+/// while SQLite answers `SQLITE_BUSY` ("database is locked"), for up to
+/// `within`. Another process on the same file (the api's or a worker's
+/// queue, while `worker dead-letters` starts) can hold the write lock at a
+/// moment SQLite reports busy without waiting out `busy_timeout` (a read
+/// that must become a write in WAL mode); every step of the setup is
+/// idempotent, so running it again is safe.
+async fn setup_sqlite(pool: &SqlitePool, within: Duration) -> Result<(), QueueError> {
+    let deadline = std::time::Instant::now() + within;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match SqliteStorage::<()>::setup(pool).await {
+            Ok(()) => return Ok(()),
+            Err(e) if is_sqlite_busy(&e) && std::time::Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "SQLite queue busy while setting up; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => {
+                return Err(QueueError::Push(format!(
+                    "cannot set up the SQLite queue: {e}"
+                )))
+            }
+        }
+    }
+}
+
+/// Whether `e` is SQLite's `SQLITE_BUSY` (primary result code 5, with any
+/// extended code), also when wrapped in a migration error.
+fn is_sqlite_busy(e: &apalis_sqlite::Error) -> bool {
+    match e {
+        apalis_sqlite::Error::Database(sqlx::Error::Database(d)) => d
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| c & 0xff == 5),
+        _ => e.to_string().contains("database is locked"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool on a fresh SQLite file that reports busy at once (no
+    /// `busy_timeout`), and a second connection to the same file.
+    async fn busy_file() -> (std::path::PathBuf, SqlitePool, SqlitePool) {
+        let path = std::env::temp_dir().join(format!("queue-busy-{}.db", Ulid::new()));
+        let opts = || {
+            SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::ZERO)
+        };
+        let holder = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts())
+            .await
+            .unwrap();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(opts())
+            .await
+            .unwrap();
+        (path, holder, pool)
+    }
+
+    #[tokio::test]
+    async fn setup_waits_out_a_write_lock_held_elsewhere() {
+        let (path, holder, pool) = busy_file().await;
+        let mut lock = holder.acquire().await.unwrap();
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut *lock)
+            .await
+            .unwrap();
+
+        // Busy is recognised for what it is (a real error from SQLite) ...
+        let busy = SqliteStorage::<()>::setup(&pool).await.unwrap_err();
+        assert!(is_sqlite_busy(&busy), "{busy}");
+        // ... and another failure is not.
+        let other = apalis_sqlite::Error::Database(
+            sqlx::query("SELEC 1").execute(&pool).await.unwrap_err(),
+        );
+        assert!(!is_sqlite_busy(&other), "{other}");
+
+        // Setting up while the lock is held succeeds once it is released.
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            sqlx::query("COMMIT").execute(&mut *lock).await.unwrap();
+        });
+        setup_sqlite(&pool, Duration::from_secs(5)).await.unwrap();
+        release.await.unwrap();
+        let tables: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name = 'Jobs'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(tables, 1, "apalis's table exists after the setup");
+
+        // A lock that outlasts the bound is reported, naming the cause.
+        let mut lock = holder.acquire().await.unwrap();
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut *lock)
+            .await
+            .unwrap();
+        let e = setup_sqlite(&pool, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("database is locked"), "{e}");
+        sqlx::query("COMMIT").execute(&mut *lock).await.unwrap();
+        drop(lock);
+        pool.close().await;
+        holder.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+    }
+}
