@@ -492,12 +492,7 @@ async fn ttfb(mut targets: Vec<Target>, n: usize) {
     }
     // TTFB_PAUSE_MS: a pause before each measured request (think time), so
     // that work a previous answer left behind is done by then.
-    let pause = std::time::Duration::from_millis(
-        std::env::var("TTFB_PAUSE_MS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0),
-    );
+    let pause = std::time::Duration::from_millis(env_u64("TTFB_PAUSE_MS", 0));
     for i in 0..n {
         for t in &mut targets {
             if !pause.is_zero() {

@@ -78,8 +78,9 @@ pub async fn connect_db(
     }
 }
 
-/// Opens the queue backend, retrying with backoff (SQLite can fail on a busy
-/// or unwritable file; Redis connects lazily and does not fail here).
+/// Opens the queue backend, retrying with backoff (SQLite can fail on an
+/// unwritable file, or on a busy one past [`Queues::connect`]'s own bounded
+/// wait; Redis connects lazily and does not fail here).
 pub async fn connect_queues(
     settings: &Settings,
     shutdown: &CancellationToken,
