@@ -374,10 +374,12 @@ if want ai-streams; then
   # RssFile: the binary's own pages (code, read-only data) mapped in; RssAnon: the heap.
   echo "ai-streams: api before the streams: $(grep -E '^Rss(Anon|File)' "/proc/$API_PID/status" | tr -s ' \t' ' ' | paste -sd ' ')"
   echo 5 > "/proc/$API_PID/clear_refs"
+  c0=$(cpu_ms "$API_PID")
   "$BIN/examples/bench_peer" streams "$BASE/api/ai/chat" "$OUT/ai.tokens" "$ns" "$(ai_body "$AI_CHUNKS" "$AI_CHUNK_DELAY_MS")" | tee "$OUT/ai-streams-api.txt"
   peak=$(awk '/VmHWM/ {print $2}' "/proc/$API_PID/status")
   after=$(awk '/VmRSS/ {print $2}' "/proc/$API_PID/status")
   echo "ai-streams: api RSS before $(echo "scale=1; $rest / 1024" | bc) MiB, peak $(echo "scale=1; $peak / 1024" | bc) MiB (goal < 64), after $(echo "scale=1; $after / 1024" | bc) MiB; per stream $(echo "scale=1; ($peak - $rest) / $ns" | bc) KiB"
+  echo "ai-streams: api CPU $(echo "scale=2; ($(cpu_ms "$API_PID") - $c0) / $ns" | bc) ms per stream"
 fi
 
 # Generate against the instant fake ($GEN_CHUNKS chunks, no delay), wrk over

@@ -1,6 +1,7 @@
 //! The worker under abuse: SIGKILL mid-delivery (at-least-once: every
 //! accepted message arrives), SIGTERM (the job in flight finishes and is
-//! acknowledged), and Redis / PostgreSQL outages (it keeps retrying, never exits).
+//! acknowledged), and Redis / PostgreSQL outages (it keeps retrying, never exits);
+//! the api's database connections closed by PostgreSQL while idle.
 
 use std::{
     collections::BTreeMap,
@@ -9,7 +10,8 @@ use std::{
 
 use serde_json::json;
 use tests::{
-    host_port, post_json, random_ip, Proc, ProxyMode, SmtpSink, Stack, TcpProxy, CONTACT_EMAIL,
+    client, host_port, hs256_token, post_json, random_ip, session_claims, Proc, ProxyMode, Reply,
+    SmtpSink, Stack, TcpProxy, CONTACT_EMAIL,
 };
 use wiremock::{
     matchers::{method, path},
@@ -421,4 +423,70 @@ async fn worker_started_before_postgres_waits_for_it() {
     sink.wait_for(1, Duration::from_secs(45)).await;
     assert!(worker.stderr().contains("worker started"));
     assert!(worker.is_running());
+}
+
+/// PostgreSQL closes the api's pooled connections (a restart, a failover, an
+/// operator's `pg_terminate_backend`) while they sit idle: the next requests
+/// are answered as before: a pooled connection is pinged before it is handed
+/// out, found dead and replaced before a statement is sent on it. (Pinging
+/// only connections idle for a while was tried: a statement on a connection
+/// closed since its last use then failed with a 500; see BENCHMARKS.md.)
+#[tokio::test(flavor = "multi_thread")]
+async fn api_replaces_database_connections_closed_while_idle() {
+    const SECRET: &str = "resilience-test-secret-0123456789abcdef0123456789";
+    let stack = Stack::new().await;
+    let api = stack
+        .api(&stack.session_env(SECRET, "service-role-test-key-0123456789abcdef"))
+        .await;
+    let users: Vec<String> = (0..8)
+        .map(|_| {
+            let sub = uuid::Uuid::new_v4().to_string();
+            hs256_token(
+                SECRET.as_bytes(),
+                &session_claims(&sub, Some("idle@example.com")),
+            )
+        })
+        .collect();
+    let round = |label: &'static str| {
+        let url = api.url("/api/profile");
+        let users = users.clone();
+        async move {
+            let replies = futures::future::join_all(users.iter().map(|tok| {
+                Reply::send(
+                    client()
+                        .post(&url)
+                        .bearer_auth(tok)
+                        .json(&json!({"full_name": "Idle"})),
+                )
+            }))
+            .await;
+            let failed: Vec<String> = replies
+                .iter()
+                .filter(|r| r.status != 200)
+                .map(|r| format!("{} {}", r.status, r.text))
+                .collect();
+            assert!(
+                failed.is_empty(),
+                "{label}: {} of {} profile saves failed: {failed:?}",
+                failed.len(),
+                replies.len()
+            );
+        }
+    };
+    // Several requests at once, so the pool holds several connections.
+    round("before").await;
+
+    let pool = stack.db.pool().await;
+    let killed: i64 = sea_orm::sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) AS k",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("terminate the api's connections");
+    assert!(killed >= 1, "the api held no database connection to close");
+    pool.close().await;
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    round("after the api's idle connections were closed").await;
 }
