@@ -426,11 +426,12 @@ async fn worker_started_before_postgres_waits_for_it() {
 }
 
 /// PostgreSQL closes the api's pooled connections (a restart, a failover, an
-/// operator's `pg_terminate_backend`) while they sit idle: the next requests
-/// are answered as before: a pooled connection is pinged before it is handed
-/// out, found dead and replaced before a statement is sent on it. (Pinging
-/// only connections idle for a while was tried: a statement on a connection
-/// closed since its last use then failed with a 500; see BENCHMARKS.md.)
+/// operator's `pg_terminate_backend`) while they sit idle, and the next
+/// requests are answered as before, because a pooled connection is pinged
+/// before it is handed out, found dead and replaced before a statement is
+/// sent on it. (Pinging only connections idle for a while was tried: a
+/// statement on a connection closed since its last use then failed with a
+/// 500; see BENCHMARKS.md.)
 #[tokio::test(flavor = "multi_thread")]
 async fn api_replaces_database_connections_closed_while_idle() {
     const SECRET: &str = "resilience-test-secret-0123456789abcdef0123456789";
@@ -487,6 +488,7 @@ async fn api_replaces_database_connections_closed_while_idle() {
     assert!(killed >= 1, "the api held no database connection to close");
     pool.close().await;
 
+    // `pg_terminate_backend` only signals the backends: let them exit.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     round("after the api's idle connections were closed").await;
 }
