@@ -329,6 +329,9 @@ ai_setup() {
 # in one burst (the api relays it right after its first byte, while the client
 # reads); with 1 or more it is spread out as a model's would be (each request
 # then lasts AI_CHUNKS x that long: lower TTFB_N).
+# Each first byte is timed twice: as the client read it, and on arrival (the
+# kernel's receive stamp, SO_TIMESTAMPNS, which leaves out the client's own
+# wait for a core). TTFB_CLIENT=reqwest: the older reqwest client, as read only.
 if want ai-ttfb; then
   ai_setup
   d=${TTFB_DELAY_MS:-0}

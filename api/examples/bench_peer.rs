@@ -42,8 +42,14 @@
 //!   `bench_peer ttfb <url> <tokens file|-> <n> <json body> [<url2> <tokens2|-> <body2>]`:
 //!   `n` sequential POSTs (after 10 unmeasured warm-ups), time from sending
 //!   to the first byte of the body, each body read to its end; median, p99,
-//!   max. With a second target the two take turns, and a last line gives the
-//!   second's median and p99 minus the first's. The second target's answers
+//!   max, twice: as this process read the byte, and on arrival (the kernel's
+//!   receive time of the socket buffer holding it, `SO_TIMESTAMPNS`: what a
+//!   client on its own core or host would see, without the measuring
+//!   process's wait for a core it shares with the server). With a second
+//!   target the two take turns, and the last lines give the second's median
+//!   and p99 minus the first's, as read and on arrival. `TTFB_CLIENT=reqwest`
+//!   measures with reqwest instead (as read only; the client before
+//!   2026-11-25). The second target's answers
 //!   must be a success, or with `TTFB_STATUS=<code>` that status (a refusal
 //!   timed on purpose, to see where the time goes). `TTFB_PAUSE_MS=<ms>`
 //!   pauses before each measured request.
@@ -444,46 +450,78 @@ fn quantile(v: &[std::time::Duration], q: f64) -> std::time::Duration {
 }
 
 /// One ttfb target: URL, session tokens (none: no `Authorization`), body,
-/// the status its answers must have (`None`: any success).
+/// the status its answers must have (`None`: any success). Measured with
+/// [`wire::Conn`] (first body byte as read and on arrival), or with
+/// `TTFB_CLIENT=reqwest` by reqwest as before 2026-11-25 (as read only).
 struct Target {
     url: String,
     tokens: Vec<String>,
     body: String,
     expect: Option<u16>,
-    client: reqwest::Client,
+    client: Option<reqwest::Client>,
+    conn: wire::Conn,
     firsts: Vec<std::time::Duration>,
+    arrivals: Vec<std::time::Duration>,
     incomplete: usize,
 }
 
 impl Target {
     fn new(url: String, tokens: &str, body: String, expect: Option<u16>) -> Self {
+        let reqwest = std::env::var("TTFB_CLIENT").is_ok_and(|c| c == "reqwest");
         Target {
+            conn: wire::Conn::new(&url),
             url,
             tokens: read_tokens(tokens),
             body,
             expect,
-            client: reqwest::Client::new(),
+            client: reqwest.then(reqwest::Client::new),
             firsts: Vec::new(),
+            arrivals: Vec::new(),
             incomplete: 0,
         }
     }
 
     async fn once(&mut self, i: usize, measure: bool) {
         let token = (!self.tokens.is_empty()).then(|| self.tokens[i % self.tokens.len()].as_str());
-        let t = timed_post(&self.client, &self.url, token, &self.body, self.expect)
-            .await
-            .expect("request");
+        let (t, arrived) = match &self.client {
+            Some(client) => (
+                timed_post(client, &self.url, token, &self.body, self.expect)
+                    .await
+                    .expect("request"),
+                None,
+            ),
+            None => {
+                // Blocking, on purpose: requests are sequential, and a
+                // plain read leaves no other task to schedule.
+                let seen = self.conn.post(token, &self.body).expect("request");
+                let text = String::from_utf8_lossy(&seen.body);
+                let wanted = self
+                    .expect
+                    .map_or((200..300).contains(&seen.status), |e| seen.status == e);
+                assert!(wanted, "{}: {text}", seen.status);
+                let t = Timed {
+                    first: seen.read,
+                    total: seen.total,
+                    gap: std::time::Duration::ZERO,
+                    complete: text.trim_end().ends_with("data: [DONE]")
+                        && !text.contains(r#""type":"error""#),
+                };
+                (t, Some(seen.arrived))
+            }
+        };
         if measure {
             self.incomplete += usize::from(!t.complete);
             self.firsts.push(t.first);
+            self.arrivals.extend(arrived);
         }
     }
 }
 
 /// `n` sequential requests per target, the targets taking turns (so both
-/// see the same background load), each with its own keep-alive client and
+/// see the same background load), each with its own keep-alive connection and
 /// 10 unmeasured warm-ups; prints the first-byte median, p99 and max of
-/// each, and with two targets the second's median and p99 minus the first's.
+/// each, as read and (wire client) on arrival, and with two targets the
+/// second's median and p99 minus the first's.
 async fn ttfb(mut targets: Vec<Target>, n: usize) {
     for i in 0..10 {
         for t in &mut targets {
@@ -501,26 +539,35 @@ async fn ttfb(mut targets: Vec<Target>, n: usize) {
             t.once(i, true).await;
         }
     }
-    let mut figures = Vec::new();
+    let mut read = Vec::new();
+    let mut arrived = Vec::new();
     for t in &mut targets {
-        t.firsts.sort();
-        let (median, p99) = (quantile(&t.firsts, 0.5), quantile(&t.firsts, 0.99));
-        println!(
-            "ttfb {}: median {:.3} ms, p99 {:.3} ms, max {:.3} ms over {n} sequential requests ({} incomplete)",
-            t.url,
-            ms(median),
-            ms(p99),
-            ms(t.firsts.last().copied().unwrap_or_default()),
-            t.incomplete,
-        );
-        figures.push((ms(median), ms(p99)));
+        let line = |what: &str, v: &mut Vec<std::time::Duration>| {
+            v.sort();
+            let (median, p99) = (quantile(v, 0.5), quantile(v, 0.99));
+            println!(
+                "ttfb {} ({what}): median {:.3} ms, p99 {:.3} ms, max {:.3} ms over {n} sequential requests ({} incomplete)",
+                t.url,
+                ms(median),
+                ms(p99),
+                ms(v.last().copied().unwrap_or_default()),
+                t.incomplete,
+            );
+            (ms(median), ms(p99))
+        };
+        read.push(line("as read", &mut t.firsts));
+        if !t.arrivals.is_empty() {
+            arrived.push(line("on arrival", &mut t.arrivals));
+        }
     }
-    if let [(m1, p1), (m2, p2)] = figures[..] {
-        println!(
-            "ttfb difference (second minus first): median {:+.3} ms, p99 {:+.3} ms",
-            m2 - m1,
-            p2 - p1
-        );
+    for (what, figures) in [("as read", read), ("on arrival", arrived)] {
+        if let [(m1, p1), (m2, p2)] = figures[..] {
+            println!(
+                "ttfb difference {what} (second minus first): median {:+.3} ms, p99 {:+.3} ms",
+                m2 - m1,
+                p2 - p1
+            );
+        }
     }
 }
 
@@ -643,4 +690,219 @@ async fn main() -> std::io::Result<()> {
         .data(count);
     println!("bench peer on http://{addr}");
     Server::new(TcpListener::bind(addr)).run(app).await
+}
+
+/// A keep-alive HTTP/1.1 client for the ttfb measurement that stamps the
+/// first body byte twice: when this process read it, and when the kernel
+/// queued it on the socket (`SO_TIMESTAMPNS`, socket(7)). On loopback the
+/// second is the moment the server's write reached the client's socket, what
+/// a client on another host would see (less the network): it leaves out the
+/// measuring process's own wait for a core, which on a small box it shares
+/// with the server. Only what the ttfb targets answer is understood: one
+/// response per request, `chunked` or `content-length` bodies.
+mod wire {
+    use std::io::{BufRead, BufReader, IoSliceMut, Read, Write};
+    use std::net::TcpStream;
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    use nix::sys::socket::{recv, recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags};
+
+    /// One answer: status, body, and the first body byte as read and on arrival
+    /// (both from just before the request's first byte was written).
+    pub struct Seen {
+        pub status: u16,
+        pub body: Vec<u8>,
+        pub read: Duration,
+        pub arrived: Duration,
+        pub total: Duration,
+    }
+
+    /// A connection to one `http://host:port/path` URL, opened on first use
+    /// and kept while the server keeps it.
+    pub struct Conn {
+        addr: String,
+        path: String,
+        stream: Option<TcpStream>,
+    }
+
+    fn invalid(what: impl Into<String>) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
+    }
+
+    /// Takes `want` bytes (waiting for all of them) and the receive time of
+    /// the last socket buffer they came from.
+    fn recv_stamped(s: &TcpStream, want: usize) -> std::io::Result<(Vec<u8>, SystemTime)> {
+        let mut buf = vec![0u8; want];
+        let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+        let (n, stamp) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = recvmsg::<()>(
+                s.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg[..]),
+                MsgFlags::MSG_WAITALL,
+            )?;
+            let mut stamp = None;
+            for c in msg.cmsgs()? {
+                if let ControlMessageOwned::ScmTimestampns(t) = c {
+                    let (secs, nanos) = (u64::try_from(t.tv_sec()), u32::try_from(t.tv_nsec()));
+                    if let (Ok(secs), Ok(nanos)) = (secs, nanos) {
+                        stamp = Some(UNIX_EPOCH + Duration::new(secs, nanos));
+                    }
+                }
+            }
+            (msg.bytes, stamp)
+        };
+        if n < want {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let stamp = stamp.ok_or_else(|| invalid("no SO_TIMESTAMPNS control message"))?;
+        Ok((buf, stamp))
+    }
+
+    fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+        hay.windows(needle.len()).position(|w| w == needle)
+    }
+
+    /// Reads a `chunked` body (RFC 9112 §7.1) to its last chunk into `out`.
+    fn read_chunked(r: &mut impl BufRead, out: &mut Vec<u8>) -> std::io::Result<()> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            r.read_line(&mut line)?;
+            let size = line.trim().split(';').next().unwrap_or_default();
+            let size = usize::from_str_radix(size, 16)
+                .map_err(|_| invalid(format!("chunk size line {line:?}")))?;
+            if size == 0 {
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line)? == 0 || line == "\r\n" {
+                        return Ok(());
+                    }
+                }
+            }
+            let start = out.len();
+            out.resize(start + size, 0);
+            r.read_exact(&mut out[start..])?;
+            let mut crlf = [0u8; 2];
+            r.read_exact(&mut crlf)?;
+        }
+    }
+
+    impl Conn {
+        pub fn new(url: &str) -> Self {
+            let u = url::Url::parse(url).expect("ttfb url");
+            Conn {
+                addr: format!(
+                    "{}:{}",
+                    u.host_str().expect("ttfb url host"),
+                    u.port_or_known_default().expect("ttfb url port")
+                ),
+                path: u.path().to_string(),
+                stream: None,
+            }
+        }
+
+        fn connect(&self) -> std::io::Result<TcpStream> {
+            let s = TcpStream::connect(&self.addr)?;
+            s.set_nodelay(true)?;
+            setsockopt(&s, sockopt::ReceiveTimestampns, &true)?;
+            Ok(s)
+        }
+
+        /// POSTs `body` as JSON (with a bearer `token`) and reads the answer to its end.
+        pub fn post(&mut self, token: Option<&str>, body: &str) -> std::io::Result<Seen> {
+            let s = match self.stream.take() {
+                Some(s) => s,
+                None => self.connect()?,
+            };
+            let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
+            let request = format!(
+                "POST {} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n{auth}content-length: {}\r\n\r\n{body}",
+                self.path,
+                self.addr,
+                body.len()
+            );
+            let (t0, t0_wall) = (Instant::now(), SystemTime::now());
+            (&s).write_all(request.as_bytes())?;
+
+            // The head, then exactly one body byte: peek at what has come,
+            // take everything before the head's end, then the head's end and
+            // the first body byte in one stamped read.
+            let mut head = Vec::new();
+            let mut peeked = vec![0u8; 64 * 1024];
+            let (read_at, arrived_at, end) = loop {
+                let n = recv(s.as_raw_fd(), &mut peeked, MsgFlags::MSG_PEEK)?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                let seen = Instant::now();
+                let mut all = head.clone();
+                all.extend_from_slice(&peeked[..n]);
+                match find(&all, b"\r\n\r\n") {
+                    Some(i) if all.len() > i + 4 => {
+                        let (bytes, stamp) = recv_stamped(&s, i + 5 - head.len())?;
+                        head.extend_from_slice(&bytes);
+                        break (seen, stamp, i + 4);
+                    }
+                    Some(i) if head_says_empty(&all[..i + 4]) => {
+                        let (bytes, stamp) = recv_stamped(&s, i + 4 - head.len())?;
+                        head.extend_from_slice(&bytes);
+                        break (seen, stamp, i + 4);
+                    }
+                    _ => {
+                        let (bytes, _) = recv_stamped(&s, n)?;
+                        head.extend_from_slice(&bytes);
+                    }
+                }
+            };
+            let read = read_at - t0;
+            let arrived = arrived_at.duration_since(t0_wall).unwrap_or_default();
+
+            let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+            let status = text
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| invalid("status line"))?;
+            let header = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            };
+            let mut body = Vec::new();
+            let mut rest = (&head[end..]).chain(BufReader::new(&s));
+            if header("transfer-encoding:").is_some_and(|v| v.contains("chunked")) {
+                read_chunked(&mut rest, &mut body)?;
+            } else {
+                let len = header("content-length:")
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| invalid("neither chunked nor content-length"))?;
+                body.resize(len, 0);
+                rest.read_exact(&mut body)?;
+            }
+            let total = t0.elapsed();
+            if header("connection:").is_none_or(|v| !v.contains("close")) {
+                self.stream = Some(s);
+            }
+            Ok(Seen {
+                status,
+                body,
+                read,
+                arrived,
+                total,
+            })
+        }
+    }
+
+    /// A complete head announcing an empty body (`content-length: 0`).
+    fn head_says_empty(head: &[u8]) -> bool {
+        String::from_utf8_lossy(head)
+            .to_ascii_lowercase()
+            .lines()
+            .any(|l| {
+                l.strip_prefix("content-length:")
+                    .is_some_and(|v| v.trim() == "0")
+            })
+    }
 }
