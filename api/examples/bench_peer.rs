@@ -414,14 +414,17 @@ async fn timed_post(
     if !wanted {
         return Err(format!("{status}: {}", String::from_utf8_lossy(&all)));
     }
-    let text = String::from_utf8_lossy(&all);
-    let complete = text.trim_end().ends_with("data: [DONE]") && !text.contains(r#""type":"error""#);
     Ok(Timed {
         first: first.unwrap_or(total),
         total,
         gap,
-        complete,
+        complete: complete_stream(&String::from_utf8_lossy(&all)),
     })
+}
+
+/// A complete AI chat stream: ends with `data: [DONE]`, no `"type":"error"` chunk.
+fn complete_stream(text: &str) -> bool {
+    text.trim_end().ends_with("data: [DONE]") && !text.contains(r#""type":"error""#)
 }
 
 fn read_tokens(path: &str) -> Vec<String> {
@@ -503,8 +506,7 @@ impl Target {
                     first: seen.read,
                     total: seen.total,
                     gap: std::time::Duration::ZERO,
-                    complete: text.trim_end().ends_with("data: [DONE]")
-                        && !text.contains(r#""type":"error""#),
+                    complete: complete_stream(&text),
                 };
                 (t, Some(seen.arrived))
             }
