@@ -194,7 +194,9 @@ pub async fn build_state(
     } else {
         None
     };
+    let accounts = crate::account_cache::AccountCache::start(&db, shutdown);
     Ok(AppState {
+        accounts,
         idp,
         oauth,
         providers,

@@ -189,18 +189,28 @@ impl AppState {
     }
 
     /// [`AppState::session`] and the caller's plan in force (its id), read
-    /// with the account in one query ([`users::ensure_user_with_plan`]).
+    /// with the account in one query ([`users::ensure_user_with_plan`]), or
+    /// from [`crate::account_cache`] while PostgreSQL reports the account,
+    /// its role and its subscription unchanged.
     pub async fn session_with_plan(
         &self,
         auth: &BearerAuth,
         gate: Gate,
     ) -> Result<(UserContext, String), ApiError> {
         let (identity, grant) = self.checked_identity(auth, gate).await?;
-        self.bounded_db(
-            "loading the account and its plan",
-            users::ensure_user_with_plan(&self.db, &identity, &grant),
-        )
-        .await
+        let email = identity.email.as_deref();
+        if let Some(hit) = self.accounts.get(identity.user_id, email) {
+            return Ok(hit);
+        }
+        let ticket = self.accounts.ticket();
+        let found = self
+            .bounded_db(
+                "loading the account and its plan",
+                users::ensure_user_with_plan(&self.db, &identity, &grant),
+            )
+            .await?;
+        self.accounts.put(ticket, email, &found);
+        Ok(found)
     }
 
     /// Steps 1–3 of [`AppState::session`]: the gates and the token, giving

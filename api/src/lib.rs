@@ -2,6 +2,7 @@
 //! errors, request ids. Handlers are thin; the work is in `entity` (the model)
 //! and `worker` (the jobs).
 
+pub mod account_cache;
 pub mod app;
 pub mod auth;
 pub mod idp;

@@ -43,6 +43,9 @@ pub struct AppState {
     pub idp: Option<Arc<crate::idp::Idp>>,
     /// The OAuth sign-in providers (GitHub, Google), bounded by `OAUTH_TIMEOUT_MS`.
     pub oauth: worker::oauth::OAuthClients,
+    /// Accounts and plans in force, kept while PostgreSQL reports them
+    /// unchanged ([`crate::account_cache`]).
+    pub accounts: Arc<crate::account_cache::AccountCache>,
 }
 
 impl AppState {

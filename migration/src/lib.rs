@@ -27,6 +27,7 @@ mod m20261123_000003_add_payment_idempotency_and_reconcile;
 mod m20261123_000010_add_ai_usage_outcome;
 mod m20261123_000020_create_identity;
 mod m20261123_000021_create_oauth_states;
+mod m20261126_000001_notify_account_changes;
 
 /// The list of all migrations, in the order they are applied.
 pub struct Migrator;
@@ -50,6 +51,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000010_add_ai_usage_outcome::Migration),
             Box::new(m20261123_000020_create_identity::Migration),
             Box::new(m20261123_000021_create_oauth_states::Migration),
+            Box::new(m20261126_000001_notify_account_changes::Migration),
         ]
     }
 }

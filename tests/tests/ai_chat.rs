@@ -17,8 +17,8 @@ use entity::entities::{
 };
 use futures::StreamExt;
 use sea_orm::{
-    sea_query::Expr, ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    Set,
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend,
+    EntityTrait, QueryFilter, Set, Statement, TransactionTrait,
 };
 use serde_json::{json, Value};
 use tests::{
@@ -498,9 +498,43 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
     assert!(agrees, "ai_usage does not sum to {used}");
 }
 
+/// Posts `body` to `path` until the answer's `X-RateLimit-Limit` is `want`,
+/// for at most 5 s, and answers the last reply. An api keeps accounts and
+/// plans in memory and drops them when PostgreSQL notifies it of a change,
+/// which can trail the commit of the change by a moment.
+async fn post_until_limit(api: &Proc, path: &str, token: &str, body: &Value, want: u64) -> Reply {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = post(api, path, Some(token), body).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        if r.header_u64("X-RateLimit-Limit") == want || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sets the plan and status of `user`'s subscription directly in the
+/// database, as settlement, expiry or an operator would.
+async fn set_subscription(
+    db: &DatabaseConnection,
+    user: Uuid,
+    plan: &str,
+    status: SubscriptionStatus,
+) {
+    let done = subscriptions::Entity::update_many()
+        .col_expr(subscriptions::Column::Plan, Expr::value(plan))
+        .col_expr(subscriptions::Column::Status, Expr::value(status))
+        .filter(subscriptions::Column::UserId.eq(user))
+        .exec(db)
+        .await
+        .expect("update the subscription");
+    assert_eq!(done.rows_affected, 1);
+}
+
 /// The limits are the caller's plan in force, read with the session: a new
 /// user's FREE, an active paid plan's, and FREE again once that plan is no
-/// longer active.
+/// longer active. Each change reaches the api at once, cached account or not.
 #[tokio::test]
 async fn the_callers_plan_in_force_sets_the_limits() {
     let stack = Stack::new().await;
@@ -519,32 +553,114 @@ async fn the_callers_plan_in_force_sets_the_limits() {
     assert_eq!(limit_of(&r), 10, "FREE");
 
     let user = free_user(&db).await;
-    let set = |plan: &'static str, status: SubscriptionStatus| {
-        let db = db.clone();
-        async move {
-            subscriptions::Entity::update_many()
-                .col_expr(subscriptions::Column::Plan, Expr::value(plan))
-                .col_expr(subscriptions::Column::Status, Expr::value(status))
-                .filter(subscriptions::Column::UserId.eq(user))
-                .exec(&db)
-                .await
-                .expect("update the subscription");
-        }
-    };
     let t = token(user);
-    let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "x"})).await;
+    let chat = sdk_body("x");
+    let gen = json!({"prompt": "x"});
+    let r = post(&api, "/api/ai/generate", Some(&t), &gen).await;
     assert_eq!(limit_of(&r), 10, "FREE");
-    set("PRO", SubscriptionStatus::Active).await;
-    let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+    let r = post(&api, "/api/ai/chat", Some(&t), &chat).await;
+    assert_eq!(limit_of(&r), 10, "FREE, again (the cached account)");
+    set_subscription(&db, user, "PRO", SubscriptionStatus::Active).await;
+    let r = post_until_limit(&api, "/api/ai/chat", &t, &chat, 40).await;
     assert_eq!(limit_of(&r), 40, "PRO, active");
-    let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "x"})).await;
+    let r = post(&api, "/api/ai/generate", Some(&t), &gen).await;
     assert_eq!(limit_of(&r), 40, "PRO, active");
-    set("PRO", SubscriptionStatus::PastDue).await;
-    let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+    set_subscription(&db, user, "PRO", SubscriptionStatus::PastDue).await;
+    let r = post_until_limit(&api, "/api/ai/chat", &t, &chat, 10).await;
     assert_eq!(limit_of(&r), 10, "PRO, past due: FREE");
-    set("ULTIMATE", SubscriptionStatus::Active).await;
-    let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "x"})).await;
+    set_subscription(&db, user, "ULTIMATE", SubscriptionStatus::Active).await;
+    let r = post_until_limit(&api, "/api/ai/generate", &t, &gen, 80).await;
     assert_eq!(limit_of(&r), 80, "ULTIMATE, active");
+}
+
+/// The account a chat needs is kept in the api while PostgreSQL reports it
+/// unchanged: with the `users` table locked, a known caller still chats and
+/// a caller the api has not seen gets 503. When the api's listening
+/// connection is cut, nothing cached is trusted until it listens again, and
+/// changes made meanwhile are seen.
+#[tokio::test]
+async fn the_cached_account_spares_the_database_and_is_dropped_when_its_listener_is_cut() {
+    let stack = Stack::new().await;
+    let upstream = MockServer::start().await;
+    openai_mock(&upstream).await;
+    let env = env(&stack, &upstream.uri()).with("DEPENDENCY_TIMEOUT_MS", "500");
+    let api = stack.api_with_worker(&env).await;
+    let db = connect_db(&stack).await;
+    let (known, unseen) = (free_user(&db).await, free_user(&db).await);
+    let chat = sdk_body("x");
+    // The first chat completes the account (its role row); the second, once
+    // the notifications of those writes have reached the api (one arriving
+    // while the api loads an account keeps it from caching that load), is
+    // the load that stays cached.
+    for _ in 0..2 {
+        let r = post(&api, "/api/ai/chat", Some(&token(known)), &chat).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Lock `users` against reads for as long as the transaction is open.
+    let locker = connect_db(&stack).await;
+    let txn = locker.begin().await.expect("begin");
+    txn.execute_unprepared("LOCK TABLE users IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock users");
+    let r = post(&api, "/api/ai/chat", Some(&token(known)), &chat).await;
+    assert_eq!(
+        r.status,
+        200,
+        "a known caller needs no query: {}; api stderr:\n{}",
+        r.text,
+        api.stderr()
+    );
+    let r = post(&api, "/api/ai/chat", Some(&token(unseen)), &chat).await;
+    assert_eq!(
+        r.status, 503,
+        "an unseen caller waits for the lock: {}",
+        r.text
+    );
+    txn.rollback().await.expect("unlock");
+
+    // Cut the api's listening connection, then change the plan: the change
+    // is seen although no notification reached the api.
+    let listeners = || async {
+        db.query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'api-account-listener' \
+             AND datname = current_database()",
+        ))
+        .await
+        .expect("pg_stat_activity")
+        .len()
+    };
+    assert_eq!(listeners().await, 1, "the api listens on one connection");
+    db.execute_unprepared(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'api-account-listener' AND datname = current_database()",
+    )
+    .await
+    .expect("terminate the listener");
+    set_subscription(&db, known, "PRO", SubscriptionStatus::Active).await;
+    let r = post_until_limit(&api, "/api/ai/chat", &token(known), &chat, 40).await;
+    assert_eq!(
+        r.header_u64("X-RateLimit-Limit"),
+        40,
+        "PRO, seen after the cut"
+    );
+
+    // It listens again, and what it caches afterwards follows changes again.
+    assert!(
+        wait_until(Duration::from_secs(10), || async { listeners().await == 1 }).await,
+        "the api listens again"
+    );
+    let r = post(&api, "/api/ai/chat", Some(&token(known)), &chat).await;
+    assert_eq!(r.header_u64("X-RateLimit-Limit"), 40);
+    set_subscription(&db, known, "ULTIMATE", SubscriptionStatus::Active).await;
+    let r = post_until_limit(&api, "/api/ai/chat", &token(known), &chat, 80).await;
+    assert_eq!(
+        r.header_u64("X-RateLimit-Limit"),
+        80,
+        "ULTIMATE, after the reconnect"
+    );
 }
 
 /// A provider that streams OpenAI chunks on demand: one delta, then waits
