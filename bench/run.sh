@@ -346,7 +346,8 @@ fi
 # Where the first byte's time goes: the same sequential turns against the
 # fake, each time with a chat that stops at a later step: no session (401:
 # the HTTP hop and the gates), an unknown provider (400: + the token and the
-# one database query), a provider at a closed port (503: + the Redis limits
+# account: one database query, or none once the api holds the caller's account
+# in memory), a provider at a closed port (503: + the Redis limits
 # script and a refused connect), then the whole chat (+ the upstream's headers).
 if want ai-ttfb-parts; then
   ai_setup

@@ -18,8 +18,8 @@ use migration::{Migrator, MigratorTrait};
 use sea_orm_migration::sea_orm::{
     ActiveModelTrait,
     ActiveValue::{NotSet, Set},
-    ColumnTrait, Database, DatabaseConnection, DbErr, EntityTrait, ModelTrait, PaginatorTrait,
-    QueryFilter, SqlErr,
+    ColumnTrait, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    ModelTrait, PaginatorTrait, QueryFilter, SqlErr, Statement,
 };
 use sea_orm_migration::SchemaManager;
 use serde_json::json;
@@ -73,8 +73,31 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The identity migrations (newest) step down first; each names the
-    // tables it creates.
+    // The newest migration: on PostgreSQL, one account-change trigger on
+    // each of users, user_roles and subscriptions; on SQLite, nothing.
+    let triggers = || async {
+        if db.get_database_backend() != DbBackend::Postgres {
+            return Ok::<_, DbErr>(0);
+        }
+        let row = db
+            .query_one_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT count(*) AS n FROM pg_trigger \
+                 WHERE tgname LIKE '%_notify_account_changed' AND NOT tgisinternal",
+            ))
+            .await?
+            .expect("a count");
+        row.try_get::<i64>("", "n")
+    };
+    let on_pg = db.get_database_backend() == DbBackend::Postgres;
+    assert_eq!(triggers().await?, if on_pg { 3 } else { 0 });
+    Migrator::down(db, Some(1)).await?;
+    assert_eq!(triggers().await?, 0, "account-change triggers after down");
+    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 1);
+    const TRIGGER_STEPS: usize = 1;
+
+    // The identity migrations step down next; each names the tables it
+    // creates.
     let created: [&[&str]; 2] = [
         &["auth_oauth_states"],
         &[
@@ -94,7 +117,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         for table in tables.iter() {
             assert!(!manager.has_table(table).await?, "{table} after down");
         }
-        assert_eq!(Migrator::get_pending_migrations(db).await?.len(), steps + 1);
+        assert_eq!(
+            Migrator::get_pending_migrations(db).await?.len(),
+            TRIGGER_STEPS + steps + 1
+        );
     }
 
     // Then the column migrations, newest first; each names the columns it
@@ -121,10 +147,15 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         }
         assert_eq!(
             Migrator::get_pending_migrations(db).await?.len(),
-            created.len() + steps + 1
+            TRIGGER_STEPS + created.len() + steps + 1
         );
     }
     Migrator::up(db, None).await?;
+    assert_eq!(
+        triggers().await?,
+        if on_pg { 3 } else { 0 },
+        "triggers after up"
+    );
     for table in created.iter().flat_map(|t| t.iter()) {
         assert!(manager.has_table(table).await?, "{table} after up");
     }
