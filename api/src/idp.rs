@@ -167,10 +167,7 @@ impl From<IdentityError> for AuthApiError {
     fn from(e: IdentityError) -> Self {
         match e {
             IdentityError::Db(ref db) => {
-                if matches!(
-                    db,
-                    sea_orm::DbErr::ConnectionAcquire(_) | sea_orm::DbErr::Conn(_)
-                ) {
+                if entity::db::is_unavailable(db) {
                     tracing::error!(error = %db, "auth: database unavailable");
                     return Self::unavailable();
                 }

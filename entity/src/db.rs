@@ -50,6 +50,47 @@ pub fn sqlite_path(url: &str) -> Option<String> {
     }
 }
 
+/// Whether `e` means the database cannot be used right now, as opposed to a
+/// statement it refused or a bug: callers answer 503 (and jobs retry) for
+/// these, 500 for anything else. True for:
+/// - no connection acquired or opened (`ConnectionAcquire`, `Conn`);
+/// - a connection that broke mid-statement: I/O or TLS errors, the pool
+///   closed or timed out, sqlx's background worker gone;
+/// - the server saying so itself, by SQLSTATE (PostgreSQL, Appendix A "Error
+///   Codes"): class `08` (connection exception), `57P01` admin_shutdown,
+///   `57P02` crash_shutdown, `57P03` cannot_connect_now, `53300`
+///   too_many_connections;
+/// - SQLite's `SQLITE_BUSY` / `SQLITE_LOCKED` (primary result codes 5 and 6,
+///   extended codes included), i.e. still locked after the busy timeout.
+pub fn is_unavailable(e: &DbErr) -> bool {
+    use sea_orm::{sqlx, RuntimeErr};
+    match e {
+        DbErr::ConnectionAcquire(_) | DbErr::Conn(_) => true,
+        DbErr::Exec(RuntimeErr::SqlxError(s)) | DbErr::Query(RuntimeErr::SqlxError(s)) => {
+            match &**s {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                sqlx::Error::Database(d) => d.code().is_some_and(|c| unavailable_code(&c)),
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// A PostgreSQL SQLSTATE (five characters) or a SQLite result code (a number
+/// of at most four digits) that says "unavailable"; see [`is_unavailable`].
+fn unavailable_code(code: &str) -> bool {
+    if code.len() == 5 {
+        code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300")
+    } else {
+        code.parse::<u32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+    }
+}
+
 /// Runs `SELECT 1`; used by health.
 pub async fn ping(db: &DatabaseConnection) -> Result<(), DbErr> {
     db.execute_unprepared("SELECT 1").await.map(|_| ())
@@ -79,5 +120,89 @@ pub async fn now<C: ConnectionTrait>(db: &C) -> Result<chrono::DateTime<chrono::
                 .map_err(|e| DbErr::Custom(format!("the database's time {text:?}: {e}")))
         }
         _ => row.try_get("", "now"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{borrow::Cow, error::Error, sync::Arc};
+
+    use sea_orm::{sqlx, RuntimeErr};
+
+    use super::*;
+
+    /// A database error with the given code, as a driver reports it.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error {}", self.0)
+        }
+    }
+
+    impl Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "error"
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn query(e: sqlx::Error) -> DbErr {
+        DbErr::Query(RuntimeErr::SqlxError(Arc::new(e)))
+    }
+
+    fn coded(code: &'static str) -> DbErr {
+        query(sqlx::Error::Database(Box::new(Coded(code))))
+    }
+
+    #[test]
+    fn lost_connections_and_a_server_that_will_not_serve_are_unavailable() {
+        let eof = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        assert!(is_unavailable(&query(sqlx::Error::Io(eof))));
+        assert!(is_unavailable(&DbErr::Exec(RuntimeErr::SqlxError(
+            Arc::new(sqlx::Error::PoolTimedOut)
+        ))));
+        assert!(is_unavailable(&query(sqlx::Error::PoolClosed)));
+        assert!(is_unavailable(&query(sqlx::Error::WorkerCrashed)));
+        // PostgreSQL: connection exceptions, shutting down, starting up,
+        // full; SQLite: busy and locked, extended codes included.
+        for code in [
+            "08000", "08003", "08006", "57P01", "57P02", "57P03", "53300", "5", "517", "6", "262",
+        ] {
+            assert!(is_unavailable(&coded(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn refused_statements_and_bugs_are_not() {
+        // PostgreSQL: unique and foreign-key violations, an unknown table, a
+        // serialization failure, a cancelled statement; SQLite: constraint
+        // (plain and unique), generic error.
+        for code in [
+            "23505", "23503", "42P01", "40001", "57014", "19", "2067", "1",
+        ] {
+            assert!(!is_unavailable(&coded(code)), "{code}");
+        }
+        assert!(!is_unavailable(&query(sqlx::Error::RowNotFound)));
+        assert!(!is_unavailable(&query(sqlx::Error::Protocol("?".into()))));
+        assert!(!is_unavailable(&DbErr::RecordNotFound("x".into())));
+        assert!(!is_unavailable(&DbErr::Custom("x".into())));
     }
 }

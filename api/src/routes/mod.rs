@@ -38,19 +38,19 @@ pub enum ApiTags {
     Auth,
 }
 
-/// Maps a database error: unreachable → 503 `database_unavailable`, anything
-/// else → 500 (cause logged, not sent).
+/// Maps a database error: unavailable ([`entity::db::is_unavailable`]: no
+/// connection, a connection lost mid-statement, a server shutting down or
+/// full) → 503 `database_unavailable`, anything else → 500 (cause logged, not
+/// sent).
 pub fn db_error(what: &str, e: sea_orm::DbErr) -> ApiError {
-    match e {
-        sea_orm::DbErr::ConnectionAcquire(_) | sea_orm::DbErr::Conn(_) => {
-            tracing::error!(error = %e, "{what}: database unavailable");
-            ApiError::Unavailable {
-                code: "database_unavailable",
-                detail: "the database is unreachable; try again shortly".into(),
-            }
-        }
-        e => ApiError::internal(format!("{what}: {e}")),
+    if entity::db::is_unavailable(&e) {
+        tracing::error!(error = %e, "{what}: database unavailable");
+        return ApiError::Unavailable {
+            code: "database_unavailable",
+            detail: "the database is unreachable; try again shortly".into(),
+        };
     }
+    ApiError::internal(format!("{what}: {e}"))
 }
 
 /// `{ "success": true }`.
