@@ -12,14 +12,19 @@
 //!   every listening session, so every writer is covered: the api, the
 //!   worker's settlement and expiry, an operator's `psql`.
 //! - Each api process keeps one connection listening on that channel
-//!   ([`listen`]). A notification removes the user's entry and advances the
-//!   cache's *epoch*.
-//! - A reader that misses takes a [`Ticket`] (the epoch) *before* its query
-//!   and stores the answer only if the epoch has not moved since. A query
-//!   that read the old row either stores before the notification arrives
-//!   (which then removes it) or finds the epoch moved (and stores nothing).
+//!   ([`listen`]). A notification removes the user's entry, advances the
+//!   cache's *sequence* and records it as that user's last change.
+//! - A reader that misses takes a [`Ticket`] (the sequence) *before* its
+//!   query and stores the answer only if no change of *that user* was
+//!   recorded since (and the cache has not been reset since). A query that
+//!   read the old row either stores before the notification arrives (which
+//!   then removes it) or finds the user's change newer than its ticket (and
+//!   stores nothing). Changes of other users do not void it.
+//! - The record of last changes is bounded ([`MAX_ENTRIES`] users); when it
+//!   is full it is reset, which voids every ticket taken before (a load
+//!   then simply goes unstored).
 //! - Entries are used only while the listener is connected. When its
-//!   connection is lost the cache is emptied and the epoch advanced; it is
+//!   connection is lost the cache is emptied and reset; it is
 //!   used again once the listener listens again. (Between the loss and the
 //!   listener noticing it, normally at once since the server closes the
 //!   socket, a change can go unnoticed; emptying the cache on noticing ends
@@ -72,11 +77,27 @@ struct Entry {
 #[derive(Default)]
 struct Inner {
     entries: HashMap<Uuid, Entry>,
-    epoch: u64,
+    /// Advanced by every notification and every reset.
+    seq: u64,
+    /// The `seq` of each user's last notification since the last reset.
+    changes: HashMap<Uuid, u64>,
+    /// The `seq` of the last reset: tickets older than this store nothing.
+    floor: u64,
     live: bool,
 }
 
-/// The epoch a reader saw before its query; see the module documentation.
+impl Inner {
+    /// Forgets everything: entries, recorded changes and every ticket taken
+    /// so far.
+    fn reset(&mut self) {
+        self.seq += 1;
+        self.floor = self.seq;
+        self.entries.clear();
+        self.changes.clear();
+    }
+}
+
+/// The sequence a reader saw before its query; see the module documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket(Option<u64>);
 
@@ -147,22 +168,25 @@ impl AccountCache {
     /// Taken before loading an account from the database.
     pub fn ticket(&self) -> Ticket {
         let inner = self.lock();
-        Ticket(inner.live.then_some(inner.epoch))
+        Ticket(inner.live.then_some(inner.seq))
     }
 
     /// Stores what the database answered for a token with `token_email`,
-    /// unless a notification (or a lost listener) came in since `ticket` was
-    /// taken.
+    /// unless a notification about this user (or a reset: a lost listener, a
+    /// full record of changes) came in since `ticket` was taken.
     pub fn put(&self, ticket: Ticket, token_email: Option<&str>, value: &(UserContext, String)) {
         let mut inner = self.lock();
-        if !inner.live || ticket.0 != Some(inner.epoch) {
+        let Some(taken) = ticket.0 else { return };
+        let user = value.0.user_id;
+        let changed_since = inner.changes.get(&user).is_some_and(|&c| c > taken);
+        if !inner.live || taken < inner.floor || changed_since {
             return;
         }
         if inner.entries.len() >= MAX_ENTRIES {
             inner.entries.clear();
         }
         inner.entries.insert(
-            value.0.user_id,
+            user,
             Entry {
                 token_email: token_email.map(str::to_string),
                 value: value.clone(),
@@ -175,14 +199,24 @@ impl AccountCache {
     /// else empties the cache).
     fn changed(&self, payload: &str) {
         let mut inner = self.lock();
-        inner.epoch += 1;
         match Uuid::parse_str(payload.trim()) {
+            Ok(id) if inner.changes.len() < MAX_ENTRIES || inner.changes.contains_key(&id) => {
+                inner.seq += 1;
+                let seq = inner.seq;
+                inner.changes.insert(id, seq);
+                inner.entries.remove(&id);
+            }
             Ok(id) => {
+                // The record of changes is full: start it over, voiding
+                // every load in flight, and drop the user's entry.
+                let entries = std::mem::take(&mut inner.entries);
+                inner.reset();
+                inner.entries = entries;
                 inner.entries.remove(&id);
             }
             Err(_) => {
                 tracing::warn!(payload, "account cache: unexpected notification; emptied");
-                inner.entries.clear();
+                inner.reset();
             }
         }
     }
@@ -190,8 +224,7 @@ impl AccountCache {
     /// The listener listens (again): entries may be stored and used.
     fn go_live(&self) {
         let mut inner = self.lock();
-        inner.epoch += 1;
-        inner.entries.clear();
+        inner.reset();
         inner.live = true;
     }
 
@@ -199,8 +232,7 @@ impl AccountCache {
     /// have been missed, so nothing cached so far is trusted.
     fn go_dark(&self) {
         let mut inner = self.lock();
-        inner.epoch += 1;
-        inner.entries.clear();
+        inner.reset();
         inner.live = false;
     }
 }
@@ -296,6 +328,14 @@ mod tests {
         // A load that read before the change must not be stored.
         c.put(in_flight, None, &account(a, None, "PRO"));
         assert_eq!(c.get(a, None), None);
+        // A load of another user, in flight at the same time, is.
+        let other = Uuid::new_v4();
+        c.put(in_flight, None, &account(other, None, "FREE"));
+        assert_eq!(
+            c.get(other, None),
+            Some(account(other, None, "FREE")),
+            "another user's change does not void it"
+        );
         c.put(c.ticket(), None, &account(a, None, "FREE"));
         assert_eq!(c.get(a, None), Some(account(a, None, "FREE")));
         // A payload that is not a user id empties everything.
@@ -339,6 +379,31 @@ mod tests {
             c.get(id, None),
             Some(account(id, Some("stored@example.com"), "FREE"))
         );
+    }
+
+    #[test]
+    fn a_full_record_of_changes_starts_over_and_voids_loads_in_flight() {
+        let c = live();
+        let kept = Uuid::new_v4();
+        c.put(c.ticket(), None, &account(kept, None, "PRO"));
+        let in_flight = c.ticket();
+        for _ in 0..MAX_ENTRIES {
+            c.changed(&Uuid::new_v4().to_string());
+        }
+        assert_eq!(c.lock().changes.len(), MAX_ENTRIES);
+        let changed = Uuid::new_v4();
+        c.put(c.ticket(), None, &account(changed, None, "PRO"));
+        c.changed(&changed.to_string());
+        assert!(c.lock().changes.is_empty(), "the record starts over");
+        assert_eq!(c.get(changed, None), None, "the changed user is dropped");
+        assert!(c.get(kept, None).is_some(), "unchanged users stay");
+        // Which users changed before the reset is forgotten: every load in
+        // flight goes unstored, whoever it is for.
+        let fresh = Uuid::new_v4();
+        c.put(in_flight, None, &account(fresh, None, "FREE"));
+        assert_eq!(c.get(fresh, None), None);
+        c.put(c.ticket(), None, &account(fresh, None, "FREE"));
+        assert!(c.get(fresh, None).is_some());
     }
 
     #[test]
