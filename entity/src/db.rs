@@ -51,8 +51,8 @@ pub fn sqlite_path(url: &str) -> Option<String> {
 }
 
 /// Whether `e` means the database cannot be used right now, as opposed to a
-/// statement it refused or a bug: callers answer 503 (and jobs retry) for
-/// these, 500 for anything else. True for:
+/// statement it refused or a bug: the api answers 503 for these, 500 for
+/// anything else. True for:
 /// - no connection acquired or opened (`ConnectionAcquire`, `Conn`);
 /// - a connection that broke mid-statement: I/O or TLS errors, the pool
 ///   closed or timed out, sqlx's background worker gone;

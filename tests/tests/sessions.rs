@@ -1512,6 +1512,60 @@ async fn session_routes_bound_their_database_calls() {
     proxy.on();
 }
 
+/// A connection the database ends in the middle of a statement answers 503
+/// `database_unavailable`, not 500: the api's first-sight query waits on a
+/// lock and PostgreSQL terminates its backend (SQLSTATE 57P01), long before
+/// `DEPENDENCY_TIMEOUT_MS` could answer instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_ended_mid_statement_is_503_not_500() {
+    let stack = Stack::new().await;
+    let pool = stack.db.pool().await;
+    let env = session_env(&stack).with("DEPENDENCY_TIMEOUT_MS", "30000");
+    let api = stack.api(&env).await;
+    let mut locker = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE users IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .expect("lock users");
+    // Ends every backend of this database that waits on a lock: the api's.
+    let terminate = async {
+        for _ in 0..400 {
+            let ended: i64 = sqlx::query_scalar(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                 AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("pg_terminate_backend");
+            if ended > 0 {
+                return ended;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        0
+    };
+    let (tok, body) = (token(Uuid::new_v4(), "ann@example.com"), json!({}));
+    let (r, ended) = tokio::join!(post_as(&api, PROFILE, &tok, &body), terminate);
+    locker.rollback().await.expect("unlock");
+    assert_eq!(
+        ended, 1,
+        "the api's query never waited on the lock: {}",
+        r.text
+    );
+    if let Err(e) = r.check_problem(Some(503), Some("database_unavailable"), None) {
+        panic!("{e}; api stderr:\n{}", api.stderr());
+    }
+    assert!(
+        r.text.contains("unreachable"),
+        "a lost connection, not the time bound: {}",
+        r.text
+    );
+    // The pool recovers: the same caller is served once the lock is gone.
+    let r = post_as(&api, PROFILE, &tok, &json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
 /// `ADMIN_USER_IDS` grants admin at first sight, by id alone (no email).
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_user_ids_grant_admin_at_first_sight() {
