@@ -87,13 +87,19 @@ struct Inner {
 }
 
 impl Inner {
+    /// Voids every ticket taken so far and forgets the recorded changes;
+    /// entries stay.
+    fn void_tickets(&mut self) {
+        self.seq += 1;
+        self.floor = self.seq;
+        self.changes.clear();
+    }
+
     /// Forgets everything: entries, recorded changes and every ticket taken
     /// so far.
     fn reset(&mut self) {
-        self.seq += 1;
-        self.floor = self.seq;
+        self.void_tickets();
         self.entries.clear();
-        self.changes.clear();
     }
 }
 
@@ -209,9 +215,7 @@ impl AccountCache {
             Ok(id) => {
                 // The record of changes is full: start it over, voiding
                 // every load in flight, and drop the user's entry.
-                let entries = std::mem::take(&mut inner.entries);
-                inner.reset();
-                inner.entries = entries;
+                inner.void_tickets();
                 inner.entries.remove(&id);
             }
             Err(_) => {
