@@ -20,6 +20,11 @@
 # API_ENV=TOKIO_WORKER_THREADS=1); API_CPUS / CLIENT_CPUS pin the api and the
 # ttfb clients to cores (taskset lists):
 #   API_CPUS=1 CLIENT_CPUS=0 TTFB_N=1000 bash bench/run.sh ai-ttfb ai-ttfb-parts
+# CLIENT_RT=<priority> runs the ttfb clients under SCHED_FIFO (chrt -f), so a
+# client woken by its first byte takes a core at once instead of waiting for
+# one the api, the fake or PostgreSQL holds (as a client on its own machine
+# would); needs root:
+#   CLIENT_RT=50 TTFB_N=1000 bash bench/run.sh ai-ttfb
 # Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS);
 # all traffic stays on 127.0.0.1.
 set -euo pipefail
@@ -97,6 +102,7 @@ BASE=http://127.0.0.1:$API_PORT
 [ -n "${API_CPUS:-}" ] && taskset -a -p -c "$API_CPUS" "$API_PID" > /dev/null
 CLIENT=()
 [ -n "${CLIENT_CPUS:-}" ] && CLIENT=(taskset -c "$CLIENT_CPUS")
+[ -n "${CLIENT_RT:-}" ] && CLIENT+=(chrt -f "$CLIENT_RT")
 
 load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"; }
 # CPU time a process has used (user + system), in milliseconds.
@@ -342,7 +348,7 @@ ai_setup() {
 if want ai-ttfb; then
   ai_setup
   d=${TTFB_DELAY_MS:-0}
-  echo "### ai-ttfb ($AI_CHUNKS chunks, $d ms apart; api cores ${API_CPUS:-any}, client cores ${CLIENT_CPUS:-any}); $(load)"
+  echo "### ai-ttfb ($AI_CHUNKS chunks, $d ms apart; api cores ${API_CPUS:-any}, client cores ${CLIENT_CPUS:-any}, client SCHED_FIFO ${CLIENT_RT:-no}); $(load)"
   n=${TTFB_N:-200}
   c0=$(cpu_ms "$API_PID")
   "${CLIENT[@]}" "$BIN/examples/bench_peer" ttfb "$FAKE" - "$n" "$(fake_body "$AI_CHUNKS" "$d")" \
