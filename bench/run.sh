@@ -22,8 +22,8 @@
 #   API_CPUS=1 CLIENT_CPUS=0 TTFB_N=1000 bash bench/run.sh ai-ttfb ai-ttfb-parts
 # CLIENT_RT=<priority> runs the ttfb clients under SCHED_FIFO (chrt -f), so a
 # client woken by its first byte takes a core at once instead of waiting for
-# one the api, the fake or PostgreSQL holds (as a client on its own machine
-# would); needs root:
+# one the api, the fake or PostgreSQL holds, as a client on its own machine
+# does; needs root:
 #   CLIENT_RT=50 TTFB_N=1000 bash bench/run.sh ai-ttfb
 # Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS);
 # all traffic stays on 127.0.0.1.
