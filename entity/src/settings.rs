@@ -180,10 +180,10 @@ pub struct Toggles {
     pub ai: bool,
 }
 
-/// Default of `HTTP_MAX_IN_FLIGHT`, sized from measurement (BENCHMARKS.md,
-/// load shedding): enough requests in flight to keep both cores of the
-/// reference host busy on the fastest routes, few enough that an admitted
-/// request's p99 stays within 3× its p99 at 32 connections.
+/// Default of `HTTP_MAX_IN_FLIGHT`, sized from the waitlist figures of
+/// BENCHMARKS.md by Little's law (metrics and load shedding): enough requests
+/// in flight to keep both cores of the reference host busy, few enough that
+/// an admitted request does not wait behind hundreds of others.
 pub const HTTP_MAX_IN_FLIGHT_DEFAULT: usize = 64;
 
 /// Everything the api and worker processes are configured with.
