@@ -182,7 +182,7 @@ mod tests {
         let ep = make(move |_req| {
             let g = g.clone();
             async move {
-                let _ = g.acquire().await.expect("open").forget();
+                g.acquire().await.expect("open").forget();
                 "done"
             }
         })
