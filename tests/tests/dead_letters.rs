@@ -469,3 +469,84 @@ async fn sqlx_rows(pool: &sea_orm::sqlx::PgPool) -> Vec<(Option<uuid::Uuid>, Str
     .await
     .expect("audit rows")
 }
+
+/// The admin routes and the queue gauges on the embedded SQLite queue
+/// (`api --with-worker`, no PostgreSQL, no Redis).
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_admin_route_lists_and_redrives_and_metrics_count_the_dead() {
+    let dir = TempDir::new();
+    let server = MockServer::start().await;
+    email_api_answers(&server, 400).await;
+    let token = "metrics-token-for-the-tests-0123456789abcdef";
+    let env = EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", plans_file().display().to_string())
+        .with("EMAIL_FROM", tests::EMAIL_FROM)
+        .with("EMAIL_PROVIDER_API_KEY", "re_dl")
+        .with("EMAIL_PROVIDER_BASE_URL", server.uri())
+        .with("NEXT_PUBLIC_BACKEND_URL", "http://127.0.0.1:9")
+        .with("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY", "pk_test_dummy")
+        .with(
+            "BACKEND_SERVICE_ROLE_KEY",
+            "service-role-test-key-0123456789abcdef",
+        )
+        .with("BACKEND_JWT_SECRET", ADMIN_SECRET)
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("METRICS_TOKEN", token);
+    let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
+    let admin_tok = bearer(uuid::Uuid::new_v4(), "boss@example.com");
+    let body = json!({"name": "Lite Lou", "email": "lou@example.org", "message": "embedded"});
+    let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let list = "/api/admin/dead-letters?queue=email";
+    let listed = tests::wait_until(Duration::from_secs(30), || async {
+        let r = admin_get(&api, list, Some(&admin_tok)).await;
+        r.json["items"].as_array().map(Vec::len) == Some(1)
+    })
+    .await;
+    assert!(listed, "not dead-lettered; api stderr:\n{}", api.stderr());
+    let items = admin_get(&api, list, Some(&admin_tok)).await.json["items"]
+        .as_array()
+        .cloned()
+        .expect("items");
+    assert_eq!(items[0]["job_type"], "send_email");
+    let id = items[0]["id"].as_str().expect("id").to_string();
+
+    let m = tests::Reply::send(tests::client().get(api.url("/metrics")).bearer_auth(token)).await;
+    assert_eq!(m.status, 200, "{}", m.text);
+    assert!(
+        m.text.contains("queue_dead{queue=\"email\"} 1"),
+        "{}",
+        m.text
+    );
+    assert!(
+        m.text.contains("queue_waiting{queue=\"email\"} 0"),
+        "{}",
+        m.text
+    );
+
+    email_api_answers(&server, 200).await;
+    let r = admin_post(
+        &api,
+        "/api/admin/dead-letters/redrive",
+        &admin_tok,
+        &json!({"queue": "email", "all": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["redriven"][0]["id"], id.as_str(), "{}", r.text);
+    let sent = tests::wait_until(Duration::from_secs(30), || async {
+        !email_requests(&server).await.is_empty()
+    })
+    .await;
+    assert!(sent, "not sent; api stderr:\n{}", api.stderr());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        email_requests(&server).await.len(),
+        1,
+        "delivered exactly once"
+    );
+    let left = admin_get(&api, list, Some(&admin_tok)).await;
+    assert_eq!(left.json["items"], json!([]), "{}", left.text);
+}
