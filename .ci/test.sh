@@ -61,9 +61,26 @@ ensure_s3s_fs() {
   cargo install --locked --quiet --debug s3s-fs@0.14.1 --features binary
 }
 
+# The metrics test reads /metrics with Prometheus' own text-format parser
+# (prometheus_client from PyPI, in a venv); PROMETHEUS_PYTHON names its python.
+ensure_prometheus_parser() {
+  local version=0.26.0
+  local venv="${XDG_CACHE_HOME:-$HOME/.cache}/prometheus-client-venv-$version"
+  if ! "$venv/bin/python" -c "import prometheus_client" >/dev/null 2>&1; then
+    log "installing prometheus_client $version"
+    python3 -m venv "$venv" >/dev/null 2>&1 || {
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      python3 -m venv "$venv"
+    }
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "prometheus_client==$version"
+  fi
+  export PROMETHEUS_PYTHON="$venv/bin/python"
+}
+
 ensure_postgres
 ensure_redis
 ensure_s3s_fs
+ensure_prometheus_parser
 # Every PostgreSQL test (model rules, migrations, black-box) makes its scratch
 # databases from this admin URL and fails, never skips, when it is unreachable.
 export TEST_DATABASE_ADMIN_URL="${TEST_DATABASE_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}"

@@ -13,6 +13,9 @@
 #   bash bench/run.sh ai-ttfb ai-streams ai-generate ai-quota
 # Identity (issue 10; not in the default list, run by name): auth-signin auth-refresh auth-user auth-settings
 #   bash bench/run.sh auth-signin auth-refresh auth-user auth-settings
+# Operations (issue 30; not in the default list, run by name): metrics (on vs off on
+# POST /api/contact), shed (1,024 connections on POST /api/waitlist with shedding on)
+#   bash bench/run.sh metrics shed
 # BIN (default target/release) picks the binaries; NO_BUILD=1 skips the release
 # build, e.g. a smoke test with debug binaries:
 #   BIN=target/debug NO_BUILD=1 DUR=3s bash bench/run.sh ai-ttfb
@@ -57,8 +60,9 @@ AUTH_ENV=()
 # 500 concurrent chats hold ~1,000 sockets in the api (client + upstream side).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
+EXTRA_PIDS=()
 cleanup() {
-  kill "${API_PID:-}" "${WORKER_PID:-}" "${PEER_PID:-}" 2>/dev/null || true
+  kill "${API_PID:-}" "${WORKER_PID:-}" "${PEER_PID:-}" "${EXTRA_PIDS[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
   psql -h 127.0.0.1 -U postgres -qc "drop database if exists $DB with (force)" >/dev/null 2>&1 || true
   psql -h 127.0.0.1 -U postgres -qc "drop database if exists ${DB}_1k with (force)" >/dev/null 2>&1 || true
@@ -502,4 +506,86 @@ fi
 if want auth-settings; then
   run auth-settings "$BASE/auth/v1/settings"
   echo "auth-settings: api RSS: $(rss $API_PID); $(load)"
+fi
+
+# ---- Operations (issue 30) ----------------------------------------------------
+# More api processes on the same database and Redis, each on its own port with
+# its own extra environment: start_api <port> VAR=value ... (sets EXTRA_PID).
+start_api() {
+  local port=$1; shift
+  env "$@" PORT="$port" "$BIN/api" > "$OUT/api-$port.out" 2> "$OUT/api-$port.err" &
+  EXTRA_PID=$!; EXTRA_PIDS+=("$EXTRA_PID")
+  for _ in $(seq 1 50); do grep -q listening "$OUT/api-$port.out" 2>/dev/null && break; sleep 0.2; done
+  grep -q listening "$OUT/api-$port.out" || { echo "api on $port did not start:" >&2; cat "$OUT/api-$port.err" >&2; exit 1; }
+}
+stop_api() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+METRICS_TOKEN_BENCH=bench-metrics-token-0123456789abcdef0123
+
+# Metrics on vs off on POST /api/contact: two api processes, the same binary,
+# one with METRICS_TOKEN (recorder installed, every request counted and timed,
+# scraped every second as Prometheus would), one without; METRICS_REPS (3)
+# alternating wrk runs of METRICS_DUR (10s) each, medians compared.
+if want metrics; then
+  reps=${METRICS_REPS:-3}
+  start_api $((API_PORT + 1)); off_pid=$EXTRA_PID
+  start_api $((API_PORT + 2)) METRICS_TOKEN=$METRICS_TOKEN_BENCH; on_pid=$EXTRA_PID
+  ( while kill -0 "$on_pid" 2>/dev/null; do
+      curl -s -o /dev/null -H "Authorization: Bearer $METRICS_TOKEN_BENCH" "http://127.0.0.1:$((API_PORT + 2))/metrics"; sleep 1
+    done ) & EXTRA_PIDS+=($!)
+  for i in $(seq 1 "$reps"); do
+    DUR=${METRICS_DUR:-10s} run "contact-metrics-off-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 1))/api/contact"
+    DUR=${METRICS_DUR:-10s} run "contact-metrics-on-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 2))/api/contact"
+  done
+  med() { for f in "$OUT"/contact-metrics-"$1"-*.txt; do awk '/Requests\/sec/ {print $2}' "$f"; done | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+  off=$(med off); on=$(med on)
+  echo "metrics: contact median $off req/s off, $on req/s on: on/off = $(echo "scale=3; $on / $off" | bc) (goal >= 0.95)"
+  echo "metrics: api RSS off $(rss $off_pid), on $(rss $on_pid); $(load)"
+  curl -s -H "Authorization: Bearer $METRICS_TOKEN_BENCH" "http://127.0.0.1:$((API_PORT + 2))/metrics" > "$OUT/metrics.txt"
+  echo "metrics: $(grep -c '^[a-z]' "$OUT/metrics.txt") series exposed; the scrape is in $OUT/metrics.txt"
+  stop_api "$off_pid"; stop_api "$on_pid"
+fi
+
+# Shedding: POST /api/waitlist from SHED_CONN (1,024) connections against an
+# api with the default HTTP_MAX_IN_FLIGHT (or SHED_MAX); as the reference of the
+# same run, 32 connections; and the same 1,024 against an api that does not
+# shed (HTTP_MAX_IN_FLIGHT=0). Each load gets a fresh api (so its peak RSS,
+# VmHWM, and its histograms are its own run's), with METRICS_TOKEN set.
+# Latency two ways: by the client (bench_peer load: send to last byte, split by
+# status, including the wait of a request in the socket until the api reads
+# it), and by the api itself (http_request_duration_seconds by status: the
+# router to the response head), p99 from the histogram's buckets.
+hist_p99() { # metrics file, status -> the p99 bucket bound (ms) of POST /api/waitlist
+  python3 - "$1" "$2" <<'PY'
+import re, sys
+b = {}
+for line in open(sys.argv[1]):
+    m = re.match(r'http_request_duration_seconds_bucket\{(.*)\} (\S+)', line)
+    if not m: continue
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+    if labels.get('route') == '/api/waitlist' and labels.get('status') == sys.argv[2]:
+        b[float('inf') if labels['le'] == '+Inf' else float(labels['le'])] = float(m.group(2))
+if not b: print('none'); sys.exit()
+total = b[float('inf')]
+le = min(k for k, v in b.items() if v >= 0.99 * total)
+print(f"<= {le * 1000:g} ms of {int(total)}" if le != float('inf') else f"> 30 s of {int(total)}")
+PY
+}
+shed_run() { # name, port, connections, extra env...
+  local name=$1 port=$2 conns=$3; shift 3
+  start_api "$port" METRICS_TOKEN=$METRICS_TOKEN_BENCH "$@"
+  echo "### $name: $conns connections ($*)"
+  "$BIN/examples/bench_peer" load "http://127.0.0.1:$port/api/waitlist" "$conns" "${SHED_SECS:-15}" \
+    '{"email":"s{n}@example.com","name":"Bench"}' | tee "$OUT/$name.txt"
+  curl -s -H "Authorization: Bearer $METRICS_TOKEN_BENCH" "http://127.0.0.1:$port/metrics" > "$OUT/$name.metrics"
+  echo "$name: api's own p99: 200 $(hist_p99 "$OUT/$name.metrics" 200); 503 $(hist_p99 "$OUT/$name.metrics" 503)"
+  echo "$name: api RSS $(rss "$EXTRA_PID"); $(load)"
+  stop_api "$EXTRA_PID"
+}
+if want shed; then
+  shed_run shed-32 $((API_PORT + 3)) 32 ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
+  shed_run shed-1024 $((API_PORT + 4)) "${SHED_CONN:-1024}" ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
+  shed_run noshed-1024 $((API_PORT + 5)) "${SHED_CONN:-1024}" HTTP_MAX_IN_FLIGHT=0
+  p99() { awk -v s="$2" '$0 ~ "^load status " s ":" {for (i = 1; i <= NF; i++) if ($i == "p99") print $(i + 1)}' "$1"; }
+  ref=$(p99 "$OUT/shed-32.txt" 200); adm=$(p99 "$OUT/shed-1024.txt" 200)
+  echo "shed: client-side admitted p99 $adm ms at ${SHED_CONN:-1024} connections vs $ref ms at 32: $(echo "scale=2; $adm / $ref" | bc) x (goal <= 3); refusals p99 $(p99 "$OUT/shed-1024.txt" 503) ms"
 fi

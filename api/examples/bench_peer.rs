@@ -15,6 +15,10 @@
 //! `bench_peer grants <BACKEND_SERVICE_ROLE_KEY> 16 <bytes>` prints
 //! `<user id> <token>` lines.
 //!
+//! Load split by status (overload and shedding):
+//! `bench_peer load <url> <connections> <seconds> <json body with {n}>`
+//! prints, per answer status, the count, median, p99 and max latency.
+//!
 //! Payments (issue 8):
 //! * instant fake providers: `POST /snap/v1/transactions` answers provider_a's
 //!   (Midtrans Snap) 201 `{"token","redirect_url"}`; `POST /checkout/v1/payment`
@@ -665,6 +669,16 @@ async fn main() -> std::io::Result<()> {
             }
             return Ok(());
         }
+        "load" => {
+            load::run(
+                &arg(2),
+                arg(3).parse().unwrap_or(1024),
+                arg(4).parse().unwrap_or(15),
+                &arg(5),
+            )
+            .await;
+            return Ok(());
+        }
         "notify-a" => {
             let amount = if arg(3).is_empty() {
                 "99000.00".to_string()
@@ -692,6 +706,143 @@ async fn main() -> std::io::Result<()> {
         .data(count);
     println!("bench peer on http://{addr}");
     Server::new(TcpListener::bind(addr)).run(app).await
+}
+
+/// `bench_peer load <url> <connections> <seconds> <json body>`: a closed-loop
+/// load like wrk's (each connection sends its next POST when the answer to
+/// the last is read), whose figures are split by status: per status the
+/// count, median, p99 and max latency (send to the last body byte), so the
+/// admitted requests (200) and the shed ones (503) of an overloaded server
+/// are told apart. `{n}` in the body becomes a number unique per request.
+/// Only `content-length` answers are understood (JSON and problem bodies).
+mod load {
+    use std::{collections::BTreeMap, time::Duration};
+
+    use tokio::{
+        io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+        net::TcpStream,
+    };
+
+    async fn one(
+        s: &mut BufReader<TcpStream>,
+        head: &str,
+        body: &str,
+    ) -> std::io::Result<(u16, bool)> {
+        let req = format!("{head}content-length: {}\r\n\r\n{body}", body.len());
+        s.get_mut().write_all(req.as_bytes()).await?;
+        let mut line = String::new();
+        s.read_line(&mut line).await?;
+        let status = line
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("status line {line:?}")))?;
+        let (mut len, mut close) = (0usize, false);
+        loop {
+            line.clear();
+            if s.read_line(&mut line).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let l = line.trim_end().to_ascii_lowercase();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(v) = l.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if l.starts_with("connection:") && l.contains("close") {
+                close = true;
+            }
+        }
+        let mut buf = vec![0u8; len];
+        s.read_exact(&mut buf).await?;
+        Ok((status, close))
+    }
+
+    pub async fn run(url: &str, conns: usize, secs: u64, body: &str) {
+        let u = url::Url::parse(url).expect("url");
+        let addr = format!(
+            "{}:{}",
+            u.host_str().expect("host"),
+            u.port_or_known_default().expect("port")
+        );
+        let head = format!(
+            "POST {} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n",
+            u.path()
+        );
+        let until = std::time::Instant::now() + Duration::from_secs(secs);
+        let tasks: Vec<_> = (0..conns)
+            .map(|c| {
+                let (addr, head, body) = (addr.clone(), head.clone(), body.to_string());
+                tokio::spawn(async move {
+                    let mut seen: Vec<(u16, Duration)> = Vec::new();
+                    let mut errors = 0usize;
+                    let mut conn: Option<BufReader<TcpStream>> = None;
+                    let mut n = 0usize;
+                    while std::time::Instant::now() < until {
+                        let mut s = match conn.take() {
+                            Some(s) => s,
+                            None => match TcpStream::connect(&addr).await {
+                                Ok(t) => {
+                                    let _ = t.set_nodelay(true);
+                                    BufReader::new(t)
+                                }
+                                Err(_) => {
+                                    errors += 1;
+                                    tokio::time::sleep(Duration::from_millis(10)).await;
+                                    continue;
+                                }
+                            },
+                        };
+                        n += 1;
+                        let ip = format!(
+                            "x-forwarded-for: 10.{}.{}.{}\r\n",
+                            c % 256,
+                            (n / 256) % 256,
+                            n % 256
+                        );
+                        let b = body.replace("{n}", &format!("{c}-{n}-{}", std::process::id()));
+                        let t0 = std::time::Instant::now();
+                        match one(&mut s, &format!("{head}{ip}"), &b).await {
+                            Ok((status, close)) => {
+                                seen.push((status, t0.elapsed()));
+                                if !close {
+                                    conn = Some(s);
+                                }
+                            }
+                            Err(_) => errors += 1,
+                        }
+                    }
+                    (seen, errors)
+                })
+            })
+            .collect();
+        let mut by_status: BTreeMap<u16, Vec<Duration>> = BTreeMap::new();
+        let mut errors = 0;
+        for t in tasks {
+            let (seen, e) = t.await.expect("task");
+            errors += e;
+            for (s, d) in seen {
+                by_status.entry(s).or_default().push(d);
+            }
+        }
+        let total: usize = by_status.values().map(Vec::len).sum();
+        println!(
+            "load {url}: {conns} connections, {secs} s: {total} answers ({:.0}/s), {errors} transport errors",
+            total as f64 / secs as f64
+        );
+        for (status, v) in &mut by_status {
+            v.sort();
+            println!(
+                "load status {status}: {} answers ({:.1} %), median {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                v.len(),
+                100.0 * v.len() as f64 / total.max(1) as f64,
+                super::ms(super::quantile(v, 0.5)),
+                super::ms(super::quantile(v, 0.99)),
+                super::ms(v.last().copied().unwrap_or_default()),
+            );
+        }
+    }
 }
 
 /// A keep-alive HTTP/1.1 client for the ttfb measurement that stamps the

@@ -16,8 +16,9 @@ use crate::{
     routes::confirm::ConfirmApi,
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
-        health::HealthApi, payments::PaymentApi, profile::ProfileApi, storage::StorageApi,
-        subscription::SubscriptionApi, waitlist::WaitlistApi, webhooks::WebhookApi,
+        dead_letters::DeadLetterApi, health::HealthApi, payments::PaymentApi, profile::ProfileApi,
+        storage::StorageApi, subscription::SubscriptionApi, waitlist::WaitlistApi,
+        webhooks::WebhookApi,
     },
     state::AppState,
 };
@@ -46,6 +47,7 @@ api_set!(
     ProfileApi,
     AvatarApi,
     AdminApi,
+    DeadLetterApi,
     StorageApi,
     WebhookApi,
     AiApi,
@@ -77,7 +79,12 @@ and `Retry-After` (seconds) on 429. The limit is per client IP: the socket peer,
 clients count per /64. It is shared across api processes in Redis; while Redis does not \
 answer, each process limits on its own. A feature switched \
 off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 \
-(`feature_disabled` / `not_configured`), as `GET /api/health` reports.";
+(`feature_disabled` / `not_configured`), as `GET /api/health` reports. \
+Overload is shed, not queued: past `HTTP_MAX_IN_FLIGHT` requests being handled by one server \
+process, a request is answered at once with 503 `overloaded` and `Retry-After` (seconds); \
+the health checks are never shed, and AI chats and generations are bounded by \
+`AI_MAX_OPEN_STREAMS` open at once instead. Prometheus metrics are served at `GET /metrics` (text format, \
+`Authorization: Bearer $METRICS_TOKEN`; 404 while `METRICS_TOKEN` is unset).";
 
 /// The OpenAPI service as poem-openapi builds it; [`crate::spec::document`]
 /// is the document served and printed by `api openapi`.
@@ -125,6 +132,10 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let docs = reference_page(|s| s.scalar_html());
     let swagger = reference_page(|s| s.swagger_ui_html());
     let endpoint = Arc::new(service.into_endpoint());
+    let load = crate::shed::Load::new(
+        state.settings.http_max_in_flight,
+        state.settings.ai_max_open_streams,
+    );
     Route::new()
         // One service, two mounts: JSON routes under /api with the body
         // limit, the storage routes (uploads stream and bound their own size)
@@ -147,6 +158,7 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
             }),
         )
         .at("/api/openapi.json", spec)
+        .at("/metrics", crate::metrics::endpoint(load.clone()))
         .nest("/api/docs", docs)
         .nest("/api/swagger", swagger)
         .with(BodyDeadline(state.settings.http_body_timeout))
@@ -158,6 +170,8 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .problem()
                 .into_response()
         }))
+        .with(crate::shed::Shed(load))
+        .with(crate::metrics::HttpMetrics)
         .with(Observe)
 }
 
@@ -219,6 +233,7 @@ pub async fn build_state(
 pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     worker::runtime::cancel_on_signal(shutdown.clone());
+    crate::metrics::install(&settings)?;
     let state = build_state(settings.clone(), &shutdown).await?;
     for (feature, status) in state.features.iter() {
         tracing::info!(feature = feature.key(), enabled = status.enabled, message = %status.message, "feature");

@@ -121,7 +121,8 @@ fn now_secs() -> u64 {
         .as_secs()
 }
 
-/// The decision for a [`GCRA_LUA`] reply `[allowed, remaining, reset_us,
+/// The decision for a [`GCRA_LUA`] reply (a refusal is counted in
+/// `rate_limit_refusals_total`) `[allowed, remaining, reset_us,
 /// retry_us, now_s]` (its first five values); `None` when the reply is not
 /// that shape.
 pub fn decide_gcra(limit: Limit, reply: &[i64]) -> Option<Decision> {
@@ -138,6 +139,7 @@ pub fn decide_gcra(limit: Limit, reply: &[i64]) -> Option<Decision> {
             retry_after: 0,
         }
     } else {
+        refused(limit);
         let retry_after = up(retry_us).max(1);
         RateInfo {
             limit: u64::from(limit.max),
@@ -263,6 +265,14 @@ impl RateLimiter {
     }
 }
 
+/// Counts a refusal by `limit` (`rate_limit_refusals_total{limit}`): every
+/// decision that refuses, shared or in process, passes here.
+fn refused(limit: Limit) {
+    if worker::metrics::enabled() {
+        metrics::counter!(worker::metrics::RATE_LIMITED, "limit" => limit.name).increment(1);
+    }
+}
+
 /// One request of `subject` against the in-process limiter of `limit`.
 fn check_local(map: &LocalLimits, limit: Limit, subject: &str) -> Decision {
     let limiter = {
@@ -300,6 +310,7 @@ fn check_local(map: &LocalLimits, limit: Limit, subject: &str) -> Decision {
             }
         }
         Err(not_until) => {
+            refused(limit);
             let wait = not_until.wait_time_from(DefaultClock::default().now());
             let retry_after = wait.as_secs().max(1);
             Decision {

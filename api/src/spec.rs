@@ -7,7 +7,9 @@
 //!   notifications (tag `Webhooks`) and the AI chat (`aiChat`), whose senders
 //!   add fields at will;
 //! * every operation with a JSON body documents 415 (missing or wrong
-//!   `Content-Type`) and 408 (body deadline) with their problem body.
+//!   `Content-Type`) and 408 (body deadline) with their problem body;
+//! * every operation but the health checks documents the load-shedding 503
+//!   (`overloaded`, with `Retry-After`; [`crate::shed`]).
 //!
 //! The same document gives the methods of each path, which the
 //! [`AllowHeader`] middleware puts in the `Allow` header of every 405
@@ -54,15 +56,44 @@ fn open_body(op: &Value) -> bool {
         || op["operationId"] == "aiChat"
 }
 
+/// What the load-shedding 503 adds to an operation's 503 answer.
+const OVERLOADED: &str = "The server is handling as many requests as it can \
+    (`overloaded`; `HTTP_MAX_IN_FLIGHT`, or for the AI routes `AI_MAX_OPEN_STREAMS`): \
+    retry after `Retry-After` seconds.";
+
+/// Documents the load-shedding 503 on `op` (appended to a 503 it already has).
+fn document_shedding(op: &mut Value) {
+    let Some(responses) = op["responses"].as_object_mut() else {
+        return;
+    };
+    let answer = responses
+        .entry("503")
+        .or_insert_with(|| problem_response(OVERLOADED));
+    let description = answer["description"].as_str().unwrap_or_default();
+    if !description.contains("`overloaded`") {
+        answer["description"] = Value::String(format!("{description} Or: {OVERLOADED}"));
+    }
+    answer["headers"]["RETRY-AFTER"] = json!({
+        "description": "Seconds to wait before retrying (on `overloaded`).",
+        "required": false,
+        "deprecated": false,
+        "schema": {"type": "integer", "format": "uint64"}
+    });
+}
+
 /// Applies the rules listed in the module documentation to `doc`.
 pub fn patch(doc: &mut Value) {
     let mut strict = Vec::new();
     if let Some(paths) = doc["paths"].as_object_mut() {
-        for ops in paths.values_mut() {
+        for (path, ops) in paths.iter_mut() {
             let Some(ops) = ops.as_object_mut() else {
                 continue;
             };
+            let shed = !crate::shed::NEVER_SHED.contains(&path.as_str());
             for op in ops.values_mut() {
+                if shed {
+                    document_shedding(op);
+                }
                 let body = &op["requestBody"]["content"]["application/json"]["schema"];
                 if body.is_null() {
                     continue;

@@ -9,6 +9,7 @@ pub mod avatar;
 pub mod checkout;
 pub mod contact;
 pub mod db;
+pub mod dead_letters;
 pub mod entities;
 pub mod features;
 pub mod identity;

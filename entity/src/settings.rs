@@ -180,6 +180,12 @@ pub struct Toggles {
     pub ai: bool,
 }
 
+/// Default of `HTTP_MAX_IN_FLIGHT`, sized from the waitlist figures of
+/// BENCHMARKS.md by Little's law (metrics and load shedding): enough requests
+/// in flight to keep both cores of the reference host busy, few enough that
+/// an admitted request does not wait behind hundreds of others.
+pub const HTTP_MAX_IN_FLIGHT_DEFAULT: usize = 64;
+
 /// Everything the api and worker processes are configured with.
 #[derive(Clone)]
 pub struct Settings {
@@ -217,6 +223,21 @@ pub struct Settings {
     /// `HTTP_MAX_CONNECTIONS`: open client connections per process; further
     /// connections wait in the listen backlog (default 10000).
     pub http_max_connections: usize,
+    /// `HTTP_MAX_IN_FLIGHT`: requests one api process handles at once; past
+    /// it a request is answered 503 `overloaded` with `Retry-After` at once
+    /// (health, metrics and the AI routes excepted; `0`: no limit; default
+    /// [`HTTP_MAX_IN_FLIGHT_DEFAULT`]).
+    pub http_max_in_flight: usize,
+    /// `AI_MAX_OPEN_STREAMS`: AI requests (chat streams, generations) one
+    /// api process keeps open at once; past it a new one is answered 503
+    /// `overloaded` (default 1000).
+    pub ai_max_open_streams: usize,
+    /// `METRICS_TOKEN`: bearer token of `GET /metrics` (api and worker);
+    /// unset: no `/metrics` (404) and nothing recorded.
+    pub metrics_token: Option<String>,
+    /// `WORKER_HTTP_PORT`: the worker's own HTTP port (`/metrics`, `/healthz`,
+    /// `/readyz`) on `HOST`; unset: no server.
+    pub worker_http_port: Option<u16>,
     /// `STORAGE_URL`: object store for avatars (default `file://<DATA_DIR>/storage`).
     pub storage_url: String,
     /// `WORKER_CONCURRENCY`: jobs processed at once per queue (default 16, 1–1024).
@@ -831,6 +852,18 @@ impl Settings {
                 3600,
             )?),
             http_max_connections: r.num_or("HTTP_MAX_CONNECTIONS", 10_000usize, 1, 1_000_000)?,
+            http_max_in_flight: r.num_or(
+                "HTTP_MAX_IN_FLIGHT",
+                HTTP_MAX_IN_FLIGHT_DEFAULT,
+                0,
+                1_000_000,
+            )?,
+            ai_max_open_streams: r.num_or("AI_MAX_OPEN_STREAMS", 1000usize, 1, 1_000_000)?,
+            metrics_token: r.secret("METRICS_TOKEN")?,
+            worker_http_port: r
+                .opt("WORKER_HTTP_PORT")
+                .map(|_| r.num_or("WORKER_HTTP_PORT", 0u16, 0, u16::MAX))
+                .transpose()?,
             storage_url,
             worker_concurrency: r.num_or("WORKER_CONCURRENCY", 16usize, 1, 1024)?,
             worker_queues,

@@ -236,3 +236,317 @@ async fn expired_dead_letters_are_purged() {
         "the purged job's payload (with the sender's PII) is gone"
     );
 }
+
+/// The session secret of the admin-route test (HS256, as the auth platform signs).
+const ADMIN_SECRET: &str = "dead-letter-admin-jwt-secret-0123456789abcdef";
+
+fn bearer(user: uuid::Uuid, email: &str) -> String {
+    tests::hs256_token(
+        ADMIN_SECRET.as_bytes(),
+        &tests::session_claims(&user.to_string(), Some(email)),
+    )
+}
+
+async fn admin_get(api: &Proc, path: &str, token: Option<&str>) -> tests::Reply {
+    let mut req = tests::client().get(api.url(path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    tests::Reply::send(req).await
+}
+
+async fn admin_post(api: &Proc, path: &str, token: &str, body: &Value) -> tests::Reply {
+    tests::Reply::send(
+        tests::client()
+            .post(api.url(path))
+            .bearer_auth(token)
+            .json(body),
+    )
+    .await
+}
+
+/// The email API answers every request with `status`.
+async fn email_api_answers(server: &MockServer, status: u16) {
+    server.reset().await;
+    let body = if status == 200 {
+        json!({"id": "email_ok"})
+    } else {
+        json!({"name": "validation_error", "message": "domain not verified"})
+    };
+    Mock::given(method("POST"))
+        .and(path("/emails"))
+        .respond_with(ResponseTemplate::new(status).set_body_json(body))
+        .mount(server)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_lists_redacted_dead_letters_and_redrives_one_delivered_once() {
+    let stack = Stack::new().await;
+    let server = MockServer::start().await;
+    email_api_answers(&server, 400).await;
+    let env = stack
+        .session_env(ADMIN_SECRET, "service-role-test-key-0123456789abcdef")
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("EMAIL_PROVIDER_API_KEY", "re_dl")
+        .with("EMAIL_PROVIDER_BASE_URL", server.uri())
+        .with("CONTACT_EMAIL", CONTACT_EMAIL);
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let (admin, member) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let admin_tok = bearer(admin, "boss@example.com");
+    let member_tok = bearer(member, "member@example.com");
+
+    // A contact message and an identity mail, both refused (400: permanent).
+    let body = json!({"name": "Admin Ada", "email": "ada@example.org", "message": "redrive me"});
+    let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let source: std::collections::HashMap<&str, &str> = [
+        ("REDIS_URL", stack.redis.url.as_str()),
+        ("QUEUE_PREFIX", stack.redis.prefix.as_str()),
+    ]
+    .into();
+    let settings = entity::Settings::from_source(&source).expect("settings");
+    let queues = worker::Queues::connect(&settings).await.expect("queue");
+    let auth_mail = worker::jobs::SendAuthEmail {
+        kind: entity::identity::otp::MailKind::Magiclink,
+        from: tests::EMAIL_FROM.into(),
+        to: "ada@example.org".into(),
+        token: "482913".into(),
+        token_hash: "pkce_0f3a9c2b7e".into(),
+        confirmation_url: "http://127.0.0.1/auth/v1/verify?token=pkce_0f3a9c2b7e&type=magiclink"
+            .into(),
+        redirect_to: "http://127.0.0.1/".into(),
+        site_url: "http://127.0.0.1".into(),
+        request_id: None,
+    };
+    queues
+        .push(worker::Job::SendAuthEmail(auth_mail))
+        .await
+        .expect("push the identity mail");
+
+    let listed = tests::wait_until(Duration::from_secs(30), || async {
+        stack.redis.count("SCARD", "email:dead").await == 2
+    })
+    .await;
+    assert!(listed, "two dead letters; api stderr:\n{}", api.stderr());
+    assert_eq!(email_requests(&server).await.len(), 2);
+
+    // Admins only: 401 without a session, 403 for a member.
+    let list = "/api/admin/dead-letters?queue=email";
+    admin_get(&api, list, None)
+        .await
+        .assert_problem(401, None, None);
+    admin_get(&api, list, Some(&member_tok))
+        .await
+        .assert_problem(403, Some("forbidden"), None);
+    admin_get(
+        &api,
+        &format!("{list}&cursor=not-a-cursor"),
+        Some(&admin_tok),
+    )
+    .await
+    .assert_problem(400, None, Some("cursor"));
+    admin_get(&api, &format!("{list}&limit=101"), Some(&admin_tok))
+        .await
+        .assert_problem(400, None, Some("limit"));
+
+    // The listing, one per page; the identity mail's secrets never leave.
+    let first = admin_get(&api, &format!("{list}&limit=1"), Some(&admin_tok)).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    assert_eq!(first.json["items"].as_array().map(Vec::len), Some(1));
+    let cursor = first.json["next_cursor"].as_str().expect("a next page");
+    let second = admin_get(
+        &api,
+        &format!("{list}&limit=1&cursor={cursor}"),
+        Some(&admin_tok),
+    )
+    .await;
+    assert_eq!(second.status, 200, "{}", second.text);
+    assert!(second.json.get("next_cursor").is_none(), "{}", second.text);
+    let all = admin_get(&api, list, Some(&admin_tok)).await;
+    assert_eq!(all.status, 200, "{}", all.text);
+    let items = all.json["items"].as_array().expect("items").clone();
+    assert_eq!(items.len(), 2, "{}", all.text);
+    assert_eq!(items[0]["id"], first.json["items"][0]["id"]);
+    assert_eq!(items[1]["id"], second.json["items"][0]["id"]);
+    for secret in ["482913", "pkce_0f3a9c2b7e"] {
+        assert!(!all.text.contains(secret), "{secret} left: {}", all.text);
+    }
+    let by_type = |t: &str| {
+        items
+            .iter()
+            .find(|i| i["job_type"] == t)
+            .unwrap_or_else(|| panic!("no {t} in {items:?}"))
+            .clone()
+    };
+    let auth_item = by_type("send_auth_email");
+    assert_eq!(auth_item["payload"]["token"], "[redacted]");
+    assert_eq!(auth_item["payload"]["token_hash"], "[redacted]");
+    assert_eq!(auth_item["payload"]["confirmation_url"], "[redacted]");
+    assert_eq!(auth_item["payload"]["to"], "ada@example.org");
+    let contact = by_type("send_email");
+    assert_eq!(contact["queue"], "email");
+    assert!(contact["attempts"].as_u64().is_some(), "{contact}");
+    assert!(
+        contact["last_error"].as_str().unwrap_or("").contains("400"),
+        "{contact}"
+    );
+    assert!(
+        contact["payload"].to_string().contains("redrive me"),
+        "{contact}"
+    );
+    let contact_id = contact["id"].as_str().expect("id").to_string();
+
+    // Redrive: admins only, one of ids or all, unknown ids refused whole.
+    let redrive = "/api/admin/dead-letters/redrive";
+    let one = json!({"queue": "email", "ids": [contact_id]});
+    admin_post(&api, redrive, &member_tok, &one)
+        .await
+        .assert_problem(403, Some("forbidden"), None);
+    admin_post(&api, redrive, &admin_tok, &json!({"queue": "email"}))
+        .await
+        .assert_problem(400, None, Some("ids"));
+    admin_post(
+        &api,
+        redrive,
+        &admin_tok,
+        &json!({"queue": "email", "ids": [contact_id, "01NOTADEADLETTER000000000"]}),
+    )
+    .await
+    .assert_problem(404, Some("unknown_dead_letter"), None);
+    assert_eq!(stack.redis.count("SCARD", "email:dead").await, 2);
+
+    // The cause is fixed; the admin redrives the contact message.
+    email_api_answers(&server, 200).await;
+    let r = admin_post(&api, redrive, &admin_tok, &one).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["redriven"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        r.text
+    );
+    assert_eq!(r.json["redriven"][0]["id"], contact_id.as_str());
+
+    let sent = tests::wait_until(Duration::from_secs(30), || async {
+        !email_requests(&server).await.is_empty()
+    })
+    .await;
+    assert!(
+        sent,
+        "the redriven job was not sent; api stderr:\n{}",
+        api.stderr()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let reqs = email_requests(&server).await;
+    assert_eq!(reqs.len(), 1, "delivered exactly once");
+    assert_eq!(
+        idempotency_key(&reqs[0]),
+        contact["idempotency_key"].as_str().expect("key"),
+        "the redriven job keeps its idempotency key"
+    );
+    let left = admin_get(&api, list, Some(&admin_tok)).await;
+    assert_eq!(left.json["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(left.json["items"][0]["job_type"], "send_auth_email");
+
+    // One audit row for the redrive, naming the actor and the ids.
+    let pool = stack.db.pool().await;
+    let rows: Vec<(Option<uuid::Uuid>, String, Value)> = sqlx_rows(&pool).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].0, Some(admin));
+    assert_eq!(rows[0].1, "email");
+    assert_eq!(rows[0].2, json!({"ids": [contact_id]}));
+    pool.close().await;
+}
+
+async fn sqlx_rows(pool: &sea_orm::sqlx::PgPool) -> Vec<(Option<uuid::Uuid>, String, Value)> {
+    sea_orm::sqlx::query_as(
+        "SELECT actor_id, target_id, new_value FROM audit_logs \
+         WHERE action = 'dead_letter.redrive' ORDER BY created_at",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("audit rows")
+}
+
+/// The admin routes and the queue gauges on the embedded SQLite queue
+/// (`api --with-worker`, no PostgreSQL, no Redis).
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_admin_route_lists_and_redrives_and_metrics_count_the_dead() {
+    let dir = TempDir::new();
+    let server = MockServer::start().await;
+    email_api_answers(&server, 400).await;
+    let token = "metrics-token-for-the-tests-0123456789abcdef";
+    let env = EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", plans_file().display().to_string())
+        .with("EMAIL_FROM", tests::EMAIL_FROM)
+        .with("EMAIL_PROVIDER_API_KEY", "re_dl")
+        .with("EMAIL_PROVIDER_BASE_URL", server.uri())
+        .with("NEXT_PUBLIC_BACKEND_URL", "http://127.0.0.1:9")
+        .with("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY", "pk_test_dummy")
+        .with(
+            "BACKEND_SERVICE_ROLE_KEY",
+            "service-role-test-key-0123456789abcdef",
+        )
+        .with("BACKEND_JWT_SECRET", ADMIN_SECRET)
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("METRICS_TOKEN", token);
+    let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
+    let admin_tok = bearer(uuid::Uuid::new_v4(), "boss@example.com");
+    let body = json!({"name": "Lite Lou", "email": "lou@example.org", "message": "embedded"});
+    let r = post_json(&api.url("/api/contact"), &random_ip(), &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let list = "/api/admin/dead-letters?queue=email";
+    let listed = tests::wait_until(Duration::from_secs(30), || async {
+        let r = admin_get(&api, list, Some(&admin_tok)).await;
+        r.json["items"].as_array().map(Vec::len) == Some(1)
+    })
+    .await;
+    assert!(listed, "not dead-lettered; api stderr:\n{}", api.stderr());
+    let items = admin_get(&api, list, Some(&admin_tok)).await.json["items"]
+        .as_array()
+        .cloned()
+        .expect("items");
+    assert_eq!(items[0]["job_type"], "send_email");
+    let id = items[0]["id"].as_str().expect("id").to_string();
+
+    let m = tests::Reply::send(tests::client().get(api.url("/metrics")).bearer_auth(token)).await;
+    assert_eq!(m.status, 200, "{}", m.text);
+    assert!(
+        m.text.contains("queue_dead{queue=\"email\"} 1"),
+        "{}",
+        m.text
+    );
+    assert!(
+        m.text.contains("queue_waiting{queue=\"email\"} 0"),
+        "{}",
+        m.text
+    );
+
+    email_api_answers(&server, 200).await;
+    let r = admin_post(
+        &api,
+        "/api/admin/dead-letters/redrive",
+        &admin_tok,
+        &json!({"queue": "email", "all": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["redriven"][0]["id"], id.as_str(), "{}", r.text);
+    let sent = tests::wait_until(Duration::from_secs(30), || async {
+        !email_requests(&server).await.is_empty()
+    })
+    .await;
+    assert!(sent, "not sent; api stderr:\n{}", api.stderr());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        email_requests(&server).await.len(),
+        1,
+        "delivered exactly once"
+    );
+    let left = admin_get(&api, list, Some(&admin_tok)).await;
+    assert_eq!(left.json["items"], json!([]), "{}", left.text);
+}

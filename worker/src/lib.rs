@@ -3,11 +3,14 @@
 //! worker runtime. The `api` crate enqueues [`Job`]s through a [`queue::Producer`].
 
 pub mod ai;
+pub mod http;
 pub mod jobs;
 pub mod mailer;
+pub mod metrics;
 pub mod oauth;
 pub mod providers;
 pub mod queue;
+pub mod queue_stats;
 pub mod retry;
 pub mod runtime;
 pub mod scheduler;

@@ -148,6 +148,11 @@ impl Mailer {
         email: &OutgoingEmail,
         idempotency_key: &str,
     ) -> Result<(), SendError> {
+        let upstream = crate::metrics::Upstream::start("email");
+        upstream.observe(self.deliver(email, idempotency_key).await)
+    }
+
+    async fn deliver(&self, email: &OutgoingEmail, idempotency_key: &str) -> Result<(), SendError> {
         match self {
             Mailer::Http {
                 client,

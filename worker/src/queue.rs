@@ -362,6 +362,14 @@ impl Queues {
         }
     }
 
+    /// The SQLite queue's pool (None on Redis); [`crate::queue_stats`] reads it.
+    pub(crate) fn sqlite_pool(&self) -> Option<&SqlitePool> {
+        match &self.backend {
+            Backend::Sqlite { pool, .. } => Some(pool),
+            Backend::Redis { .. } => None,
+        }
+    }
+
     pub(crate) fn redis_storage(&self, q: QueueName) -> Option<RedisStorage<Envelope>> {
         match &self.backend {
             Backend::Redis { storages, .. } => Some(storages[&q].clone()),
@@ -638,20 +646,39 @@ impl Queues {
         Ok(())
     }
 
-    /// Lists up to `limit` dead-lettered jobs of `q`.
+    /// Lists up to `limit` dead-lettered jobs of `q` (the first page of
+    /// [`Queues::dead_letters_after`]).
     pub async fn dead_letters(
         &self,
         q: QueueName,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, QueueError> {
+        self.dead_letters_after(q, None, limit).await
+    }
+
+    /// Lists up to `limit` dead-lettered jobs of `q` in id order (ids are
+    /// ULIDs: the order they were queued in), starting after id `after`
+    /// (exclusive; `None`: from the first). A page ends short only at the
+    /// end; the last id of a full page continues the listing. Used by
+    /// `worker dead-letters` and the admin route.
+    pub async fn dead_letters_after(
+        &self,
+        q: QueueName,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
         let queue = self.name(q).to_string();
+        let after = after.unwrap_or("");
         match &self.backend {
             Backend::Redis { conn, .. } => {
                 let cfg = redis_config(&queue);
                 let mut c = conn.clone();
-                let ids: Vec<String> = c.smembers(cfg.dead_jobs_set()).await?;
+                let mut ids: Vec<String> = c.smembers(cfg.dead_jobs_set()).await?;
+                ids.retain(|id| id.as_str() > after);
+                ids.sort_unstable();
+                ids.truncate(limit);
                 let mut out = Vec::new();
-                for id in ids.into_iter().take(limit) {
+                for id in ids {
                     let data: Option<Vec<u8>> = c.hget(cfg.job_data_hash(), &id).await?;
                     let meta: HashMap<String, String> =
                         c.hgetall(format!("{}:{}", cfg.job_meta_hash(), id)).await?;
@@ -671,12 +698,13 @@ impl Queues {
             }
             Backend::Sqlite { pool, .. } => {
                 let rows = sqlx::query(concat!(
-                    "SELECT id, job, attempts, last_result FROM Jobs WHERE job_type = ?1 AND ",
+                    "SELECT id, job, attempts, last_result FROM Jobs WHERE job_type = ?1 AND id > ?3 AND ",
                     sqlite_dead!(),
-                    " ORDER BY done_at LIMIT ?2"
+                    " ORDER BY id LIMIT ?2"
                 ))
                 .bind(&queue)
                 .bind(limit as i64)
+                .bind(after)
                 .fetch_all(pool)
                 .await?;
                 Ok(rows

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     jobs::{self, Envelope, JobContext, JobError, QueueName},
     mailer::Mailer,
+    metrics::JobOutcome,
     queue::{Queues, PROMOTE_EVERY},
     retry::{random_jitter, RetryPolicy},
 };
@@ -112,8 +113,21 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
             "no email transport configured: send_email jobs will be retried until one is"
         );
     }
+    let metrics = match settings.metrics_token {
+        Some(_) => Some(crate::metrics::install().map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     let db = connect_db(&settings, &shutdown).await?;
     let queues = connect_queues(&settings, &shutdown).await?;
+    let http = crate::http::serve(
+        settings.clone(),
+        db.clone(),
+        queues.clone(),
+        metrics,
+        shutdown.clone(),
+    )
+    .await
+    .context("WORKER_HTTP_PORT")?;
     let storage = crate::storage::Storage::open(&settings.storage_url)
         .context("object store (STORAGE_URL)")?;
     let providers = crate::providers::Providers::new(settings.clone())
@@ -183,6 +197,8 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
             tracing::error!(error = %e, "worker task ended abnormally");
         }
     }
+    shutdown.cancel();
+    let _ = http.await;
     tracing::info!("worker stopped");
     Ok(())
 }
@@ -203,9 +219,16 @@ async fn run_job(
     let started = std::time::Instant::now();
     let res = jobs::handle(env.job.clone(), &key, n as usize, &ctx).await;
     tracing::debug!(%task_id, idempotency_key = %key, kind, attempt = n, ok = res.is_ok(), elapsed_ms = started.elapsed().as_millis() as u64, "job attempt finished");
+    let outcome = |o| crate::metrics::record_job(kind, o, started.elapsed());
     let reason = match res {
-        Ok(()) => return Ok(()),
-        Err(JobError::Permanent(m)) => return Err(JobError::Permanent(m).into_apalis()),
+        Ok(()) => {
+            outcome(JobOutcome::Done);
+            return Ok(());
+        }
+        Err(JobError::Permanent(m)) => {
+            outcome(JobOutcome::DeadLettered);
+            return Err(JobError::Permanent(m).into_apalis());
+        }
         Err(JobError::Retry(m)) => m,
     };
     let Some(delay) = retrier
@@ -213,11 +236,13 @@ async fn run_job(
         .next_delay(n, state.delayed(), random_jitter())
     else {
         tracing::error!(%task_id, idempotency_key = %key, kind, attempts = n, error = %reason, "retry horizon spent; dead-lettered");
+        outcome(JobOutcome::DeadLettered);
         return Err(JobError::Permanent(format!(
             "retry horizon spent after {n} attempts; last error: {reason}"
         ))
         .into_apalis());
     };
+    outcome(JobOutcome::Retried);
     match retrier
         .queues
         .schedule_retry(env.job, state.next(delay), delay)

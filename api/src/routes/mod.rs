@@ -9,6 +9,7 @@ pub mod auth_oauth;
 pub mod avatar;
 pub mod confirm;
 pub mod contact;
+pub mod dead_letters;
 pub mod health;
 pub mod payments;
 pub mod profile;

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 pub const ACTION_ROLE_CHANGE: &str = "role.change";
 /// `action` when a payment is settled from a webhook or a status check.
 pub const ACTION_PAYMENT_SETTLE: &str = "payment.settle";
+/// `action` when an admin puts dead letters back on their queue.
+pub const ACTION_DEAD_LETTER_REDRIVE: &str = "dead_letter.redrive";
 
 /// One audited action.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize, Deserialize)]

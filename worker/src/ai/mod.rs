@@ -218,12 +218,11 @@ impl AiClients {
             }
         };
         let idle = self.settings.ai_idle_timeout;
-        let resp = match tokio::time::timeout(
-            idle,
-            req.header("accept", "text/event-stream").send(),
-        )
-        .await
-        {
+        let upstream = crate::metrics::Upstream::start("ai");
+        let sent =
+            tokio::time::timeout(idle, req.header("accept", "text/event-stream").send()).await;
+        upstream.finish(matches!(&sent, Ok(Ok(r)) if r.status().is_success()));
+        let resp = match sent {
             Err(_) => return Err(AiError::Timeout),
             Ok(Err(e)) => return Err(AiError::Unreachable(e.to_string())),
             Ok(Ok(r)) => r,

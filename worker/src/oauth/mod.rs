@@ -286,8 +286,10 @@ impl OAuthClients {
         pkce_verifier: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<(ProviderTokens, OAuthProfile), OAuthError>> {
         Box::pin(async move {
-            let tokens = self.exchange(provider, code, pkce_verifier).await?;
-            let profile = self.profile(provider, &tokens).await?;
+            let upstream = crate::metrics::Upstream::start("oauth");
+            let tokens = upstream.observe(self.exchange(provider, code, pkce_verifier).await)?;
+            let upstream = crate::metrics::Upstream::start("oauth");
+            let profile = upstream.observe(self.profile(provider, &tokens).await)?;
             Ok((tokens, profile))
         })
     }

@@ -179,6 +179,15 @@ impl ProviderBHeaders {
 pub async fn send_once_more_on_connect_error(
     build: impl Fn() -> reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, ProviderError> {
+    let upstream = crate::metrics::Upstream::start("payment_provider");
+    let answer = send_retrying_connect(build).await;
+    upstream.finish(matches!(&answer, Ok(r) if r.status().is_success()));
+    answer
+}
+
+async fn send_retrying_connect(
+    build: impl Fn() -> reqwest::RequestBuilder,
+) -> Result<reqwest::Response, ProviderError> {
     match build().send().await {
         Ok(r) => Ok(r),
         Err(e) if e.is_connect() => {

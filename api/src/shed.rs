@@ -1,0 +1,245 @@
+//! Load shedding: past `HTTP_MAX_IN_FLIGHT` requests being handled by this
+//! process, a request is answered 503 `overloaded` with `Retry-After` at
+//! once, before any work (no body read, no database, no queue), instead of
+//! waiting behind the others. A request counts from its arrival at the
+//! router until its response head is ready; a streamed body does not hold
+//! the slot.
+//!
+//! Never shed: `GET /api/health`, `GET /auth/v1/health` and `/metrics` (the
+//! platform's probes and Prometheus must see an overloaded process), and the
+//! AI routes (the chat stream and one-shot generation), which wait on the AI
+//! provider for seconds while using little CPU: they have their own bound
+//! instead, at most `AI_MAX_OPEN_STREAMS` at once per process, a slot held
+//! until the answer's last byte is written or the client goes away.
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
+
+use futures::StreamExt as _;
+use poem::{
+    http::{header, HeaderValue, Method, StatusCode},
+    Body, Endpoint, IntoResponse, Middleware, Request, Response, Result,
+};
+
+use crate::problem::Problem;
+
+/// `Retry-After` of a shed request, in seconds.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// The AI chat route, bounded by `AI_MAX_OPEN_STREAMS` instead.
+pub const AI_CHAT: &str = "/api/ai/chat";
+/// The AI generation route, bounded by `AI_MAX_OPEN_STREAMS` too.
+pub const AI_GENERATE: &str = "/api/ai/generate";
+
+/// Paths never shed.
+pub const NEVER_SHED: [&str; 3] = ["/api/health", "/auth/v1/health", "/metrics"];
+
+/// The counters of one api process (shared with `/metrics`).
+#[derive(Debug, Default)]
+pub struct Load {
+    in_flight: AtomicUsize,
+    streams: AtomicUsize,
+    max_in_flight: usize,
+    max_streams: usize,
+}
+
+impl Load {
+    /// Bounds: `max_in_flight` (0: none) and `max_streams` open AI chats.
+    pub fn new(max_in_flight: usize, max_streams: usize) -> Arc<Self> {
+        Arc::new(Load {
+            max_in_flight,
+            max_streams,
+            ..Default::default()
+        })
+    }
+
+    /// Requests being handled now that count toward `HTTP_MAX_IN_FLIGHT`.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// AI chat streams open now.
+    pub fn open_streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+}
+
+fn in_flight(l: &Load) -> &AtomicUsize {
+    &l.in_flight
+}
+
+fn streams(l: &Load) -> &AtomicUsize {
+    &l.streams
+}
+
+/// A taken slot; given back on drop.
+struct Slot(Arc<Load>, fn(&Load) -> &AtomicUsize);
+
+impl Slot {
+    fn take(load: &Arc<Load>, counter: fn(&Load) -> &AtomicUsize, max: usize) -> Option<Slot> {
+        let c = counter(load);
+        if c.fetch_add(1, Ordering::AcqRel) >= max {
+            c.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Slot(load.clone(), counter))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        (self.1)(&self.0).fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The 503 of a shed request: problem details `overloaded`, `Retry-After`.
+pub fn overloaded(detail: &str) -> Response {
+    let mut resp =
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", detail, None).into_response();
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    resp
+}
+
+fn shed(reason: &'static str, detail: &str) -> Response {
+    if worker::metrics::enabled() {
+        metrics::counter!(worker::metrics::HTTP_SHED, "reason" => reason).increment(1);
+    }
+    overloaded(detail)
+}
+
+/// The shedding gate (see the module documentation).
+pub struct Shed(pub Arc<Load>);
+
+impl<E: Endpoint> Middleware<E> for Shed {
+    type Output = ShedEndpoint<E>;
+    fn transform(&self, ep: E) -> Self::Output {
+        ShedEndpoint {
+            inner: ep,
+            load: self.0.clone(),
+        }
+    }
+}
+
+/// See [`Shed`].
+pub struct ShedEndpoint<E> {
+    inner: E,
+    load: Arc<Load>,
+}
+
+impl<E: Endpoint> Endpoint for ShedEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, req: Request) -> Result<Self::Output> {
+        let path = req.uri().path();
+        if NEVER_SHED.contains(&path) {
+            return Ok(self.inner.call(req).await?.into_response());
+        }
+        if (path == AI_CHAT || path == AI_GENERATE) && req.method() == Method::POST {
+            let Some(slot) = Slot::take(&self.load, streams, self.load.max_streams) else {
+                return Ok(shed(
+                    "ai_streams",
+                    "too many AI requests are open on this server (AI_MAX_OPEN_STREAMS); retry shortly",
+                ));
+            };
+            let mut resp = self.inner.call(req).await?.into_response();
+            // The slot lives as long as the body: the stream's end, or the
+            // client going away (hyper drops the body), gives it back.
+            let body = resp.take_body().into_bytes_stream();
+            let held = body.map(move |chunk| {
+                let _ = &slot;
+                chunk
+            });
+            resp.set_body(Body::from_bytes_stream(held));
+            return Ok(resp);
+        }
+        if self.load.max_in_flight == 0 {
+            return Ok(self.inner.call(req).await?.into_response());
+        }
+        let Some(_slot) = Slot::take(&self.load, in_flight, self.load.max_in_flight) else {
+            return Ok(shed(
+                "in_flight",
+                "the server is handling as many requests as it can (HTTP_MAX_IN_FLIGHT); retry shortly",
+            ));
+        };
+        Ok(self.inner.call(req).await?.into_response())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use poem::{endpoint::make, EndpointExt};
+
+    #[tokio::test]
+    async fn sheds_past_the_bound_and_gives_slots_back() {
+        let load = Load::new(2, 1);
+        let gate = tokio::sync::Semaphore::new(0);
+        let gate = Arc::new(gate);
+        let g = gate.clone();
+        let ep = make(move |_req| {
+            let g = g.clone();
+            async move {
+                g.acquire().await.expect("open").forget();
+                "done"
+            }
+        })
+        .with(Shed(load.clone()));
+        let ep = Arc::new(ep);
+        let call = |path: &'static str| {
+            let ep = ep.clone();
+            tokio::spawn(async move {
+                ep.call(Request::builder().uri_str(path).finish())
+                    .await
+                    .expect("answer")
+            })
+        };
+        let (a, b) = (call("/api/waitlist"), call("/api/contact"));
+        while load.in_flight() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let third = call("/api/contact").await.expect("task");
+        assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(third.headers()[header::RETRY_AFTER], "1");
+        // Health is never shed (it waits for the gate like any request).
+        let health = call("/api/health");
+        gate.add_permits(3);
+        for r in [a, b, health] {
+            assert_eq!(r.await.expect("task").status(), StatusCode::OK);
+        }
+        assert_eq!(load.in_flight(), 0, "every slot was given back");
+    }
+
+    #[tokio::test]
+    async fn an_ai_stream_holds_its_slot_until_its_body_is_gone() {
+        let load = Load::new(1, 1);
+        let ep = make(|_req| async {
+            Body::from_bytes_stream(futures::stream::pending::<std::io::Result<bytes::Bytes>>())
+        })
+        .with(Shed(load.clone()));
+        let chat = || {
+            Request::builder()
+                .method(Method::POST)
+                .uri_str(AI_CHAT)
+                .finish()
+        };
+        let open = ep.call(chat()).await.expect("answer");
+        assert_eq!(open.status(), StatusCode::OK);
+        assert_eq!(load.open_streams(), 1);
+        assert_eq!(
+            load.in_flight(),
+            0,
+            "streams do not count toward HTTP_MAX_IN_FLIGHT"
+        );
+        let second = ep.call(chat()).await.expect("answer");
+        assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+        drop(open);
+        assert_eq!(load.open_streams(), 0, "the client went away");
+        assert_eq!(
+            ep.call(chat()).await.expect("answer").status(),
+            StatusCode::OK
+        );
+    }
+}

@@ -1,0 +1,126 @@
+//! The worker's own HTTP port (`WORKER_HTTP_PORT` on `HOST`; unset: none),
+//! for the platform's probes and Prometheus:
+//!
+//! * `GET /healthz`: 200 `ok` while the process runs (liveness);
+//! * `GET /readyz`: 200 `{"database":"ok","queue":"ok"}` when the database
+//!   and the queue store answer within `DEPENDENCY_TIMEOUT_MS`, else 503 with
+//!   the failing one named (readiness);
+//! * `GET /metrics`: the Prometheus text format, to `Authorization: Bearer
+//!   $METRICS_TOKEN` (401 without it; 404 while `METRICS_TOKEN` is unset),
+//!   the same rule as the api's `/metrics`.
+
+use std::sync::Arc;
+
+use entity::Settings;
+use metrics_exporter_prometheus::PrometheusHandle;
+use poem::{
+    get, handler,
+    http::StatusCode,
+    listener::{Acceptor, Listener, TcpListener},
+    web::Data,
+    EndpointExt, IntoResponse, Request, Response, Route, Server,
+};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
+use tokio_util::sync::CancellationToken;
+
+use crate::Queues;
+
+#[derive(Clone)]
+struct Probe {
+    db: DatabaseConnection,
+    queues: Queues,
+    settings: Arc<Settings>,
+    metrics: Option<PrometheusHandle>,
+}
+
+#[handler]
+fn healthz() -> &'static str {
+    "ok"
+}
+
+#[handler]
+async fn readyz(p: Data<&Probe>) -> Response {
+    let within = p.settings.dependency_timeout;
+    let db = tokio::time::timeout(within, p.db.execute_unprepared("SELECT 1")).await;
+    let db_ok = matches!(db, Ok(Ok(_)));
+    let queue_ok = p.queues.ping().await.is_ok();
+    let word = |ok: bool| if ok { "ok" } else { "unavailable" };
+    let body = serde_json::json!({"database": word(db_ok), "queue": word(queue_ok)});
+    let status = if db_ok && queue_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Response::builder()
+        .status(status)
+        .content_type("application/json")
+        .body(body.to_string())
+}
+
+#[handler]
+async fn metrics_page(req: &Request, p: Data<&Probe>) -> Response {
+    let (Some(handle), Some(token)) = (&p.metrics, &p.settings.metrics_token) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let auth = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    if !crate::metrics::bearer_matches(auth, token) {
+        return Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .header("www-authenticate", "Bearer")
+            .body("send Authorization: Bearer $METRICS_TOKEN");
+    }
+    crate::metrics::refresh(&p.db, &p.queues, &p.settings).await;
+    Response::builder()
+        .content_type("text/plain; version=0.0.4")
+        .body(handle.render())
+}
+
+/// Binds `HOST:WORKER_HTTP_PORT` and serves the probes and `/metrics` until
+/// `shutdown`. Logs `worker http listening on http://…` (and prints it on
+/// stdout, for scripts that start the worker on port 0).
+///
+/// Errors: the port cannot be bound.
+pub async fn serve(
+    settings: Arc<Settings>,
+    db: DatabaseConnection,
+    queues: Queues,
+    metrics: Option<PrometheusHandle>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let Some(port) = settings.worker_http_port else {
+        return Ok(tokio::spawn(async {}));
+    };
+    let acceptor = TcpListener::bind(format!("{}:{port}", settings.host))
+        .into_acceptor()
+        .await?;
+    let addr = acceptor
+        .local_addr()
+        .first()
+        .and_then(|a| a.as_socket_addr().copied());
+    if let Some(a) = addr {
+        tracing::info!(addr = %a, "worker http listening");
+        println!("worker http listening on http://{a}");
+    }
+    let app = Route::new()
+        .at("/healthz", get(healthz))
+        .at("/readyz", get(readyz))
+        .at("/metrics", get(metrics_page))
+        .data(Probe {
+            db,
+            queues,
+            settings,
+            metrics,
+        });
+    Ok(tokio::spawn(async move {
+        let stop = async move { shutdown.cancelled().await };
+        if let Err(e) = Server::new_with_acceptor(acceptor)
+            .run_with_graceful_shutdown(app, stop, Some(std::time::Duration::from_secs(5)))
+            .await
+        {
+            tracing::error!(error = %e, "worker http server failed");
+        }
+    }))
+}
