@@ -6,7 +6,8 @@
 #   bash bench/run.sh profile jwks upload   # only these sections
 #
 # Sections: bare health contact waitlist drain (issue 2), profile jwks upload verify (issue 3),
-# peer-contact (POST /api/contact against its Node peer in bench/peer; not in the default list),
+# peer-contact (POST /api/contact against its Node peer in bench/peer) and callgrind
+# (instructions per request) are not in the default list,
 # payments-seed webhook webhook256 settle lookup pgbench checkout (issue 8; checkout is not
 # in the default list: run it by name).
 #   bash bench/run.sh payments-seed webhook webhook256 settle lookup pgbench
@@ -92,8 +93,9 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB${PG_PARAMS:-}" REDIS
 # payments are all PENDING and the settle section measures the queue, not the
 # sweep re-queueing a backlog that is merely waiting.
 
-env "${AUTH_ENV[@]}" ${API_ENV:-} "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
-for _ in $(seq 1 50); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
+# API_WRAP: a command the api runs under (the callgrind section's valgrind).
+env "${AUTH_ENV[@]}" ${API_ENV:-} ${API_WRAP:-} "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
+for _ in $(seq 1 $(( ${API_START_SECS:-10} * 5 ))); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
 grep -q listening "$OUT/api.out" 2>/dev/null || { echo "the api did not start:" >&2; cat "$OUT/api.err" >&2; exit 1; }
 BASE=http://127.0.0.1:$API_PORT
 # API_CPUS / CLIENT_CPUS (taskset lists, e.g. 1 and 0): the api's threads and
@@ -174,6 +176,25 @@ if want peer-contact; then
   kill "$NODE_PID" 2>/dev/null || true
   wait "$NODE_PID" 2>/dev/null || true
   NODE_PID=
+fi
+
+# Instructions per request, which a noisy host does not change: the api under
+# callgrind, collection on only around $CALLGRIND_N (2,000) sequential requests
+# of each route in $CALLGRIND_ROUTES (contact health) after 200 unmeasured
+# ones. Not in the default list; run it alone:
+#   API_WRAP="valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=target/bench/callgrind.%p" \
+#     API_START_SECS=120 bash bench/run.sh callgrind
+if want callgrind; then
+  for route in ${CALLGRIND_ROUTES:-contact health}; do
+    python3 bench/drive.py "$BASE" 200 "$route" > /dev/null
+    callgrind_control -z "$API_PID" > /dev/null
+    callgrind_control -i on "$API_PID" > /dev/null
+    python3 bench/drive.py "$BASE" "${CALLGRIND_N:-2000}" "$route"
+    callgrind_control -i off "$API_PID" > /dev/null
+    callgrind_control -d "callgrind-$route" "$API_PID" > /dev/null
+    dump=$(ls -t "$OUT"/callgrind.* | head -1)
+    echo "callgrind $route: $(awk -v n="${CALLGRIND_N:-2000}" '/^(summary|totals):/ {printf "%.0f instructions per request", $2 / n; exit}' "$dump") ($dump; callgrind_annotate --inclusive=yes it)"
+  done
 fi
 
 # Authenticated profile saves: 1,000 distinct users per token kind, over

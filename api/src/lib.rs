@@ -8,6 +8,7 @@ pub mod auth;
 pub mod idp;
 pub mod listener;
 pub mod middleware;
+pub mod pattern;
 pub mod payload;
 pub mod probes;
 pub mod problem;
