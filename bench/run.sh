@@ -6,6 +6,8 @@
 #   bash bench/run.sh profile jwks upload   # only these sections
 #
 # Sections: bare health contact waitlist drain (issue 2), profile jwks upload verify (issue 3),
+# peer-contact (POST /api/contact against its Node peer in bench/peer) and callgrind
+# (instructions per request) are not in the default list,
 # payments-seed webhook webhook256 settle lookup pgbench checkout (issue 8; checkout is not
 # in the default list: run it by name).
 #   bash bench/run.sh payments-seed webhook webhook256 settle lookup pgbench
@@ -62,7 +64,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 EXTRA_PIDS=()
 cleanup() {
-  kill "${API_PID:-}" "${WORKER_PID:-}" "${PEER_PID:-}" "${EXTRA_PIDS[@]}" 2>/dev/null || true
+  kill "${API_PID:-}" "${WORKER_PID:-}" "${PEER_PID:-}" "${NODE_PID:-}" "${EXTRA_PIDS[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
   psql -h 127.0.0.1 -U postgres -qc "drop database if exists $DB with (force)" >/dev/null 2>&1 || true
   psql -h 127.0.0.1 -U postgres -qc "drop database if exists ${DB}_1k with (force)" >/dev/null 2>&1 || true
@@ -95,8 +97,9 @@ export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB${PG_PARAMS:-}" REDIS
 # payments are all PENDING and the settle section measures the queue, not the
 # sweep re-queueing a backlog that is merely waiting.
 
-env "${AUTH_ENV[@]}" ${API_ENV:-} "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
-for _ in $(seq 1 50); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
+# API_WRAP: a command the api runs under (the callgrind section's valgrind).
+env "${AUTH_ENV[@]}" ${API_ENV:-} ${API_WRAP:-} "$BIN/api" > "$OUT/api.out" 2> "$OUT/api.err" & API_PID=$!
+for _ in $(seq 1 $(( ${API_START_SECS:-10} * 5 ))); do grep -q listening "$OUT/api.out" 2>/dev/null && break; sleep 0.2; done
 grep -q listening "$OUT/api.out" 2>/dev/null || { echo "the api did not start:" >&2; cat "$OUT/api.err" >&2; exit 1; }
 BASE=http://127.0.0.1:$API_PORT
 # API_CPUS / CLIENT_CPUS (taskset lists, e.g. 1 and 0): the api's threads and
@@ -112,16 +115,91 @@ load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg)"; }
 # CPU time a process has used (user + system), in milliseconds.
 cpu_ms() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) * 1000 / hz}' "/proc/$1/stat"; }
 rss() { awk '/VmHWM/ {print $2/1024 " MiB peak"}' "/proc/$1/status"; }
+# CPU time of several processes together (user + system), in milliseconds.
+cpu_ms_sum() { # pids...
+  local p files=()
+  for p; do files+=("/proc/$p/stat"); done
+  awk -v hz="$(getconf CLK_TCK)" '{s += $14 + $15} END {print s * 1000 / hz}' "${files[@]}"
+}
+# Server CPU per request of a wrk run, in microseconds: the servers' CPU since
+# $1 (cpu_ms_sum at the start) over the requests wrk counted in $2.
+cpu_per_request() { # cpu ms at the start, wrk output, pids...
+  local n c1
+  n=$(awk '/requests in/ {print $1; exit}' "$2")
+  c1=$(cpu_ms_sum "${@:3}")
+  echo "scale=1; ($c1 - $1) * 1000 / ${n:-1}" | bc
+}
+# CPU_PIDS: the processes whose CPU a run reports (default: the api).
 run() { # name, wrk args...
   local name=$1; shift
   echo "### $name"
+  local pids=(${CPU_PIDS:-$API_PID}) c0
+  c0=$(cpu_ms_sum "${pids[@]}")
   wrk -t"$THREADS" -c"$CONN" -d"$DUR" --latency "$@" | tee "$OUT/$name.txt" | grep -E "Requests/sec|Latency|99%|Non-2xx|Socket errors" || true
+  echo "$name: server CPU $(cpu_per_request "$c0" "$OUT/$name.txt" "${pids[@]}") µs per request (pids ${pids[*]})"
 }
 
-want bare && run bare http://$PEER/bare
+want bare && CPU_PIDS=$PEER_PID run bare http://$PEER/bare
 want health && run health "$BASE/api/health"
 want contact && run contact -s bench/contact.lua "$BASE/api/contact"
 want waitlist && run waitlist -s bench/waitlist.lua "$BASE/api/waitlist"
+
+# POST /api/contact against its Node peer (bench/peer: Express + zod +
+# rate-limiter-flexible + BullMQ, one process per core, pinned by its
+# package-lock.json), on the same Redis with the same limit, in turns
+# ($PEER_TURNS, default 3: api, peer, api, peer, ...), each after a
+# $PEER_WARM (5s) unmeasured warm-up. The peer's CPU is its primary's plus its
+# workers'. Not in the default list: needs node and `npm ci` (done here when
+# bench/peer/node_modules is missing).
+if want peer-contact; then
+  [ -d bench/peer/node_modules ] || (cd bench/peer && npm ci --no-audit --no-fund --loglevel=error)
+  NODE_PORT=${NODE_PORT:-18090}
+  PORT=$NODE_PORT QUEUE_PREFIX=$PREFIX node bench/peer/server.js > "$OUT/node-peer.out" 2> "$OUT/node-peer.err" & NODE_PID=$!
+  for _ in $(seq 1 100); do grep -q listening "$OUT/node-peer.out" 2>/dev/null && break; sleep 0.2; done
+  grep -q listening "$OUT/node-peer.out" || { echo "the node peer did not start:" >&2; cat "$OUT/node-peer.err" >&2; exit 1; }
+  node_pids=("$NODE_PID" $(pgrep -P "$NODE_PID"))
+  echo "### peer-contact: api pid $API_PID, node peer pids ${node_pids[*]}; $(load)"
+  figures() { # name -> "req/s p99 non-2xx"
+    awk '/Requests\/sec/ {r = $2} $1 == "99%" {p = $2} /Non-2xx/ {e = $NF} END {printf "%s %s %s", r, p, e + 0}' "$OUT/$1.txt"
+  }
+  to_ms() { awk -v v="$1" 'BEGIN {n = v + 0; u = v; sub(/^[0-9.]+/, "", u); print (u == "us" ? n / 1000 : u == "s" ? n * 1000 : n)}'; }
+  summary=()
+  for turn in $(seq 1 "${PEER_TURNS:-3}"); do
+    for side in api node; do
+      if [ "$side" = api ]; then pids=("$API_PID") url=$BASE; else pids=("${node_pids[@]}") url=http://127.0.0.1:$NODE_PORT; fi
+      wrk -t"$THREADS" -c"$CONN" -d"${PEER_WARM:-5s}" -s bench/contact.lua "$url/api/contact" > /dev/null
+      CPU_PIDS="${pids[*]}" run "peer-contact-$side-$turn" -s bench/contact.lua "$url/api/contact" | tee "$OUT/peer-contact-$side-$turn.cpu"
+      read -r rps p99 bad <<< "$(figures "peer-contact-$side-$turn")"
+      cpu=$(sed -n 's/.*server CPU \([0-9.]*\) µs.*/\1/p' "$OUT/peer-contact-$side-$turn.cpu")
+      eval "${side}_rps=$rps ${side}_p99=$(to_ms "$p99") ${side}_bad=$bad ${side}_cpu=$cpu"
+    done
+    summary+=("turn $turn: api $api_rps req/s, p99 $api_p99 ms, $api_cpu µs CPU/request, $api_bad non-2xx | node $node_rps req/s, p99 $node_p99 ms, $node_cpu µs CPU/request, $node_bad non-2xx | api/node: throughput x$(echo "scale=2; $api_rps / $node_rps" | bc) (goal >= 2), p99 $(echo "scale=3; $api_p99 / $node_p99" | bc) (goal <= 0.5), CPU/request $(echo "scale=3; $api_cpu / $node_cpu" | bc) (goal <= 0.2)")
+  done
+  printf '%s\n' "${summary[@]}" | tee "$OUT/peer-contact.txt"
+  echo "peer-contact: jobs queued by the node peer: $(redis-cli llen "$PREFIX:peer-email:wait"); api RSS: $(rss $API_PID); $(load)"
+  kill "$NODE_PID" 2>/dev/null || true
+  wait "$NODE_PID" 2>/dev/null || true
+  NODE_PID=
+fi
+
+# Instructions per request, which a noisy host does not change: the api under
+# callgrind, collection on only around $CALLGRIND_N (2,000) sequential requests
+# of each route in $CALLGRIND_ROUTES (contact health) after 200 unmeasured
+# ones. Not in the default list; run it alone:
+#   API_WRAP="valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=target/bench/callgrind.%p" \
+#     API_START_SECS=120 bash bench/run.sh callgrind
+if want callgrind; then
+  for route in ${CALLGRIND_ROUTES:-contact health}; do
+    python3 bench/drive.py "$BASE" 200 "$route" > /dev/null
+    callgrind_control -z "$API_PID" > /dev/null
+    callgrind_control -i on "$API_PID" > /dev/null
+    python3 bench/drive.py "$BASE" "${CALLGRIND_N:-2000}" "$route"
+    callgrind_control -i off "$API_PID" > /dev/null
+    callgrind_control -d "callgrind-$route" "$API_PID" > /dev/null
+    dump=$(ls -t "$OUT"/callgrind.* | head -1)
+    echo "callgrind $route: $(awk -v n="${CALLGRIND_N:-2000}" '/^(summary|totals):/ {printf "%.0f instructions per request", $2 / n; exit}' "$dump") ($dump; callgrind_annotate --inclusive=yes it)"
+  done
+fi
 
 # Authenticated profile saves: 1,000 distinct users per token kind, over
 # SESSION_CONN (default 16) connections. A 5 s pass first creates the users

@@ -9,6 +9,7 @@ pub mod idp;
 pub mod listener;
 pub mod metrics;
 pub mod middleware;
+pub mod pattern;
 pub mod payload;
 pub mod probes;
 pub mod problem;

@@ -24,7 +24,7 @@ use poem_openapi::{
 };
 use serde_json::Value;
 
-use crate::problem::Problem;
+use crate::{pattern, problem::Problem};
 
 /// A JSON request body of type `T` (content type `application/json`).
 #[derive(Debug, Clone)]
@@ -74,10 +74,19 @@ fn json_type(v: &Value) -> &'static str {
 }
 
 /// The top level of an object schema: each property's schema (references
-/// resolved) and whether it is required.
+/// resolved), whether it is required and its pattern compiled.
 struct Shape {
-    /// `(name, schema, required)`.
-    fields: Vec<(&'static str, MetaSchema, bool)>,
+    fields: Vec<Field>,
+}
+
+/// One property of a [`Shape`].
+struct Field {
+    name: &'static str,
+    schema: MetaSchema,
+    required: bool,
+    /// `schema.pattern` compiled ([`crate::pattern::compiled`]); `None` when
+    /// there is none or it does not compile (then nothing matches it).
+    pattern: Option<&'static regex::Regex>,
 }
 
 /// Shapes by request type, computed once per type from its OpenAPI schema.
@@ -117,11 +126,13 @@ fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
             .properties
             .iter()
             .map(|(name, prop)| {
-                (
-                    *name,
-                    resolve(&registry, prop),
-                    schema.required.contains(name),
-                )
+                let schema_of = resolve(&registry, prop);
+                Field {
+                    name,
+                    pattern: schema_of.pattern.as_deref().and_then(pattern::compiled),
+                    schema: schema_of,
+                    required: schema.required.contains(name),
+                }
             })
             .collect();
         Arc::new(Shape { fields })
@@ -149,7 +160,7 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
         return Ok(());
     };
     for key in map.keys() {
-        if !shape.fields.iter().any(|(name, _, _)| name == key) {
+        if !shape.fields.iter().any(|f| f.name == key) {
             return Err(reject(
                 "unknown_field",
                 format!("{key} is not a known field"),
@@ -157,9 +168,10 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
             ));
         }
     }
-    for (name, schema, required) in &shape.fields {
-        match map.get(*name) {
-            None | Some(Value::Null) if *required => {
+    for field in &shape.fields {
+        let (name, schema) = (field.name, &field.schema);
+        match map.get(name) {
+            None | Some(Value::Null) if field.required => {
                 return Err(reject(
                     "required",
                     format!("{name} is required"),
@@ -178,34 +190,22 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
                     Some(name),
                 ));
             }
-            Some(v) => check_value(name, schema, v)?,
+            Some(v) => check_value(name, schema, field.pattern, v)?,
         }
     }
     Ok(())
 }
 
-/// Whether `value` matches the schema `pattern` (compiled once per pattern;
-/// a pattern that does not compile matches nothing).
-fn pattern_matches(pattern: &str, value: &str) -> bool {
-    static CACHE: LazyLock<RwLock<HashMap<String, Option<regex::Regex>>>> =
-        LazyLock::new(Default::default);
-    if let Some(re) = CACHE.read().expect("pattern cache poisoned").get(pattern) {
-        return re.as_ref().is_some_and(|re| re.is_match(value));
-    }
-    let re = regex::Regex::new(pattern).ok();
-    let matched = re.as_ref().is_some_and(|re| re.is_match(value));
-    CACHE
-        .write()
-        .expect("pattern cache poisoned")
-        .insert(pattern.to_string(), re);
-    matched
-}
-
 /// Checks one field's value against the rules its schema states (JSON type,
 /// `enum`, `minLength`/`maxLength` in characters, `minimum`/`maximum`,
-/// `format: uuid`), so that the schema and the server enforce the same rules
-/// and a violation is a 400 naming the field.
-fn check_value(name: &str, schema: &MetaSchema, v: &Value) -> Result<(), poem::Error> {
+/// `pattern`, given `compiled`, `format: uuid`), so that the schema and the
+/// server enforce the same rules and a violation is a 400 naming the field.
+fn check_value(
+    name: &str,
+    schema: &MetaSchema,
+    compiled: Option<&regex::Regex>,
+    v: &Value,
+) -> Result<(), poem::Error> {
     let bad = |code: &str, detail: String| Err(reject(code, detail, Some(name)));
     let (expected, actual) = (schema.ty, json_type(v));
     // Enums carry no `type` of their own: their values say it.
@@ -247,7 +247,7 @@ fn check_value(name: &str, schema: &MetaSchema, v: &Value) -> Result<(), poem::E
             );
         }
         if let Some(pattern) = &schema.pattern {
-            if !pattern_matches(pattern, s) {
+            if !compiled.is_some_and(|re| re.is_match(s)) {
                 return bad(
                     "invalid_format",
                     format!("{name} does not match the pattern {pattern}"),

@@ -9,7 +9,14 @@ use poem::web::Data;
 use poem_openapi::{payload::Json, Object, OpenApi};
 
 use super::ApiTags;
-use crate::{auth::BearerAuth, payload::JsonBody, problem::ApiError, state::AppState};
+use crate::{
+    auth::BearerAuth, pattern::Matching, payload::JsonBody, problem::ApiError, state::AppState,
+};
+
+crate::string_pattern!(
+    /// An image type an avatar may have.
+    pub ImageType = r"^image/(jpeg|png|webp|gif)$"
+);
 
 /// The file the client is about to upload.
 #[derive(Debug, Clone, Object)]
@@ -24,18 +31,15 @@ pub struct AvatarUploadRequest {
     pub file_size: i64,
     /// MIME type of the file: `image/jpeg`, `image/png`, `image/webp` or
     /// `image/gif`. The upload must be of this type (checked by magic bytes).
-    #[oai(
-        rename = "fileType",
-        validator(pattern = r"^image/(jpeg|png|webp|gif)$")
-    )]
-    pub file_type: String,
+    #[oai(rename = "fileType")]
+    pub file_type: Matching<ImageType>,
 }
 
 impl poem_openapi::types::Example for AvatarUploadRequest {
     fn example() -> Self {
         AvatarUploadRequest {
             file_size: 48_213,
-            file_type: "image/png".into(),
+            file_type: Matching::new("image/png").expect("the example matches"),
         }
     }
 }

@@ -10,10 +10,16 @@ use worker::{jobs::SendEmail, Job};
 use super::{ApiTags, Success};
 use crate::{
     middleware::RequestId,
+    pattern::Matching,
     payload::{JsonBody, Mailbox},
     problem::{ApiError, RateInfo},
     state::AppState,
 };
+
+crate::string_pattern!(
+    /// "Not only whitespace" (see [`ContactRequest`]), no NUL.
+    pub NotBlank = r"^[^\u0000]*[^\t\n\v\f\r \u0000\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
+);
 
 /// A contact-form message. "Not only whitespace" is the pattern "a character
 /// outside Unicode `White_Space`", spelled out so that JSON Schema (ECMAScript
@@ -23,30 +29,22 @@ use crate::{
 #[oai(deny_unknown_fields, example)]
 pub struct ContactRequest {
     /// Sender's name, 1–100 characters, not only whitespace (trimmed), no NUL.
-    #[oai(validator(
-        min_length = 1,
-        max_length = 100,
-        pattern = r"^[^\u0000]*[^\t\n\v\f\r \u0000\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
-    ))]
-    pub name: String,
+    #[oai(validator(min_length = 1, max_length = 100))]
+    pub name: Matching<NotBlank>,
     /// Sender's email address (≤ 254 characters); replies go there.
     #[oai(validator(max_length = 254))]
     pub email: Mailbox,
     /// The message, 1–5,000 characters, not only whitespace (trimmed), no NUL.
-    #[oai(validator(
-        min_length = 1,
-        max_length = 5000,
-        pattern = r"^[^\u0000]*[^\t\n\v\f\r \u0000\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000][^\u0000]*$"
-    ))]
-    pub message: String,
+    #[oai(validator(min_length = 1, max_length = 5000))]
+    pub message: Matching<NotBlank>,
 }
 
 impl poem_openapi::types::Example for ContactRequest {
     fn example() -> Self {
         ContactRequest {
-            name: "Ann Lee".into(),
+            name: Matching::new("Ann Lee").expect("the example matches"),
             email: Mailbox("ann@example.com".into()),
-            message: "Do you offer annual billing?".into(),
+            message: Matching::new("Do you offer annual billing?").expect("the example matches"),
         }
     }
 }

@@ -26,10 +26,16 @@ use worker::providers::checkout::{Checkout, CheckoutOrder};
 use super::ApiTags;
 use crate::{
     auth::{BearerAuth, Gate},
+    pattern::Matching,
     payload::JsonBody,
     problem::{ApiError, Problem, RateInfo},
     state::AppState,
 };
+
+crate::string_pattern!(
+    /// One or more visible ASCII characters (`!` to `~`).
+    pub VisibleAscii = r"^[\x21-\x7E]+$"
+);
 
 /// Requests allowed per user and window on `POST /api/payments`.
 pub const LIMIT_PER_WINDOW: u32 = 5;
@@ -195,11 +201,8 @@ impl PaymentApi {
         /// Optional client-chosen key, 1–255 visible ASCII characters, that
         /// makes retries of this request safe for 24 hours (same user, same
         /// plan: the first answer again; another plan: 422).
-        #[oai(
-            name = "Idempotency-Key",
-            validator(min_length = 1, max_length = 255, pattern = r"^[\x21-\x7E]+$")
-        )]
-        _key: Header<Option<String>>,
+        #[oai(name = "Idempotency-Key", validator(min_length = 1, max_length = 255))]
+        _key: Header<Option<Matching<VisibleAscii>>>,
         body: JsonBody<PaymentRequest>,
     ) -> Result<PaymentResponse, PaymentErrorResponse> {
         // The raw header: poem-openapi drops values that are not visible

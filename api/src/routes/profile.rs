@@ -10,10 +10,21 @@ use worker::jobs::{DeleteAvatar, Job};
 use crate::{
     auth::{BearerAuth, Gate},
     middleware::RequestId,
+    pattern::{Matching, NoNul},
     payload::JsonBody,
     problem::ApiError,
     state::AppState,
 };
+
+crate::string_pattern!(
+    /// `<lowercase hyphenated UUID>/avatar`, or empty.
+    pub AvatarPath = r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/avatar)?$"
+);
+
+crate::string_pattern!(
+    /// An absolute `http(s)` URL with a host name or IPv4 address, or empty.
+    pub AvatarUrl = r"^(https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9]))(:([1-5]?[0-9]{1,4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?#][!-~]*)?)?$"
+);
 
 /// Profile fields to save. A field left out keeps its stored value; an empty
 /// string clears it.
@@ -21,30 +32,24 @@ use crate::{
 #[oai(deny_unknown_fields, example)]
 pub struct ProfileRequest {
     /// Display name, at most 100 characters (trimmed), no NUL.
-    #[oai(validator(max_length = 100, pattern = r"^[^\u0000]*$"))]
-    pub full_name: Option<String>,
+    #[oai(validator(max_length = 100))]
+    pub full_name: Option<Matching<NoNul>>,
     /// Object key of the avatar: exactly `<your user id>/avatar` (lowercase
     /// hyphenated UUID), or empty. Another user's key is 400.
-    #[oai(validator(
-        max_length = 43,
-        pattern = r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/avatar)?$"
-    ))]
-    pub avatar_path: Option<String>,
+    #[oai(validator(max_length = 43))]
+    pub avatar_path: Option<Matching<AvatarPath>>,
     /// Public URL of the avatar: an absolute `http(s)` URL (≤ 2,048 characters), or empty.
-    #[oai(validator(
-        max_length = 2048,
-        pattern = r"^(https?://(([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*|((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9]))(:([1-5]?[0-9]{1,4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?#][!-~]*)?)?$"
-    ))]
-    pub avatar_url: Option<String>,
+    #[oai(validator(max_length = 2048))]
+    pub avatar_url: Option<Matching<AvatarUrl>>,
 }
 
 impl poem_openapi::types::Example for ProfileRequest {
     fn example() -> Self {
         ProfileRequest {
-            full_name: Some("Ann Lee".into()),
-            avatar_path: Some("7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11/avatar".into()),
-            avatar_url: Some(
-                "https://app.example.com/storage/v1/object/public/avatars/7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11/avatar".into(),
+            full_name: Matching::new("Ann Lee"),
+            avatar_path: Matching::new("7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11/avatar"),
+            avatar_url: Matching::new(
+                "https://app.example.com/storage/v1/object/public/avatars/7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11/avatar",
             ),
         }
     }

@@ -9,6 +9,7 @@ use poem_openapi::{Object, OpenApi};
 
 use super::{ApiTags, Success};
 use crate::{
+    pattern::{Matching, NoNul},
     payload::{JsonBody, Mailbox},
     problem::{ApiError, RateInfo},
     state::AppState,
@@ -23,15 +24,15 @@ pub struct WaitlistRequest {
     #[oai(validator(max_length = 254))]
     pub email: Mailbox,
     /// Name, up to 100 characters, no NUL; optional.
-    #[oai(validator(max_length = 100, pattern = r"^[^\u0000]*$"))]
-    pub name: Option<String>,
+    #[oai(validator(max_length = 100))]
+    pub name: Option<Matching<NoNul>>,
 }
 
 impl poem_openapi::types::Example for WaitlistRequest {
     fn example() -> Self {
         WaitlistRequest {
             email: Mailbox("ann@example.com".into()),
-            name: Some("Ann Lee".into()),
+            name: Matching::new("Ann Lee"),
         }
     }
 }
