@@ -8,6 +8,7 @@ pub mod mailer;
 pub mod oauth;
 pub mod providers;
 pub mod queue;
+pub mod redis_client;
 pub mod retry;
 pub mod runtime;
 pub mod scheduler;
