@@ -6,6 +6,7 @@ pub mod ai;
 pub mod jobs;
 pub mod mailer;
 pub mod oauth;
+pub mod outbox;
 pub mod providers;
 pub mod queue;
 pub mod redis_client;

@@ -250,6 +250,16 @@ impl Queues {
         Ok(id)
     }
 
+    /// [`Queues::push`] under the idempotency key `key` instead of the new
+    /// task id (a job from the job outbox keeps its row id as key on every
+    /// push). Returns the task id.
+    pub async fn push_keyed(&self, job: Job, key: &str) -> Result<String, QueueError> {
+        let id = Ulid::new().to_string();
+        self.push_envelope(&id, Envelope::first(job, key), None, self.timeout)
+            .await?;
+        Ok(id)
+    }
+
     /// Schedules the retry of `job` `delay` from now under a new task id, with
     /// `state` (the same idempotency key). Returns the new task id.
     pub async fn schedule_retry(

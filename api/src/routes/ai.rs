@@ -1159,16 +1159,9 @@ impl UsageGuard {
             let (user_id, id) = (usage.user_id, usage.id);
             let at = if reserved > 0 { reserved_at } else { usage.at };
             let job = Job::RecordAiUsage(RecordAiUsage { usage });
-            match state
-                .queues
-                .push_within(job, state.settings.dependency_timeout)
-                .await
-            {
-                Ok(job_id) => tracing::info!(job_id, usage_id = %id, aborted, "AI usage queued"),
-                Err(e) => {
-                    tracing::error!(error = %e, usage_id = %id, "could not queue AI usage; lost")
-                }
-            }
+            // A failed push keeps the job in the job outbox (crate::followup).
+            let outcome = state.queue_followup(job).await;
+            tracing::info!(usage_id = %id, aborted, ?outcome, "AI usage");
             quota_add(&state, user_id, at, tokens - reserved).await;
         });
     }
