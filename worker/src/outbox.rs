@@ -24,6 +24,8 @@ use crate::{jobs::Job, queue::Queues};
 
 /// How often the relay looks for due rows.
 pub const RELAY_EVERY: Duration = Duration::from_secs(1);
+/// Longest pause between rounds after failures.
+pub const MAX_PAUSE: Duration = Duration::from_secs(30);
 /// Rows one claim takes at most; a full batch is followed by another at once.
 pub const BATCH: u64 = 100;
 /// How long claimed rows stay hidden from other relays: time for a batch of
@@ -51,22 +53,28 @@ pub async fn keep(db: &DatabaseConnection, job: &Job) -> Result<Uuid, DbErr> {
 }
 
 /// Relays due rows every [`RELAY_EVERY`] until `shutdown`; nothing on the
-/// SQLite queue.
+/// SQLite queue. After a failed round the pause doubles, up to
+/// [`MAX_PAUSE`], so an outage is not logged every second.
 pub async fn run(db: DatabaseConnection, queues: Queues, shutdown: CancellationToken) {
     if queues.kind() != "redis" {
         return;
     }
+    let mut pause = RELAY_EVERY;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(RELAY_EVERY) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
         loop {
             match relay_once(&db, &queues).await {
                 Ok(n) if n as u64 == BATCH && !shutdown.is_cancelled() => continue,
-                Ok(_) => break,
+                Ok(_) => {
+                    pause = RELAY_EVERY;
+                    break;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "job outbox: relay failed; next round retries");
+                    pause = (pause * 2).min(MAX_PAUSE);
+                    tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "job outbox: relay failed");
                     break;
                 }
             }
