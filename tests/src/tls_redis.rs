@@ -94,50 +94,37 @@ pub struct TlsRedis {
 }
 
 impl TlsRedis {
-    /// Starts the server and waits (10 s) until it answers a TLS `PING`.
+    /// Starts the server and waits (10 s) until it answers a TLS `PING`; on a
+    /// free port picked here, so a port another test took meanwhile is
+    /// retried (three times) on another one.
     pub async fn start() -> Self {
         let pki = TestPki::new();
         let dir = TempDir::new();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", "0", "--bind", "127.0.0.1"])
-            .args(["--tls-port", &port.to_string()])
-            .arg("--tls-cert-file")
-            .arg(pki.server_cert())
-            .arg("--tls-key-file")
-            .arg(pki.server_key())
-            .arg("--tls-ca-cert-file")
-            .arg(pki.ca_file())
-            .args(["--tls-auth-clients", "no"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .arg("--logfile")
-            .arg(dir.path().join("redis.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server (TLS): {e}"));
-        let server = TlsRedis {
-            pki,
-            port,
-            child,
-            dir,
-        };
-        let up = wait_until(Duration::from_secs(10), || async {
-            server.try_conn().await.is_ok()
-        })
-        .await;
-        assert!(
-            up,
-            "redis-server with TLS did not answer on port {port}; its log:\n{}",
-            server.log()
-        );
-        server
+        let mut log = String::new();
+        for _ in 0..3 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let mut child = spawn_server(&pki, dir.path(), port);
+            let url = format!("rediss://127.0.0.1:{port}");
+            let up = wait_until(Duration::from_secs(10), || async {
+                tls_ping(&url, &pki.ca_file()).await.is_ok()
+            })
+            .await;
+            if up {
+                return TlsRedis {
+                    pki,
+                    port,
+                    child,
+                    dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            log = std::fs::read_to_string(dir.path().join("redis.log")).unwrap_or_default();
+        }
+        panic!("redis-server with TLS did not answer; its log:\n{log}");
     }
 
     /// `rediss://127.0.0.1:<port>`.
@@ -151,22 +138,7 @@ impl TlsRedis {
     }
 
     async fn try_conn(&self) -> ::redis::RedisResult<::redis::aio::MultiplexedConnection> {
-        worker::redis_client::install_crypto_provider();
-        let client = ::redis::Client::build_with_tls(
-            self.url(),
-            ::redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(std::fs::read(self.pki.ca_file()).expect("CA file")),
-            },
-        )?;
-        let mut c = tokio::time::timeout(
-            Duration::from_secs(2),
-            client.get_multiplexed_async_connection(),
-        )
-        .await
-        .map_err(|_| std::io::Error::other("TLS connect timed out"))??;
-        ::redis::cmd("PING").query_async::<String>(&mut c).await?;
-        Ok(c)
+        tls_ping(&self.url(), &self.pki.ca_file()).await
     }
 
     /// A TLS connection of the test itself (trusting the test CA).
@@ -192,4 +164,51 @@ impl Drop for TlsRedis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `redis-server` with TLS only on `port`, its files in `dir`.
+fn spawn_server(pki: &TestPki, dir: &Path, port: u16) -> Child {
+    Command::new("redis-server")
+        .args(["--port", "0", "--bind", "127.0.0.1"])
+        .args(["--tls-port", &port.to_string()])
+        .arg("--tls-cert-file")
+        .arg(pki.server_cert())
+        .arg("--tls-key-file")
+        .arg(pki.server_key())
+        .arg("--tls-ca-cert-file")
+        .arg(pki.ca_file())
+        .args(["--tls-auth-clients", "no"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start redis-server (TLS): {e}"))
+}
+
+/// A TLS connection to `url` trusting only `ca_file`, checked with `PING`.
+async fn tls_ping(
+    url: &str,
+    ca_file: &Path,
+) -> ::redis::RedisResult<::redis::aio::MultiplexedConnection> {
+    worker::redis_client::install_crypto_provider();
+    let client = ::redis::Client::build_with_tls(
+        url,
+        ::redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(ca_file).expect("CA file")),
+        },
+    )?;
+    let mut c = tokio::time::timeout(
+        Duration::from_secs(2),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| std::io::Error::other("TLS connect timed out"))??;
+    ::redis::cmd("PING").query_async::<String>(&mut c).await?;
+    Ok(c)
 }
