@@ -38,6 +38,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    worker::redis_client::install_crypto_provider();
     let cli = Cli::parse();
     if let Some(Command::Openapi) = cli.command {
         println!("{}", api::spec::document());

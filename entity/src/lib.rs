@@ -15,6 +15,7 @@ pub mod features;
 pub mod identity;
 pub mod mail;
 pub mod oauth;
+pub mod outbox;
 pub mod payment;
 pub mod plans;
 pub mod profile;

@@ -8,7 +8,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use crate::{entities::profiles, users::begin_write, validate::FieldError};
+use crate::{entities::profiles, outbox, users::begin_write, validate::FieldError};
 
 /// Longest accepted `full_name`, in characters (after trimming).
 pub const FULL_NAME_MAX: usize = 100;
@@ -208,6 +208,43 @@ where
         }
     }
     save_in_transaction(db, user_id, input, now).await
+}
+
+/// [`save`], keeping the follow-up job of an object the save leaves
+/// unreferenced in the job outbox ([`crate::outbox`]) in the same
+/// transaction: `followup` gets the saved profile and the unreferenced path
+/// and builds the job. Returns the save and the outbox row id (`Some` exactly
+/// when `replaced_object` is). The row is due after
+/// [`outbox::FOLLOWUP_HOLD`]: the caller pushes the job itself after the
+/// commit and deletes the row, or makes it due at once when the push failed.
+///
+/// A save that keeps `avatar_path` cannot leave an object unreferenced and is
+/// [`save`] alone (PostgreSQL's one-statement save); otherwise the save and
+/// the outbox row share one transaction.
+pub async fn save_with_followup<C, F>(
+    db: &C,
+    user_id: Uuid,
+    input: ProfileInput,
+    followup: F,
+) -> Result<(SavedProfile, Option<Uuid>), DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+    F: FnOnce(&SavedProfile, &str) -> outbox::NewJob,
+{
+    if input.avatar_path == FieldChange::Keep {
+        return Ok((save(db, user_id, input).await?, None));
+    }
+    let txn = begin_write(db).await?;
+    let saved = save(&txn, user_id, input).await?;
+    let row = match &saved.replaced_object {
+        Some(path) => {
+            let job = followup(&saved, path);
+            Some(outbox::insert(&txn, &job, outbox::FOLLOWUP_HOLD).await?)
+        }
+        None => None,
+    };
+    txn.commit().await?;
+    Ok((saved, row))
 }
 
 /// The object a save from `old` to `new` leaves unreferenced: the old path

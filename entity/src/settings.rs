@@ -199,6 +199,11 @@ pub struct Settings {
     pub database_embedded: bool,
     /// `REDIS_URL`: job queue and rate-limit counters; unset = queue in SQLite, limits in process.
     pub redis_url: Option<String>,
+    /// `REDIS_CA_FILE`: PEM file of the certificate authority (one or more
+    /// certificates) that signed a `rediss://` server's certificate, for a
+    /// managed Redis with a private CA; it replaces the public web roots.
+    /// Unset: `rediss://` servers are checked against the public web roots.
+    pub redis_ca_file: Option<PathBuf>,
     /// `DATA_DIR`: where the embedded SQLite files live (default `data`).
     pub data_dir: PathBuf,
     /// `MIGRATE_ON_START`: apply pending migrations when the api starts (default `true`).
@@ -681,6 +686,43 @@ fn check_smtp_credentials(url: &str) -> Result<(), SettingsError> {
     ))
 }
 
+/// Checks the TLS side of `REDIS_URL` and reads `REDIS_CA_FILE`:
+/// - `#insecure` (a `rediss://` URL that skips the certificate check) is
+///   refused: give the server's CA in `REDIS_CA_FILE` instead;
+/// - `REDIS_CA_FILE` needs a `rediss://` `REDIS_URL`, and must be a readable
+///   PEM file holding at least one `CERTIFICATE` block (whether the blocks
+///   parse is checked when the client is built).
+fn check_redis_tls(
+    url: Option<&str>,
+    ca_file: Option<String>,
+) -> Result<Option<PathBuf>, SettingsError> {
+    let tls = url.is_some_and(|u| u.len() > 7 && u[..7].eq_ignore_ascii_case("rediss:"));
+    if tls && url.is_some_and(|u| u.contains("#insecure")) {
+        return Err(err(
+            "REDIS_URL",
+            "`#insecure` (no certificate check) is not supported: put the server's CA certificate in REDIS_CA_FILE",
+        ));
+    }
+    let Some(path) = ca_file else {
+        return Ok(None);
+    };
+    if !tls {
+        return Err(err(
+            "REDIS_CA_FILE",
+            "is set but REDIS_URL is not a rediss:// (TLS) URL",
+        ));
+    }
+    let pem = std::fs::read_to_string(&path)
+        .map_err(|e| err("REDIS_CA_FILE", format!("cannot read {path:?}: {e}")))?;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(err(
+            "REDIS_CA_FILE",
+            format!("{path:?} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)"),
+        ));
+    }
+    Ok(Some(PathBuf::from(path)))
+}
+
 impl Settings {
     /// Loads `.env` (when present, without overriding the environment) and reads the environment.
     pub fn from_env() -> Result<Self, SettingsError> {
@@ -701,6 +743,7 @@ impl Settings {
                 ),
             };
         let redis_url = r.url("REDIS_URL", &["redis", "rediss", "redis+unix", "unix"])?;
+        let redis_ca_file = check_redis_tls(redis_url.as_deref(), r.opt("REDIS_CA_FILE"))?;
         let port = r.num_or::<u16>("PORT", 8080, 0, u16::MAX)?;
         let app_url = match r.url("APP_URL", &["http", "https"])? {
             Some(u) => u,
@@ -828,6 +871,7 @@ impl Settings {
             database_url,
             database_embedded,
             redis_url,
+            redis_ca_file,
             data_dir,
             migrate_on_start: r.bool_or("MIGRATE_ON_START", true)?,
             app_url,
@@ -1384,6 +1428,61 @@ mod tests {
         assert_eq!(s.email_from.as_deref(), Some(OUTBOX_DEFAULT_FROM));
         let s = with(&[("REDIS_URL", "redis://127.0.0.1:6379")]).unwrap();
         assert_eq!(s.email_from, None, "production has no default sender");
+    }
+
+    #[test]
+    fn redis_tls_settings_are_checked() {
+        let dir = std::env::temp_dir().join(format!("redis-ca-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let not_pem = dir.join("key.txt");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let ca_s: &'static str = ca.display().to_string().leak();
+        let s = with(&[
+            ("REDIS_URL", "rediss://cache.example.com:6380"),
+            ("REDIS_CA_FILE", ca_s),
+        ])
+        .unwrap();
+        assert_eq!(s.redis_ca_file.as_deref(), Some(ca.as_path()));
+        assert_eq!(
+            with(&[("REDIS_URL", "rediss://h:6380")])
+                .unwrap()
+                .redis_ca_file,
+            None
+        );
+        for (pairs, var) in [
+            (
+                vec![("REDIS_URL", "redis://h:6379"), ("REDIS_CA_FILE", ca_s)],
+                "REDIS_CA_FILE",
+            ),
+            (vec![("REDIS_CA_FILE", ca_s)], "REDIS_CA_FILE"),
+            (
+                vec![
+                    ("REDIS_URL", "rediss://h:6380"),
+                    ("REDIS_CA_FILE", "/nonexistent/ca.pem"),
+                ],
+                "REDIS_CA_FILE",
+            ),
+            (
+                vec![("REDIS_URL", "rediss://h:6380/#insecure")],
+                "REDIS_URL",
+            ),
+        ] {
+            assert_eq!(with(&pairs).unwrap_err().var, var, "{pairs:?}");
+        }
+        let not_pem_s: &'static str = not_pem.display().to_string().leak();
+        let e = with(&[
+            ("REDIS_URL", "rediss://h:6380"),
+            ("REDIS_CA_FILE", not_pem_s),
+        ])
+        .unwrap_err();
+        assert!(e.message.contains("no PEM certificate"), "{}", e.message);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -73,8 +73,20 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The newest migration: on PostgreSQL, one account-change trigger on
-    // each of users, user_roles and subscriptions; on SQLite, nothing.
+    // The newest migration: the job outbox.
+    assert!(
+        manager.has_table("job_outbox").await?,
+        "job_outbox after up"
+    );
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager.has_table("job_outbox").await?,
+        "job_outbox after down"
+    );
+    const OUTBOX_STEPS: usize = 1;
+
+    // Then, on PostgreSQL, one account-change trigger on each of users,
+    // user_roles and subscriptions; on SQLite, nothing.
     let triggers = || async {
         if db.get_database_backend() != DbBackend::Postgres {
             return Ok::<_, DbErr>(0);
@@ -93,8 +105,11 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
     assert_eq!(triggers().await?, if on_pg { 3 } else { 0 });
     Migrator::down(db, Some(1)).await?;
     assert_eq!(triggers().await?, 0, "account-change triggers after down");
-    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 1);
-    const TRIGGER_STEPS: usize = 1;
+    assert_eq!(
+        Migrator::get_pending_migrations(db).await?.len(),
+        OUTBOX_STEPS + 1
+    );
+    const TRIGGER_STEPS: usize = OUTBOX_STEPS + 1;
 
     // The identity migrations step down next; each names the tables it
     // creates.
@@ -156,7 +171,7 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         if on_pg { 3 } else { 0 },
         "triggers after up"
     );
-    for table in created.iter().flat_map(|t| t.iter()) {
+    for table in created.iter().flat_map(|t| t.iter()).chain(&["job_outbox"]) {
         assert!(manager.has_table(table).await?, "{table} after up");
     }
     for (table, column) in added.iter().flat_map(|c| c.iter()) {

@@ -9,13 +9,14 @@
 //! * [`Proc`]: a spawned binary (clean environment, captured output, killed on drop).
 //! * [`SmtpSink`]: a real SMTP server inside the test process.
 //! * [`TcpProxy`]: a switchable TCP forwarder to simulate outages.
+//! * [`TlsRedis`]: a `redis-server` speaking TLS only, with a private CA.
 //! * [`Reply`]: a fully read HTTP answer with problem-details assertions.
 //!
 //! The binaries are the ones `cargo build --workspace --bins` put next to the
 //! test executable (`target/debug/`).
 //!
 //! One module per concern (`db`, `redis`, `stack`, `proc`, `http`, `smtp`,
-//! `proxy`, `s3`, `tokens`, `util`); every public name is re-exported here.
+//! `proxy`, `s3`, `tls_redis`, `tokens`, `util`); every public name is re-exported here.
 
 use std::{
     collections::BTreeMap,
@@ -53,6 +54,7 @@ mod redis;
 mod s3;
 mod smtp;
 mod stack;
+mod tls_redis;
 mod tokens;
 mod util;
 
@@ -65,5 +67,6 @@ pub use redis::*;
 pub use s3::*;
 pub use smtp::*;
 pub use stack::*;
+pub use tls_redis::*;
 pub use tokens::*;
 pub use util::*;

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    worker::redis_client::install_crypto_provider();
     let settings = match Settings::from_env() {
         Ok(s) => Arc::new(s),
         Err(e) => {

@@ -4,7 +4,8 @@
 //! * `REDIS_URL` set: apalis-redis, one storage per [`QueueName`] under the key
 //!   space `<QUEUE_PREFIX>:<queue>:*`. Producers clone the storage per push (no
 //!   lock on the hot path); the connection is one multiplexed, lazily
-//!   (re)connecting `ConnectionManager` with bounded timeouts.
+//!   (re)connecting `ConnectionManager` with bounded timeouts, over TLS for
+//!   `rediss://` ([`crate::redis_client`]).
 //! * unset: apalis-sqlite in `<DATA_DIR>/queue.db`.
 //!
 //! Three apalis-redis 1.0 defects are neutralised here (the third, a
@@ -157,9 +158,8 @@ impl Queues {
             .map(|q| (q, settings.queue_name(q.as_str())))
             .collect();
         let timeout = settings.dependency_timeout;
-        let backend = match &settings.redis_url {
-            Some(url) => {
-                let client = redis::Client::open(url.as_str())?;
+        let backend = match crate::redis_client::client(settings)? {
+            Some(client) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(Some(timeout))
@@ -247,6 +247,16 @@ impl Queues {
         let id = Ulid::new().to_string();
         let env = Envelope::first(job, &id);
         self.push_envelope(&id, env, None, limit).await?;
+        Ok(id)
+    }
+
+    /// [`Queues::push`] under the idempotency key `key` instead of the new
+    /// task id (a job from the job outbox keeps its row id as key on every
+    /// push). Returns the task id.
+    pub async fn push_keyed(&self, job: Job, key: &str) -> Result<String, QueueError> {
+        let id = Ulid::new().to_string();
+        self.push_envelope(&id, Envelope::first(job, key), None, self.timeout)
+            .await?;
         Ok(id)
     }
 

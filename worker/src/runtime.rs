@@ -1,6 +1,7 @@
 //! The worker runtime: one supervised apalis worker per served queue, the
-//! promotion task (backlog guard) and the maintenance loop (bounded vacuum and
-//! dead-letter purge). Used by the `worker` binary and by `api --with-worker`.
+//! promotion task (backlog guard), the maintenance loop (bounded vacuum and
+//! dead-letter purge) and the job outbox's relay ([`crate::outbox`]). Used by
+//! the `worker` binary and by `api --with-worker`.
 //!
 //! * A job attempt that fails transiently is acknowledged and retried later by
 //!   our own schedule ([`crate::retry`]); a permanent failure, or a transient
@@ -184,6 +185,11 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
         queues.clone(),
         settings.clone(),
         format!("worker-{}", ulid::Ulid::new()),
+        shutdown.clone(),
+    ));
+    set.spawn(crate::outbox::run(
+        ctx.db.clone(),
+        queues.clone(),
         shutdown.clone(),
     ));
     set.spawn(maintain(

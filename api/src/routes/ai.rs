@@ -387,7 +387,7 @@ crate::problem_responses!(
         PayloadTooLarge = 413: "The messages' text exceeds `AI_MAX_INPUT_BYTES` (default 65536 bytes), or the body exceeds 64 KiB.",
         InternalServerError = 500: "Unexpected failure.",
         BadGateway = 502: "The AI provider refused the request (`upstream_auth_failed`: our key was refused; `upstream_error`: it failed) before sending any text.",
-        ServiceUnavailable = 503: "Auth is off or not configured, the AI provider is not configured (`not_configured`; `detail` names the variable: `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `OPENAI_COMPATIBLE_BASE_URL`), the provider cannot be reached or did not answer in time (`upstream_unavailable`), or the database is unreachable.",
+        ServiceUnavailable = 503: "Auth is off or not configured, the AI provider is not configured (`not_configured`; `detail` names the variable: `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `OPENAI_COMPATIBLE_BASE_URL`), the provider cannot be reached or did not answer in time (`upstream_unavailable`), or the database is unreachable or slow (`database_unavailable`).",
     }
 );
 
@@ -1159,16 +1159,9 @@ impl UsageGuard {
             let (user_id, id) = (usage.user_id, usage.id);
             let at = if reserved > 0 { reserved_at } else { usage.at };
             let job = Job::RecordAiUsage(RecordAiUsage { usage });
-            match state
-                .queues
-                .push_within(job, state.settings.dependency_timeout)
-                .await
-            {
-                Ok(job_id) => tracing::info!(job_id, usage_id = %id, aborted, "AI usage queued"),
-                Err(e) => {
-                    tracing::error!(error = %e, usage_id = %id, "could not queue AI usage; lost")
-                }
-            }
+            // A failed push keeps the job in the job outbox (crate::followup).
+            let outcome = state.queue_followup(job).await;
+            tracing::info!(usage_id = %id, aborted, ?outcome, "AI usage");
             quota_add(&state, user_id, at, tokens - reserved).await;
         });
     }

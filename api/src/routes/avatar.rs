@@ -66,7 +66,7 @@ crate::problem_responses!(
         Unauthorized = 401: "No valid session token.",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The signed upload could not be created.",
-        ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or not configured, or server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`).",
+        ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or not configured, server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
     }
 );
 

@@ -130,31 +130,41 @@ async fn save_inner(
         body.avatar_path.as_deref(),
         body.avatar_url.as_deref(),
     )?;
-    let saved = state
-        .bounded_db(
-            "saving the profile",
-            profile::save(&state.db, user.user_id, input),
-        )
-        .await?;
-    if let Some(old) = saved.replaced_object {
-        // The profile is saved; a failed push leaves at worst one stray object
-        // of this user (logged), which the next upload to the key replaces.
-        let job = Job::DeleteAvatar(DeleteAvatar {
+    let cleanup = |saved: &profile::SavedProfile, old: &str| {
+        Job::DeleteAvatar(DeleteAvatar {
             user_id: user.user_id,
-            path: old.clone(),
+            path: old.to_string(),
             generation: saved.profile.avatar_generation,
-            request_id,
-        });
-        match state
-            .queues
-            .push_within(job, state.settings.dependency_timeout)
-            .await
-        {
-            Ok(job_id) => tracing::info!(job_id, object = %old, "avatar cleanup queued"),
-            Err(e) => {
-                tracing::error!(error = %e, object = %old, "could not queue the avatar cleanup")
-            }
-        }
+            request_id: request_id.clone(),
+        })
+    };
+    // On the Redis queue the cleanup job is kept in the job outbox in the
+    // save's transaction, so a Redis blink cannot lose it (crate::followup).
+    let (saved, kept) = if state.queues.kind() == "redis" {
+        state
+            .bounded_db(
+                "saving the profile",
+                profile::save_with_followup(&state.db, user.user_id, input, |saved, old| {
+                    worker::outbox::to_row(&cleanup(saved, old))
+                }),
+            )
+            .await?
+    } else {
+        let saved = state
+            .bounded_db(
+                "saving the profile",
+                profile::save(&state.db, user.user_id, input),
+            )
+            .await?;
+        (saved, None)
+    };
+    if let Some(old) = &saved.replaced_object {
+        let job = cleanup(&saved, old);
+        let outcome = match kept {
+            Some(row) => state.queue_kept_followup(job, row).await,
+            None => state.queue_followup(job).await,
+        };
+        tracing::info!(object = %old, ?outcome, "avatar cleanup job after the profile save");
     }
     let p = saved.profile;
     Ok(ProfileResult {

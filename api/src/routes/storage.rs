@@ -52,7 +52,7 @@ crate::problem_responses!(
         Forbidden = 403: "The token is for another object (`token_path_mismatch`), or its account no longer exists (`unknown_user`).",
         PayloadTooLarge = 413: "The body is larger than the granted size (declared by `Content-Length`, or counted).",
         InternalServerError = 500: "The object could not be stored.",
-        ServiceUnavailable = 503: "Auth is switched off or server-side writes are not configured, or the object store or the database is unreachable.",
+        ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`), or the object store (`storage_unavailable`) or the database (`database_unavailable`) is unreachable or slow.",
     }
 );
 
@@ -61,7 +61,7 @@ crate::problem_responses!(
     ServeErrorResponse {
         NotFound = 404: "No such object (`not_found`).",
         InternalServerError = 500: "The object could not be read.",
-        ServiceUnavailable = 503: "The object store is unreachable.",
+        ServiceUnavailable = 503: "The object store is unreachable (`storage_unavailable`).",
     }
 );
 

@@ -70,6 +70,7 @@ pub mod auth_identities;
 pub mod auth_one_time_tokens;
 pub mod auth_refresh_tokens;
 pub mod auth_sessions;
+pub mod job_outbox;
 pub mod payments;
 pub mod profiles;
 pub mod subscriptions;

@@ -3,6 +3,7 @@
 
 pub use super::ai_usage::Entity as AiUsage;
 pub use super::audit_logs::Entity as AuditLogs;
+pub use super::job_outbox::Entity as JobOutbox;
 pub use super::payments::Entity as Payments;
 pub use super::profiles::Entity as Profiles;
 pub use super::subscriptions::Entity as Subscriptions;
