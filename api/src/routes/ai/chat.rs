@@ -11,8 +11,8 @@ use super::{
     parse::parse_chat,
     refuse_upstream,
     usage::UsageGuard,
-    ChunkStream, FinishChunk, FinishStepChunk, Refusal, StartChunk, StartStepChunk,
-    TextDeltaChunk, TextEndChunk, TextStartChunk, ErrorChunk, UiChunk,
+    ChunkStream, ErrorChunk, FinishChunk, FinishStepChunk, Refusal, StartChunk, StartStepChunk,
+    TextDeltaChunk, TextEndChunk, TextStartChunk, UiChunk,
 };
 use crate::{auth::BearerAuth, problem::RateInfo, state::AppState};
 
@@ -25,7 +25,11 @@ pub(super) async fn chat_inner(
     let (provider, messages) = parse_chat(body)?;
     let admitted = admit(state, user.user_id, &plan, provider.as_deref(), &messages).await?;
     let mut guard = UsageGuard::new(state, &admitted, rules::input_bytes(&messages), "chat");
-    let upstream = match state.ai.start(&admitted.target, &messages).await {
+    let upstream = match state
+        .ai
+        .start(&admitted.target, &messages, admitted.max_output)
+        .await
+    {
         Ok(s) => s,
         Err(e) => {
             guard.disarm();

@@ -32,7 +32,11 @@ pub(super) async fn generate_inner(
     let provider = body.provider.map(|p| Provider::from(p).as_str());
     let admitted = admit(state, user.user_id, &plan, provider, &messages).await?;
     let mut guard = UsageGuard::new(state, &admitted, rules::input_bytes(&messages), "generate");
-    let mut upstream = match state.ai.start(&admitted.target, &messages).await {
+    let mut upstream = match state
+        .ai
+        .start(&admitted.target, &messages, admitted.max_output)
+        .await
+    {
         Ok(s) => s,
         Err(e) => {
             guard.disarm();

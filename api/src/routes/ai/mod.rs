@@ -6,12 +6,14 @@
 //! plan's monthly tokens (429 with `used`, `limit`, `plan`, `resets_at`).
 //!
 //! The monthly counter lives in Redis (`<QUEUE_PREFIX>:ai:tokens:<user>:<YYYYMM>`),
-//! seeded from `SUM(input_tokens + output_tokens)` over `ai_usage` when absent.
-//! An admitted request adds its estimated input tokens at once (in flight) and
-//! the difference to its real tokens when its usage job is queued (a request
-//! the provider refused gives its reservation back); without Redis (embedded
-//! mode) the sum is read from the database on each request. Concurrent
-//! requests can overshoot the quota by at most the output of those in flight.
+//! or without Redis in the database (`ai_quota_counters`), seeded from
+//! `SUM(input_tokens + output_tokens)` over `ai_usage` when absent. An
+//! admitted request atomically reserves an upper bound of what it may use
+//! (its input bound plus an output cap: what is left of the quota, at most
+//! the plan's `ai_max_output_tokens`), sends the cap upstream, and settles
+//! the reservation to its real tokens when its usage job is queued (a
+//! request the provider refused gives it back). So concurrent requests never
+//! take the month past the quota (modules `limits`, `quota`).
 
 mod chat;
 mod generate;

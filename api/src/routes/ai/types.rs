@@ -51,18 +51,42 @@ pub enum ChatRole {
     Assistant,
 }
 
-/// A chat message: the AI SDK's `UIMessage` (`{id, role, parts}`) or the
-/// simple `{role, content}` shape. `content` wins when both are given.
+/// A chat message in the simple shape: `content` is required (`parts`, when
+/// also given, is ignored).
 #[derive(Debug, Clone, Object)]
-pub struct ChatMessageIn {
+pub struct ChatMessageWithContent {
     /// Message id (AI SDK; ignored).
     pub id: Option<String>,
     /// `system`, `user` or `assistant`.
     pub role: ChatRole,
-    /// The text (simple shape).
-    pub content: Option<String>,
-    /// The parts (AI SDK shape); the texts of the `text` parts are joined.
+    /// The text; wins over `parts`.
+    pub content: String,
+    /// Ignored when `content` is given.
     pub parts: Option<Vec<UiMessagePart>>,
+}
+
+/// A chat message in the AI SDK's `UIMessage` shape: `parts` is required.
+#[derive(Debug, Clone, Object)]
+pub struct ChatMessageWithParts {
+    /// Message id (AI SDK; ignored).
+    pub id: Option<String>,
+    /// `system`, `user` or `assistant`.
+    pub role: ChatRole,
+    /// The text (simple shape); when given it wins over `parts`.
+    pub content: Option<String>,
+    /// The parts; the texts of the `text` parts are joined.
+    pub parts: Vec<UiMessagePart>,
+}
+
+/// A chat message: the AI SDK's `UIMessage` (`{id, role, parts}`) or the
+/// simple `{role, content}` shape (`anyOf`: it needs `content` or `parts`).
+/// `content` wins when both are given.
+#[derive(Debug, Clone, Union)]
+pub enum ChatMessageIn {
+    /// `{role, content}` (`content` required).
+    Content(ChatMessageWithContent),
+    /// `{id, role, parts}` (`parts` required).
+    Parts(ChatMessageWithParts),
 }
 
 /// The chat request: what the AI SDK's `DefaultChatTransport` sends (`id`,
@@ -354,7 +378,6 @@ crate::problem_responses!(
         ServiceUnavailable = 503: "Auth is off or not configured, the AI provider is not configured (`not_configured`; `detail` names the variable: `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `OPENAI_COMPATIBLE_BASE_URL`), the provider cannot be reached or did not answer in time (`upstream_unavailable`), or the database is unreachable or slow (`database_unavailable`).",
     }
 );
-
 
 #[cfg(test)]
 mod tests {
