@@ -251,3 +251,47 @@ async fn the_output_cap_is_sent_as_each_provider_expects() {
     assert_eq!(openai.len(), 2);
     assert_eq!(openai[1]["max_completion_tokens"], 83, "{}", openai[1]);
 }
+
+/// Without Redis the reservation is a conditional write in PostgreSQL: two
+/// api processes on one database, five requests at each at once, hold the
+/// quota between them.
+#[tokio::test]
+async fn two_api_processes_without_redis_hold_the_quota_in_the_database() {
+    let stack = Stack::new().await;
+    let upstream = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(HonoursTheCap)
+        .mount(&upstream)
+        .await;
+    let mut apis = Vec::new();
+    for i in 0..2 {
+        let data = stack.dir.path().join(format!("data-{i}"));
+        let env = env(&stack, &upstream.uri())
+            .without("REDIS_URL")
+            .with("DATA_DIR", data.display().to_string());
+        apis.push(stack.api_with_worker(&env).await);
+    }
+    let db = connect_db(&stack).await;
+    let user = free_user(&db).await;
+    seed_usage(&db, user, 15_000).await;
+    let t = token(user);
+    let replies = futures::future::join_all((0..10).map(|i| {
+        let (api, t) = (&apis[i % 2], t.clone());
+        async move { post(api, "/api/ai/generate", &t, &json!({"prompt": "x"})).await }
+    }))
+    .await;
+    let mut admitted = 0;
+    let mut total = 15_000;
+    for r in &replies {
+        if r.status == 200 {
+            admitted += 1;
+            total += r.json["usage"]["inputTokens"].as_u64().unwrap()
+                + r.json["usage"]["outputTokens"].as_u64().unwrap();
+        } else {
+            r.assert_problem(429, Some("quota_exceeded"), None);
+        }
+    }
+    assert!(admitted >= 3, "{admitted} admitted, {total} tokens");
+    assert!(total <= 20_000, "{admitted} admitted, {total} tokens");
+}

@@ -166,8 +166,6 @@ impl AiApi {
     }
 }
 
-/// The parsed chat body: provider name (if any) and the messages. Every
-
 /// Maps a failure before any text to its answer.
 pub(crate) fn refuse_upstream(e: AiError, rate: RateInfo) -> Refusal {
     tracing::warn!(error = %e, "AI provider failed before the answer");
