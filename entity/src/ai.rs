@@ -5,6 +5,15 @@
 //! Quota (decisions.md, "Plans"): input + output tokens recorded in `ai_usage`
 //! since the first day of the month (UTC) against the plan's
 //! `ai_tokens_per_month`; `None` (ULTIMATE) is unlimited.
+//!
+//! Reservation: before the upstream call a request reserves an upper bound of
+//! what it may use ([`grant`]): its input at [`input_bound`] and its output
+//! capped by what is left of the quota and the plan's `ai_max_output_tokens`.
+//! The cap is sent upstream, so a provider that honours it never makes the
+//! month's total pass the quota, however many requests run at once. The
+//! reservation is held in a counter per user and month (Redis in the api, or
+//! the `ai_quota_counters` table here: [`reserve_in_db`], [`add_in_db`]) and
+//! settled with the real tokens when the request ends.
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use sea_orm::{
@@ -101,6 +110,38 @@ pub fn input_bytes(messages: &[ChatMessage]) -> usize {
     messages.iter().map(|m| m.content.len()).sum()
 }
 
+/// Tokens counted for one message beyond its text (role and framing tokens:
+/// OpenAI's chat format adds 3–4 per message; a safe margin for every provider).
+pub const MESSAGE_OVERHEAD_TOKENS: u64 = 8;
+
+/// Tokens counted once per request beyond its messages (the reply's priming
+/// and the system slot).
+pub const REQUEST_OVERHEAD_TOKENS: u64 = 8;
+
+/// An upper bound of the input tokens the provider will count for `messages`:
+/// the UTF-8 bytes of every text (a token of a byte-level tokenizer covers at
+/// least one byte) plus [`MESSAGE_OVERHEAD_TOKENS`] per message and
+/// [`REQUEST_OVERHEAD_TOKENS`].
+pub fn input_bound(messages: &[ChatMessage]) -> u64 {
+    let per_message = MESSAGE_OVERHEAD_TOKENS * messages.len() as u64;
+    input_bytes(messages) as u64 + per_message + REQUEST_OVERHEAD_TOKENS
+}
+
+/// Tokens one request may reserve: `used` of `limit` are taken this month,
+/// `input` is its [`input_bound`] and `max_output` the plan's output cap.
+/// `0` when not even one output token fits (the quota's 429); otherwise
+/// `input + max_output`, lowered to what is left, and the request's output
+/// cap is the grant minus `input`. The Redis script and [`reserve_in_db`]
+/// apply the same rule atomically.
+pub fn grant(used: u64, limit: u64, input: u64, max_output: u32) -> u64 {
+    let left = limit.saturating_sub(used);
+    if left > input {
+        left.min(input + u64::from(max_output))
+    } else {
+        0
+    }
+}
+
 /// Our token estimate for `bytes` bytes of text when the provider sent no
 /// count: one token per 4 bytes, rounded up (the providers' rule of thumb for
 /// English text).
@@ -144,8 +185,8 @@ pub struct QuotaExceeded {
 }
 
 /// Checks `used` tokens against the plan's monthly `limit` (`None` =
-/// unlimited): a request is allowed while `used < limit`, so the overshoot is
-/// at most what the requests in flight add.
+/// unlimited): `used >= limit` is used up. (A request also needs room for its
+/// input and one output token: [`grant`].)
 pub fn check_quota(
     plan: &str,
     limit: Option<u64>,
@@ -198,6 +239,105 @@ pub async fn tokens_this_month<C: ConnectionTrait>(
         .one(db)
         .await?;
     Ok(sum.flatten().unwrap_or(0).max(0) as u64)
+}
+
+/// The outcome of [`reserve_in_db`]: the month's tokens before the request
+/// and what it was granted (`0`: refused, nothing changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved {
+    /// Tokens counted this month before this request (reservations included).
+    pub used: u64,
+    /// Tokens reserved for this request ([`grant`]); `0` when refused.
+    pub granted: u64,
+}
+
+/// `$n` placeholders for PostgreSQL, `?n` for SQLite.
+fn sql_for<C: ConnectionTrait>(db: &C, sql: &str) -> sea_orm::Statement {
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        sea_orm::DbBackend::Sqlite => sql.replace('$', "?"),
+        _ => sql.to_string(),
+    };
+    sea_orm::Statement::from_string(backend, sql)
+}
+
+fn stmt<C: ConnectionTrait>(db: &C, sql: &str, values: Vec<sea_orm::Value>) -> sea_orm::Statement {
+    let s = sql_for(db, sql);
+    sea_orm::Statement::from_sql_and_values(s.db_backend, s.sql, values)
+}
+
+/// Reserves [`grant`] tokens for a request of `user_id` in the database's
+/// month counter (`ai_quota_counters`, one row per user and `YYYYMM`), for
+/// deployments without Redis. One conditional `UPDATE … RETURNING`: the row
+/// lock (PostgreSQL) or the single writer (SQLite) makes concurrent requests,
+/// from any api process, see each other's reservations. A missing row is
+/// seeded from the month's `ai_usage` sum first.
+pub async fn reserve_in_db<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    now: DateTime<Utc>,
+    limit: u64,
+    input: u64,
+    max_output: u32,
+) -> Result<Reserved, DbErr> {
+    let month = month_key(now);
+    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let want = clamp(input.saturating_add(u64::from(max_output)));
+    let (limit, need) = (clamp(limit), clamp(input.saturating_add(1)));
+    let update = "UPDATE ai_quota_counters \
+        SET tokens = CASE WHEN tokens + $3 <= $4 THEN tokens + $3 ELSE $4 END, \
+            granted = CASE WHEN tokens + $3 <= $4 THEN $3 ELSE $4 - tokens END \
+        WHERE user_id = $1 AND month = $2 AND tokens + $5 <= $4 \
+        RETURNING tokens, granted";
+    for _ in 0..2 {
+        let values = vec![
+            user_id.into(),
+            month.clone().into(),
+            want.into(),
+            limit.into(),
+            need.into(),
+        ];
+        if let Some(row) = db.query_one_raw(stmt(db, update, values)).await? {
+            let tokens: i64 = row.try_get_by_index(0)?;
+            let granted: i64 = row.try_get_by_index(1)?;
+            return Ok(Reserved {
+                used: (tokens - granted).max(0) as u64,
+                granted: granted.max(0) as u64,
+            });
+        }
+        let select = "SELECT tokens FROM ai_quota_counters WHERE user_id = $1 AND month = $2";
+        let values = vec![user_id.into(), month.clone().into()];
+        if let Some(row) = db.query_one_raw(stmt(db, select, values)).await? {
+            let tokens: i64 = row.try_get_by_index(0)?;
+            return Ok(Reserved {
+                used: tokens.max(0) as u64,
+                granted: 0,
+            });
+        }
+        let sum = clamp(tokens_this_month(db, user_id, now).await?);
+        let seed = "INSERT INTO ai_quota_counters (user_id, month, tokens, granted) \
+            VALUES ($1, $2, $3, 0) ON CONFLICT (user_id, month) DO NOTHING";
+        let values = vec![user_id.into(), month.clone().into(), sum.into()];
+        db.execute_raw(stmt(db, seed, values)).await?;
+    }
+    Err(DbErr::Custom(
+        "the AI quota counter vanished while being seeded".into(),
+    ))
+}
+
+/// Adds `tokens` (negative: gives back) to the database's month counter of
+/// `user_id` for the month containing `at`, when it exists (an absent
+/// counter is seeded from `ai_usage` at the next reservation).
+pub async fn add_in_db<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    at: DateTime<Utc>,
+    tokens: i64,
+) -> Result<(), DbErr> {
+    let sql = "UPDATE ai_quota_counters SET tokens = tokens + $3 WHERE user_id = $1 AND month = $2";
+    let values = vec![user_id.into(), month_key(at).into(), tokens.into()];
+    db.execute_raw(stmt(db, sql, values)).await?;
+    Ok(())
 }
 
 /// One finished (or aborted) AI request, as the usage job carries it.
@@ -278,6 +418,18 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_fits_the_input_and_the_output_cap_in_what_is_left() {
+        // Room for all: input + the plan's cap.
+        assert_eq!(grant(0, 20_000, 17, 2048), 2065);
+        // Little left: all of it, the output cap being the rest after the input.
+        assert_eq!(grant(19_900, 20_000, 17, 2048), 100);
+        // Not one output token left: refused.
+        assert_eq!(grant(19_983, 20_000, 17, 2048), 0);
+        assert_eq!(grant(19_982, 20_000, 17, 2048), 18);
+        assert_eq!(grant(25_000, 20_000, 17, 2048), 0);
+    }
+
+    #[test]
     fn names_and_estimates() {
         assert_eq!(
             Provider::parse("openai_compatible"),
@@ -286,6 +438,13 @@ mod tests {
         assert_eq!(Provider::parse("OpenAI"), None);
         assert_eq!(Role::parse("tool"), None);
         assert_eq!(estimate_tokens(0), 0);
+        let m = |c: &str| ChatMessage {
+            role: Role::User,
+            content: c.into(),
+        };
+        // "héllo": 6 bytes, + 8 per message, + 8 per request.
+        assert_eq!(input_bound(&[m("héllo")]), 22);
+        assert_eq!(input_bound(&[m("a"), m("b")]), 26);
         assert_eq!(estimate_tokens(5), 2);
     }
 }

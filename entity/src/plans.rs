@@ -24,6 +24,23 @@ pub struct Plan {
     /// AI tokens (input + output) per calendar month (UTC); `None` = unlimited.
     #[serde(default)]
     pub ai_tokens_per_month: Option<u64>,
+    /// Most output tokens one AI request may ask for (sent upstream as
+    /// `max_completion_tokens` / `max_tokens`, lowered to what is left of the
+    /// month's tokens); omitted = [`DEFAULT_MAX_OUTPUT_TOKENS`].
+    #[serde(default)]
+    pub ai_max_output_tokens: Option<u32>,
+}
+
+/// A plan's output cap per AI request when the catalogue names none.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4096;
+
+impl Plan {
+    /// The plan's output cap per AI request (`ai_max_output_tokens`, else
+    /// [`DEFAULT_MAX_OUTPUT_TOKENS`]).
+    pub fn max_output_tokens(&self) -> u32 {
+        self.ai_max_output_tokens
+            .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS)
+    }
 }
 
 /// The whole catalogue.
@@ -115,6 +132,12 @@ impl Catalogue {
             if p.price < 0 {
                 return bad(format!("plan {} has a negative price", p.id));
             }
+            if p.ai_max_output_tokens == Some(0) {
+                return bad(format!(
+                    "plan {} allows no AI output; use 1 or more, or omit ai_max_output_tokens",
+                    p.id
+                ));
+            }
             if p.ai_requests_per_5min == 0 {
                 return bad(format!(
                     "plan {} allows no AI requests; use 1 or more",
@@ -156,6 +179,24 @@ mod tests {
         assert!(c.purchasable(FREE).is_none());
         assert_eq!(c.get("ULTIMATE").unwrap().ai_tokens_per_month, None);
         assert_eq!(c.get(FREE).unwrap().ai_tokens_per_month, Some(20_000));
+        assert_eq!(c.get(FREE).unwrap().max_output_tokens(), 2048);
+    }
+
+    #[test]
+    fn an_omitted_output_cap_is_the_default_and_zero_is_refused() {
+        let free = |extra: &str| {
+            format!(
+                "currency = \"IDR\"\n[[plans]]\nid = \"FREE\"\nname = \"Free\"\nprice = 0\npurchasable = false\nai_requests_per_5min = 1\n{extra}"
+            )
+        };
+        let c = Catalogue::parse(&free("")).unwrap();
+        assert_eq!(
+            c.get(FREE).unwrap().max_output_tokens(),
+            DEFAULT_MAX_OUTPUT_TOKENS
+        );
+        let c = Catalogue::parse(&free("ai_max_output_tokens = 100")).unwrap();
+        assert_eq!(c.get(FREE).unwrap().max_output_tokens(), 100);
+        assert!(Catalogue::parse(&free("ai_max_output_tokens = 0")).is_err());
     }
 
     #[test]

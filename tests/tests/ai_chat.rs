@@ -447,7 +447,7 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
     assert!(r.header_u64("Retry-After") <= 300);
     assert!(r.header_u64("X-RateLimit-Reset") > 0);
 
-    // FREE: 20,000 tokens per month; 19,995 already used.
+    // FREE: 20,000 tokens per month; 19,980 already used.
     let user = free_user(&db).await;
     ai_usage::ActiveModel {
         id: Set(Uuid::new_v4()),
@@ -456,7 +456,7 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
         model: Set("gpt-test".into()),
         route: Set("chat".into()),
         input_tokens: Set(19_000),
-        output_tokens: Set(995),
+        output_tokens: Set(980),
         aborted: Set(false),
         estimated: Set(false),
         created_at: Set(chrono::Utc::now()),
@@ -465,7 +465,8 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
     .await
     .unwrap();
     let t = token(user);
-    // Below the limit: allowed (9 + 2 tokens), counted in Redis when it ends.
+    // Room for the input bound of "x" (1 byte + 8 + 8 = 17 tokens) and 3
+    // output tokens: allowed (9 + 2 tokens), counted in Redis when it ends.
     let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "x"})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let over = wait_until(Duration::from_secs(10), || async {
@@ -478,24 +479,26 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
     assert!(over, "the quota never ran out");
     let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
     let p = r.assert_problem(429, Some("quota_exceeded"), None);
-    assert!(p["used"].as_u64().unwrap() >= 20_000, "{p}");
+    // Not even the input bound and one output token fit any more.
+    let used = p["used"].as_u64().unwrap();
+    assert!(used + 18 > 20_000 && used <= 20_000, "{p}");
     assert_eq!(p["limit"], 20_000);
     assert_eq!(p["plan"], "FREE");
     let reset: chrono::DateTime<chrono::Utc> = p["resets_at"].as_str().unwrap().parse().unwrap();
     assert_eq!(reset, entity::ai::next_month_start(chrono::Utc::now()));
     assert!(r.header_u64("Retry-After") > 0);
     // The counter agrees with ai_usage once the worker wrote the rows.
-    let used = p["used"].as_u64().unwrap();
     let agrees = wait_until(Duration::from_secs(15), || async {
         let total: i64 = usage_rows(&db, user)
             .await
             .iter()
             .map(|r| i64::from(r.input_tokens + r.output_tokens))
             .sum();
-        total as u64 == used
+        let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
+        r.status == 429 && r.json["used"].as_i64() == Some(total)
     })
     .await;
-    assert!(agrees, "ai_usage does not sum to {used}");
+    assert!(agrees, "ai_usage does not sum to the counter");
 }
 
 /// Posts `body` to `path` until the answer's `X-RateLimit-Limit` is `want`,
@@ -830,7 +833,7 @@ async fn a_request_in_flight_counts_against_the_quota_until_it_settles() {
     let slow = SlowUpstream::start().await;
     let api = stack.api_with_worker(&env(&stack, &slow.url)).await;
     let db = connect_db(&stack).await;
-    // FREE: 20,000 tokens; 19,995 used.
+    // FREE: 20,000 tokens; 19,900 used.
     let user = free_user(&db).await;
     ai_usage::ActiveModel {
         id: Set(Uuid::new_v4()),
@@ -838,7 +841,7 @@ async fn a_request_in_flight_counts_against_the_quota_until_it_settles() {
         provider: Set("openai".into()),
         model: Set("gpt-test".into()),
         route: Set("chat".into()),
-        input_tokens: Set(19_995),
+        input_tokens: Set(19_900),
         output_tokens: Set(0),
         aborted: Set(false),
         estimated: Set(false),
@@ -849,7 +852,8 @@ async fn a_request_in_flight_counts_against_the_quota_until_it_settles() {
     .unwrap();
     let t = token(user);
 
-    // 40 bytes of input ≈ 10 tokens are reserved while the answer streams.
+    // 40 bytes of input (bound: 40 + 8 + 8 = 56 tokens) and an output cap of
+    // the 44 tokens left: all 100 are reserved while the answer streams.
     let resp = client()
         .post(api.url("/api/ai/chat"))
         .bearer_auth(&t)
@@ -862,14 +866,15 @@ async fn a_request_in_flight_counts_against_the_quota_until_it_settles() {
     read_until(&mut s, "\"delta\":\"first\"").await;
     let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
     let p = r.assert_problem(429, Some("quota_exceeded"), None);
-    assert_eq!(p["used"], 20_005, "{p}");
+    assert_eq!(p["used"], 20_000, "{p}");
 
-    // Once it ends, the counter holds its real tokens (3 + 2): 20,000.
+    // Once it ends, the counter holds its real tokens (3 + 2): 19,905. (A
+    // 200-byte question cannot fit in the 95 left, so it shows the counter.)
     slow.release.notify_one();
     read_until(&mut s, "[DONE]").await;
     let settled = wait_until(Duration::from_secs(10), || async {
-        let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("x")).await;
-        r.status == 429 && r.json["used"] == 20_000
+        let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body(&"y".repeat(200))).await;
+        r.status == 429 && r.json["used"] == 19_905
     })
     .await;
     assert!(
@@ -878,5 +883,5 @@ async fn a_request_in_flight_counts_against_the_quota_until_it_settles() {
     );
     let rows = wait_usage(&db, user, 2).await;
     let total: i32 = rows.iter().map(|r| r.input_tokens + r.output_tokens).sum();
-    assert_eq!(total, 20_000);
+    assert_eq!(total, 19_905);
 }

@@ -62,6 +62,7 @@ macro_rules! timestamps {
 
 pub mod prelude;
 
+pub mod ai_quota_counters;
 pub mod ai_usage;
 pub mod audit_logs;
 pub mod auth_accounts;

@@ -1,6 +1,7 @@
 //! Short aliases for every entity, as `sea-orm-cli` would generate them:
 //! `use entity::entities::prelude::*;` then `Users::find()`, `Payments::find()`...
 
+pub use super::ai_quota_counters::Entity as AiQuotaCounters;
 pub use super::ai_usage::Entity as AiUsage;
 pub use super::audit_logs::Entity as AuditLogs;
 pub use super::job_outbox::Entity as JobOutbox;

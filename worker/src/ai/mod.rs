@@ -2,11 +2,14 @@
 //!
 //! * `openai` and `openai_compatible`: Chat Completions,
 //!   `POST {base}/chat/completions` with `stream: true` and
-//!   `stream_options: {include_usage: true}`; SSE `data:` lines carry
+//!   `stream_options: {include_usage: true}`, the output cap as
+//!   `max_completion_tokens` (OpenAI; `max_tokens` is deprecated there) or
+//!   `max_tokens` (compatible servers: vLLM, llama.cpp, Ollama, LiteLLM all
+//!   read it); SSE `data:` lines carry
 //!   `chat.completion.chunk` objects (`choices[0].delta.content`), the last one
 //!   `usage: {prompt_tokens, completion_tokens}`, then `data: [DONE]`.
-//! * `anthropic`: Messages API, `POST {base}/v1/messages` with `stream: true`,
-//!   headers `x-api-key` and `anthropic-version: 2023-06-01`; named SSE events
+//! * `anthropic`: Messages API, `POST {base}/v1/messages` with `stream: true`
+//!   and the output cap as `max_tokens` (required), headers `x-api-key` and `anthropic-version: 2023-06-01`; named SSE events
 //!   `message_start` (`message.usage.input_tokens`), `content_block_delta`
 //!   (`delta.type = text_delta`, `delta.text`), `message_delta` (cumulative
 //!   `usage.output_tokens`), `message_stop`, `ping`, `error`.
@@ -26,10 +29,6 @@ use entity::{
 use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use serde_json::{json, Value};
-
-/// Most tokens Anthropic may produce for one answer (`max_tokens`, required by
-/// the Messages API).
-pub const ANTHROPIC_MAX_TOKENS: u32 = 4096;
 
 /// Why an AI call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -172,50 +171,32 @@ impl AiClients {
     }
 
     /// Sends the request and waits for the answer's status (at most
-    /// `AI_IDLE_TIMEOUT_MS`). A non-2xx status, no connection or no answer is
-    /// an error here, before any content; afterwards the stream's items carry
-    /// the text, the usage and possibly one final error.
+    /// `AI_IDLE_TIMEOUT_MS`). `max_output` caps the answer's tokens (sent as
+    /// the provider expects it: [`request_body`]). A non-2xx status, no
+    /// connection or no answer is an error here, before any content;
+    /// afterwards the stream's items carry the text, the usage and possibly
+    /// one final error.
     pub async fn start(
         &self,
         target: &Target,
         messages: &[ChatMessage],
+        max_output: u32,
     ) -> Result<AiStream, AiError> {
+        let body = request_body(target.provider, &target.model, messages, max_output);
         let req = match target.provider {
             Provider::Openai | Provider::OpenaiCompatible => {
-                let body = json!({
-                    "model": target.model,
-                    "messages": messages.iter().map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect::<Vec<_>>(),
-                    "stream": true,
-                    "stream_options": {"include_usage": true},
-                });
                 let mut r = self.http.post(&target.url).json(&body);
                 if let Some(k) = &target.key {
                     r = r.bearer_auth(k);
                 }
                 r
             }
-            Provider::Anthropic => {
-                let system: Vec<&str> = messages
-                    .iter()
-                    .filter(|m| m.role == Role::System)
-                    .map(|m| m.content.as_str())
-                    .collect();
-                let mut body = json!({
-                    "model": target.model,
-                    "max_tokens": ANTHROPIC_MAX_TOKENS,
-                    "stream": true,
-                    "messages": messages.iter().filter(|m| m.role != Role::System)
-                        .map(|m| json!({"role": m.role.as_str(), "content": m.content})).collect::<Vec<_>>(),
-                });
-                if !system.is_empty() {
-                    body["system"] = Value::String(system.join("\n\n"));
-                }
-                self.http
-                    .post(&target.url)
-                    .header("x-api-key", target.key.as_deref().unwrap_or_default())
-                    .header("anthropic-version", "2023-06-01")
-                    .json(&body)
-            }
+            Provider::Anthropic => self
+                .http
+                .post(&target.url)
+                .header("x-api-key", target.key.as_deref().unwrap_or_default())
+                .header("anthropic-version", "2023-06-01")
+                .json(&body),
         };
         let idle = self.settings.ai_idle_timeout;
         let upstream = crate::metrics::Upstream::start("ai");
@@ -247,13 +228,15 @@ impl AiClients {
         Ok(decode(target.provider, body_chunks(resp, idle)))
     }
 
-    /// A whole answer: its text and the provider's usage.
+    /// A whole answer of at most `max_output` tokens: its text and the
+    /// provider's usage.
     pub async fn complete(
         &self,
         target: &Target,
         messages: &[ChatMessage],
+        max_output: u32,
     ) -> Result<(String, Usage), AiError> {
-        let mut stream = self.start(target, messages).await?;
+        let mut stream = self.start(target, messages, max_output).await?;
         let mut text = String::new();
         let mut usage = Usage::default();
         while let Some(ev) = stream.next().await {
@@ -263,6 +246,52 @@ impl AiClients {
             }
         }
         Ok((text, usage))
+    }
+}
+
+/// The JSON body of a streamed request to `provider`, the answer capped at
+/// `max_output` tokens: `max_completion_tokens` for OpenAI, `max_tokens` for
+/// Anthropic (where system messages go to `system`) and compatible servers.
+pub fn request_body(
+    provider: Provider,
+    model: &str,
+    messages: &[ChatMessage],
+    max_output: u32,
+) -> Value {
+    let message = |m: &ChatMessage| json!({"role": m.role.as_str(), "content": m.content});
+    match provider {
+        Provider::Openai | Provider::OpenaiCompatible => {
+            let cap = if provider == Provider::Openai {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            json!({
+                "model": model,
+                "messages": messages.iter().map(message).collect::<Vec<_>>(),
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                cap: max_output,
+            })
+        }
+        Provider::Anthropic => {
+            let system: Vec<&str> = messages
+                .iter()
+                .filter(|m| m.role == Role::System)
+                .map(|m| m.content.as_str())
+                .collect();
+            let mut body = json!({
+                "model": model,
+                "max_tokens": max_output,
+                "stream": true,
+                "messages": messages.iter().filter(|m| m.role != Role::System)
+                    .map(message).collect::<Vec<_>>(),
+            });
+            if !system.is_empty() {
+                body["system"] = Value::String(system.join("\n\n"));
+            }
+            body
+        }
     }
 }
 
@@ -482,6 +511,30 @@ event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
                 })),
             ]
         );
+    }
+
+    #[test]
+    fn the_output_cap_is_named_as_each_provider_expects() {
+        let msgs = [
+            ChatMessage {
+                role: Role::System,
+                content: "Be brief.".into(),
+            },
+            ChatMessage {
+                role: Role::User,
+                content: "Hi".into(),
+            },
+        ];
+        let b = request_body(Provider::Openai, "m", &msgs, 77);
+        assert_eq!(b["max_completion_tokens"], 77);
+        assert!(b.get("max_tokens").is_none());
+        let b = request_body(Provider::OpenaiCompatible, "m", &msgs, 77);
+        assert_eq!(b["max_tokens"], 77);
+        assert!(b.get("max_completion_tokens").is_none());
+        let b = request_body(Provider::Anthropic, "m", &msgs, 77);
+        assert_eq!(b["max_tokens"], 77);
+        assert_eq!(b["system"], "Be brief.");
+        assert_eq!(b["messages"].as_array().unwrap().len(), 1);
     }
 
     #[test]
