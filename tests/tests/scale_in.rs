@@ -184,3 +184,103 @@ async fn a_stopped_worker_returns_its_jobs_at_once_and_a_new_one_delivers_them_a
     assert!(cut.is_subset(&ids), "{cut:?}");
     assert_eq!(stack.redis.count("SCARD", "email:dead").await, 0);
 }
+
+/// The same on the embedded SQLite queue (`api --with-worker`, no Redis): the
+/// stopped process's locked rows become `Pending` again at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_the_embedded_queue_a_stopped_worker_returns_its_jobs_too() {
+    use sea_orm::sqlx::{self, sqlite::SqlitePoolOptions};
+    use tests::{plans_file, post_json, random_ip, EnvMap, Proc, TempDir};
+
+    let dir = TempDir::new();
+    let slow = email_api(Duration::from_secs(60)).await;
+    let fast = email_api(Duration::ZERO).await;
+    let base = EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", plans_file().display().to_string())
+        .with("LOG_FORMAT", "json")
+        .with("RATE_LIMIT_PUBLIC_PER_HOUR", "100000")
+        .with("EMAIL_FROM", EMAIL_FROM)
+        .with("EMAIL_PROVIDER_API_KEY", "re_scale")
+        .with("WORKER_QUEUES", "email")
+        .with("WORKER_CONCURRENCY", "4")
+        .with("EMAIL_TIMEOUT_SECS", "120")
+        .with("WORKER_HEARTBEAT_MS", "60000")
+        .with("WORKER_SHUTDOWN_TIMEOUT_SECS", "2");
+    let mut first = Proc::api(
+        &base.clone().with("EMAIL_PROVIDER_BASE_URL", slow.uri()),
+        &["--with-worker"],
+        dir.path(),
+    )
+    .await;
+    const N: usize = 8;
+    for i in 0..N {
+        let body =
+            json!({"name": format!("Scale {i}"), "email": "s@example.org", "message": "drain"});
+        let r = post_json(&first.url("/api/contact"), &random_ip(), &body).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let busy = wait_until(Duration::from_secs(30), || async {
+        keys(&slow).await.len() >= 4
+    })
+    .await;
+    assert!(busy, "no job taken; stderr:\n{}", first.stderr());
+
+    first.term();
+    let status = first
+        .wait_exit(Duration::from_secs(2 + 20))
+        .await
+        .unwrap_or_else(|| panic!("did not exit in time; stderr:\n{}", first.stderr()));
+    assert!(status.success(), "{status}; stderr:\n{}", first.stderr());
+    assert!(
+        first
+            .stderr()
+            .contains("returned unfinished jobs to the queue"),
+        "{}",
+        first.stderr()
+    );
+
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&format!(
+            "sqlite://{}",
+            dir.path().join("data/queue.db").display()
+        ))
+        .await
+        .expect("queue.db");
+    let held: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM Jobs WHERE status IN ('Queued', 'Running') OR lock_by IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count held");
+    let pending: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM Jobs WHERE status = 'Pending'")
+        .fetch_one(&pool)
+        .await
+        .expect("count pending");
+    pool.close().await;
+    assert_eq!(
+        (held, pending),
+        (0, N as i64),
+        "every job is back, unlocked"
+    );
+
+    let second = Proc::api(
+        &base.with("EMAIL_PROVIDER_BASE_URL", fast.uri()),
+        &["--with-worker"],
+        dir.path(),
+    )
+    .await;
+    let all = wait_until(Duration::from_secs(60), || async {
+        keys(&fast).await.into_iter().collect::<BTreeSet<_>>().len() == N
+    })
+    .await;
+    assert!(
+        all,
+        "not every job was delivered; stderr:\n{}",
+        second.stderr()
+    );
+    let delivered: BTreeSet<String> = keys(&fast).await.into_iter().collect();
+    let cut: BTreeSet<String> = keys(&slow).await.into_iter().collect();
+    assert!(cut.is_subset(&delivered), "{cut:?} vs {delivered:?}");
+}
