@@ -4,7 +4,6 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use entity::{plans::Catalogue, Features, Settings};
-use migration::MigratorTrait;
 use poem::{middleware::CatchPanic, EndpointExt, IntoEndpoint, Route};
 use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
@@ -186,7 +185,8 @@ pub async fn build_state(
     let features = Features::compute(&settings);
     let db = worker::runtime::connect_db(&settings, shutdown).await?;
     if settings.migrate_on_start {
-        migration::Migrator::up(&db, None)
+        // Under the migration lock: replicas starting together all come up.
+        migration::up_locked(&db, None)
             .await
             .context("applying migrations")?;
     }

@@ -269,6 +269,18 @@ pub struct Settings {
     /// `WORKER_HEARTBEAT_MS`: worker heartbeat (Redis and SQLite queues); a worker silent for 4 beats is presumed
     /// dead and its jobs in flight go back to the queue (default 5000, 100–60000).
     pub worker_heartbeat: Duration,
+    /// `JOB_TIMEOUT_SECS`: bound on one job attempt; an attempt still running
+    /// after it is abandoned and counts as a transient failure, retried by the
+    /// retry schedule (default 300, 1–86400).
+    pub job_timeout: Duration,
+    /// `WORKER_SHUTDOWN_TIMEOUT_SECS`: after SIGTERM/SIGINT, how long a worker
+    /// lets its jobs in flight finish before it abandons them, returns them to
+    /// the queue and exits (default 25, 0–3600).
+    pub worker_shutdown_timeout: Duration,
+    /// `WORKER_TEST_PANIC_MARKER` (tests only, never set in production): a
+    /// `send_email` job whose subject contains this text panics in the worker,
+    /// so tests can show that a panicking handler is dead-lettered.
+    pub worker_test_panic_marker: Option<String>,
     /// `SCHEDULER_TICK_SECS`: how often the scheduled jobs run (sweep, expiries); one
     /// worker per tick (default 60, 1–86400).
     pub scheduler_tick: Duration,
@@ -949,6 +961,14 @@ impl Settings {
                 100,
                 60_000,
             )?),
+            job_timeout: Duration::from_secs(r.num_or("JOB_TIMEOUT_SECS", 300u64, 1, 86_400)?),
+            worker_shutdown_timeout: Duration::from_secs(r.num_or(
+                "WORKER_SHUTDOWN_TIMEOUT_SECS",
+                25u64,
+                0,
+                3600,
+            )?),
+            worker_test_panic_marker: r.opt("WORKER_TEST_PANIC_MARKER").filter(|m| !m.is_empty()),
             scheduler_tick: Duration::from_secs(r.num_or(
                 "SCHEDULER_TICK_SECS",
                 60u64,
@@ -1493,10 +1513,26 @@ mod tests {
         assert_eq!(s.job_retry_horizon, Duration::from_secs(86_400));
         assert_eq!(s.dead_letter_retention, Duration::from_secs(1_209_600));
         assert_eq!(s.worker_heartbeat, Duration::from_millis(5000));
+        assert_eq!(s.job_timeout, Duration::from_secs(300));
+        assert_eq!(s.worker_shutdown_timeout, Duration::from_secs(25));
+        assert_eq!(s.worker_test_panic_marker, None);
+        assert_eq!(
+            with(&[("WORKER_SHUTDOWN_TIMEOUT_SECS", "0")])
+                .unwrap()
+                .worker_shutdown_timeout,
+            Duration::ZERO
+        );
+        assert_eq!(
+            with(&[("WORKER_SHUTDOWN_TIMEOUT_SECS", "3601")])
+                .unwrap_err()
+                .var,
+            "WORKER_SHUTDOWN_TIMEOUT_SECS"
+        );
         for var in [
             "JOB_RETRY_BASE_SECS",
             "JOB_RETRY_MAX_DELAY_SECS",
             "WORKER_HEARTBEAT_MS",
+            "JOB_TIMEOUT_SECS",
         ] {
             assert_eq!(with(&[(var, "0")]).unwrap_err().var, var);
         }

@@ -8,6 +8,9 @@
 //! and dropped in reverse by `down`.
 //!
 //! The matching SeaORM entities live in `entity::entities`; keep both in step.
+//!
+//! Apply them with [`up_locked`] (the api's `MIGRATE_ON_START` and `migration
+//! up`): on PostgreSQL it serialises concurrent appliers with an advisory lock.
 
 pub use sea_orm_migration::prelude::*;
 use sea_orm_migration::sea_orm::DbBackend;
@@ -30,6 +33,9 @@ mod m20261123_000021_create_oauth_states;
 mod m20261126_000001_notify_account_changes;
 mod m20261130_000030_create_job_outbox;
 mod m20261201_000040_create_ai_quota_counters;
+
+mod lock;
+pub use lock::{up_locked, MIGRATION_LOCK_KEY};
 
 /// The list of all migrations, in the order they are applied.
 pub struct Migrator;

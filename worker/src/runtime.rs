@@ -10,8 +10,14 @@
 //! * A worker that loses Redis or the database does not exit: its supervisor
 //!   logs the error and starts a fresh worker (new unique name) after a backoff
 //!   of 1 s doubling to 30 s.
-//! * On shutdown (the token is cancelled: SIGTERM/SIGINT) workers stop fetching,
-//!   jobs in flight finish and are acknowledged, then `run` returns.
+//! * Every attempt is bounded by `JOB_TIMEOUT_SECS`: one still running then is
+//!   abandoned and counts as a transient failure (retried by our schedule). A
+//!   handler that panics dead-letters its job (the panic is caught here; the
+//!   worker keeps running).
+//! * On shutdown (the token is cancelled: SIGTERM/SIGINT) workers stop fetching
+//!   and jobs in flight get `WORKER_SHUTDOWN_TIMEOUT_SECS` to finish and be
+//!   acknowledged; what is left is returned to the queue at once
+//!   ([`crate::drain`]), then `run` returns.
 
 use std::{sync::Arc, time::Duration};
 
@@ -23,18 +29,23 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    jobs::{self, Envelope, JobContext, JobError, QueueName},
+    drain::{self, Drain},
+    jobs::{self, Envelope, Job, JobContext, JobError, QueueName},
     mailer::Mailer,
     metrics::JobOutcome,
     queue::{Queues, PROMOTE_EVERY},
     retry::{random_jitter, RetryPolicy},
 };
 
-/// What the task function needs to schedule retries.
+/// What the task function needs to bound attempts and schedule retries.
 #[derive(Clone)]
 struct Retrier {
     queues: Queues,
     policy: RetryPolicy,
+    /// `JOB_TIMEOUT_SECS`.
+    timeout: Duration,
+    /// `WORKER_TEST_PANIC_MARKER` (tests only).
+    test_panic_marker: Option<Arc<str>>,
 }
 
 /// Jobs in flight per apalis worker; `WORKER_CONCURRENCY` is split across
@@ -142,6 +153,12 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     let retrier = Retrier {
         queues: queues.clone(),
         policy: RetryPolicy::from_settings(&settings),
+        timeout: settings.job_timeout,
+        test_panic_marker: settings.worker_test_panic_marker.as_deref().map(Arc::from),
+    };
+    let drain = Drain {
+        grace: settings.worker_shutdown_timeout,
+        heartbeat: settings.worker_heartbeat,
     };
 
     // Guard the Redis backlog before the first fetch (see queue.rs).
@@ -175,6 +192,7 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
                 ctx.clone(),
                 retrier.clone(),
                 n,
+                drain,
                 shutdown.clone(),
             ));
         }
@@ -223,7 +241,7 @@ async fn run_job(
     let n = state.attempt;
     let kind = env.job.kind();
     let started = std::time::Instant::now();
-    let res = jobs::handle(env.job.clone(), &key, n as usize, &ctx).await;
+    let res = attempt(&env.job, &key, n, &ctx, &retrier).await;
     tracing::debug!(%task_id, idempotency_key = %key, kind, attempt = n, ok = res.is_ok(), elapsed_ms = started.elapsed().as_millis() as u64, "job attempt finished");
     let outcome = |o| crate::metrics::record_job(kind, o, started.elapsed());
     let reason = match res {
@@ -269,12 +287,61 @@ async fn run_job(
     }
 }
 
+/// One attempt of `job`: [`jobs::handle`] bounded by `JOB_TIMEOUT_SECS` (an
+/// attempt cut off there is [`JobError::Retry`]), its panic caught and turned
+/// into [`JobError::Permanent`] (a dead letter, not a dead worker).
+async fn attempt(
+    job: &Job,
+    key: &str,
+    n: u32,
+    ctx: &JobContext,
+    retrier: &Retrier,
+) -> Result<(), JobError> {
+    use futures::FutureExt as _;
+    let run = async {
+        if let (Some(marker), Job::SendEmail(mail)) = (&retrier.test_panic_marker, job) {
+            if mail.email.subject.contains(&**marker) {
+                panic!("WORKER_TEST_PANIC_MARKER found in the subject");
+            }
+        }
+        jobs::handle(job.clone(), key, n as usize, ctx).await
+    };
+    match tokio::time::timeout(
+        retrier.timeout,
+        std::panic::AssertUnwindSafe(run).catch_unwind(),
+    )
+    .await
+    {
+        Ok(Ok(res)) => res,
+        Ok(Err(panic)) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-text panic".into());
+            tracing::error!(idempotency_key = %key, kind = job.kind(), attempt = n, panic = %what, "job handler panicked; dead-lettered");
+            Err(JobError::Permanent(format!("handler panicked: {what}")))
+        }
+        Err(_) => {
+            let secs = retrier.timeout.as_secs();
+            tracing::warn!(idempotency_key = %key, kind = job.kind(), attempt = n, timeout_s = secs, "job attempt timed out");
+            Err(JobError::Retry(format!(
+                "attempt timed out after {secs} s (JOB_TIMEOUT_SECS)"
+            )))
+        }
+    }
+}
+
+/// Runs apalis workers on `q` one after another (a failed one is replaced by
+/// a fresh one after a backoff) until `shutdown`; each one's leftovers are
+/// returned to the queue when it ends ([`crate::drain`]).
 async fn supervise(
     queues: Queues,
     q: QueueName,
     ctx: JobContext,
     retrier: Retrier,
     concurrency: usize,
+    drain: Drain,
     shutdown: CancellationToken,
 ) {
     let mut delay = Duration::from_secs(1);
@@ -289,32 +356,48 @@ async fn supervise(
         };
         let started = std::time::Instant::now();
         let result = if let Some(storage) = queues.redis_storage(q) {
-            WorkerBuilder::new(name.clone())
+            let worker = WorkerBuilder::new(name.clone())
                 .backend(storage.poll_with_interval(POLL_EVERY))
                 .data(ctx.clone())
                 .data(retrier.clone())
                 .concurrency(concurrency)
                 .build(run_job)
-                .run_until(stop)
-                .await
+                .run_until(stop);
+            drain::run_draining(worker, &queues, q, &name, &shutdown, drain).await
         } else if let Some(storage) = queues.sqlite_storage(q) {
-            WorkerBuilder::new(name.clone())
+            let worker = WorkerBuilder::new(name.clone())
                 .backend(storage.poll_with_interval(POLL_EVERY))
                 .data(ctx.clone())
                 .data(retrier.clone())
                 .concurrency(concurrency)
                 .build(run_job)
-                .run_until(stop)
-                .await
+                .run_until(stop);
+            drain::run_draining(worker, &queues, q, &name, &shutdown, drain).await
         } else {
             unreachable!("every queue has a storage")
         };
+        if result.is_none() {
+            tracing::warn!(worker = %name, grace_s = drain.grace.as_secs(), "jobs in flight did not finish within WORKER_SHUTDOWN_TIMEOUT_SECS; abandoning them");
+        }
+        // The worker is gone (ended, failed or abandoned): whatever it still
+        // holds unacknowledged goes back to the queue now.
+        match drain::release(&queues, q, &name).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(worker = %name, queue = %q, returned = n, "returned unfinished jobs to the queue")
+            }
+            Err(e) => {
+                tracing::warn!(worker = %name, queue = %q, error = %e, "could not return unfinished jobs; they come back after the missed-heartbeat threshold")
+            }
+        }
         if shutdown.is_cancelled() {
             break;
         }
         match result {
-            Ok(()) => tracing::warn!(worker = %name, "worker stopped unexpectedly; restarting"),
-            Err(e) => {
+            Some(Ok(())) | None => {
+                tracing::warn!(worker = %name, "worker stopped unexpectedly; restarting")
+            }
+            Some(Err(e)) => {
                 tracing::error!(worker = %name, error = %e, retry_in_s = delay.as_secs(), "worker failed; restarting")
             }
         }
