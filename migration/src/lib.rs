@@ -29,6 +29,7 @@ mod m20261123_000020_create_identity;
 mod m20261123_000021_create_oauth_states;
 mod m20261126_000001_notify_account_changes;
 mod m20261130_000030_create_job_outbox;
+mod m20261130_000045_identity_trust;
 
 /// The list of all migrations, in the order they are applied.
 pub struct Migrator;
@@ -54,6 +55,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000021_create_oauth_states::Migration),
             Box::new(m20261126_000001_notify_account_changes::Migration),
             Box::new(m20261130_000030_create_job_outbox::Migration),
+            Box::new(m20261130_000045_identity_trust::Migration),
         ]
     }
 }

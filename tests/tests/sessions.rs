@@ -896,7 +896,9 @@ async fn subscription_cancel_and_resume() {
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_role_changes_are_guarded_and_audited() {
     let stack = Stack::new().await;
-    let env = session_env(&stack).with("ADMIN_EMAILS", "boss@example.com");
+    let env = session_env(&stack)
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true");
     let api = stack.api(&env).await;
     let pool = stack.db.pool().await;
 
@@ -1153,7 +1155,7 @@ async fn admin_role_changes_are_guarded_and_audited() {
 async fn admin_emails_bootstrap_grants_admin_at_first_sight() {
     let stack = Stack::new().await;
     let pool = stack.db.pool().await;
-    let base = session_env(&stack);
+    let base = session_env(&stack).with("AUTH_TRUST_EMAIL_CLAIM", "true");
 
     // Before the bootstrap: a target member, and a user seen while their
     // email was not listed yet.
@@ -1364,7 +1366,9 @@ async fn logged_in_routes_answer_503_when_not_ready() {
     let sub_body = json!({"action": "cancel"});
     let profile_body = json!({"full_name": "Ann"});
     let role_body = json!({"user_id": user.to_string(), "role": "admin"});
-    let base = session_env(&stack).with("ADMIN_EMAILS", "boss@example.com");
+    let base = session_env(&stack)
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true");
 
     // No BACKEND_SERVICE_ROLE_KEY: every write route is 503.
     {
@@ -1490,7 +1494,8 @@ async fn session_routes_bound_their_database_calls() {
     let env = session_env(&stack)
         .with("DATABASE_URL", stack.db.url_via(proxy.addr))
         .with("DEPENDENCY_TIMEOUT_MS", "500")
-        .with("ADMIN_EMAILS", "boss@example.com");
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true");
     let api = stack.api(&env).await;
     let boss = Uuid::new_v4();
     let tok = token(boss, "boss@example.com");
@@ -1598,7 +1603,11 @@ async fn admin_emails_fold_ascii_case_only() {
     let stack = Stack::new().await;
     let pool = stack.db.pool().await;
     let api = stack
-        .api(&session_env(&stack).with("ADMIN_EMAILS", "kim@example.com"))
+        .api(
+            &session_env(&stack)
+                .with("ADMIN_EMAILS", "kim@example.com")
+                .with("AUTH_TRUST_EMAIL_CLAIM", "true"),
+        )
         .await;
     let kelvin = Uuid::new_v4();
     let r = post_as(

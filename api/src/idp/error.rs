@@ -195,11 +195,11 @@ pub struct WeakPasswordBody {
 }
 
 const ERROR_STATUSES: &[(u16, &str)] = &[
-    (400, "`validation_failed`, `invalid_credentials`, `email_not_confirmed`, `bad_code_verifier`, `refresh_token_not_found`, `refresh_token_already_used`."),
+    (400, "`validation_failed`, `invalid_credentials`, `email_not_confirmed`, `bad_code_verifier`, `refresh_token_not_found`, `refresh_token_already_used`, `session_expired`, `reauthentication_needed`."),
     (401, "`no_authorization`: no bearer token."),
     (403, "`bad_jwt`, `session_not_found`, `otp_expired` (unknown, used or expired token)."),
     (404, "`flow_state_not_found`, `user_not_found`."),
-    (422, "`user_already_exists`, `email_exists`, `weak_password` (with `weak_password.reasons`), `same_password`, `flow_state_expired`, `otp_disabled`."),
+    (422, "`user_already_exists`, `email_exists`, `weak_password` (with `weak_password.reasons`), `same_password`, `flow_state_expired`, `otp_disabled`, `reauthentication_not_valid`."),
     (429, "`over_request_rate_limit` (per-IP limit) or `over_email_send_rate_limit` (one mail of a kind per user per 60 s); `Retry-After` in seconds."),
     (500, "`unexpected_failure`."),
     (503, "`database_unavailable`: a dependency did not answer in time."),

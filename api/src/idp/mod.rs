@@ -189,10 +189,16 @@ impl Idp {
             .map_err(AuthApiError::internal)
     }
 
+    /// Who a confirmation makes admin: `ADMIN_USER_IDS`, and `ADMIN_EMAILS`
+    /// except under `AUTH_AUTOCONFIRM=true` (no mailbox was proven then).
     fn grant(&self) -> AdminGrant<'_> {
         AdminGrant {
             user_ids: &self.settings.admin_user_ids,
-            emails: &self.settings.admin_emails,
+            emails: if self.settings.auth_autoconfirm {
+                &[]
+            } else {
+                &self.settings.admin_emails
+            },
         }
     }
 

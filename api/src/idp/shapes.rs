@@ -297,6 +297,8 @@ pub struct OtpRequest<'a> {
 pub struct UpdateUser<'a> {
     /// New password.
     pub password: Option<&'a str>,
+    /// The reauthentication nonce (`GET /reauthenticate`'s code).
+    pub nonce: Option<&'a str>,
     /// New email.
     pub email: Option<&'a str>,
     /// Metadata to merge.

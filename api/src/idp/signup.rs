@@ -7,7 +7,7 @@ use entity::identity::{
     password,
 };
 
-use super::*;
+use super::{mail::Outgoing, *};
 
 impl Idp {
     /// `POST /signup`.
@@ -33,7 +33,7 @@ impl Idp {
                 NewAccount {
                     email: &email,
                     email_norm: &norm,
-                    password_hash: Some(hash),
+                    password_hash: Some(hash.clone()),
                     user_metadata: meta.clone(),
                     confirmed: autoconfirm,
                 },
@@ -46,14 +46,10 @@ impl Idp {
             ))),
             Created::New(acc) => {
                 self.send_mail(
-                    acc.user_id,
-                    MailKind::Confirmation,
-                    &email,
-                    &norm,
-                    req.redirect_to,
-                    pkce.as_ref(),
-                    "signup",
-                    req.request_id.clone(),
+                    Outgoing::new(acc.user_id, MailKind::Confirmation, &email, &norm)
+                        .redirect(req.redirect_to)
+                        .pkce(pkce.as_ref())
+                        .request(req.request_id.clone()),
                 )
                 .await?;
                 let view = self.bounded(account::load(&self.db, acc.user_id)).await??;
@@ -66,25 +62,29 @@ impl Idp {
             )),
             Created::Existing(acc) => {
                 // Indistinguishable from a fresh sign-up: same status and shape.
-                // An unconfirmed account gets its confirmation mail again (60-s
-                // rule applies silently).
+                // Until the email is confirmed the newest sign-up wins: its
+                // password replaces the pending one, every earlier link and
+                // code is void, and its own confirmation is mailed (not held
+                // back by the 60-s rule; the per-IP limits bound it). A
+                // confirmed account changes and sends nothing.
                 if acc.email_confirmed_at.is_none() {
-                    if let Err(e) = self
-                        .send_mail(
+                    let taken = self
+                        .bounded(account::retake_pending(
+                            &self.db,
                             acc.user_id,
-                            MailKind::Confirmation,
-                            &acc.email,
-                            &norm,
-                            req.redirect_to,
-                            pkce.as_ref(),
-                            "signup",
-                            req.request_id.clone(),
-                        )
-                        .await
-                    {
-                        if e.status != 429 {
-                            return Err(e);
-                        }
+                            Some(hash),
+                            meta.clone(),
+                        ))
+                        .await??;
+                    self.user_changed(acc.user_id).await;
+                    if taken {
+                        let mut mail =
+                            Outgoing::new(acc.user_id, MailKind::Confirmation, &acc.email, &norm)
+                                .redirect(req.redirect_to)
+                                .pkce(pkce.as_ref())
+                                .request(req.request_id.clone());
+                        mail.throttle = false;
+                        self.send_mail(mail).await?;
                     }
                 }
                 let now = self.bounded(entity::db::now(&self.db)).await??;

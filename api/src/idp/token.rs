@@ -211,15 +211,23 @@ impl Idp {
         self.issue_session(acc.user_id, "password", "email").await
     }
 
-    /// `grant_type=refresh_token`.
+    /// `grant_type=refresh_token`. With `AUTH_SESSIONS_TIMEBOX_SECS` or
+    /// `AUTH_SESSIONS_INACTIVITY_TIMEOUT_SECS` set, a session past either
+    /// (database clock) is refused: 400 `session_expired`.
     pub async fn refresh(&self, token: &str) -> Result<SessionGrant, AuthApiError> {
         let reuse = self.settings.auth_refresh_reuse_interval.as_millis() as i64;
+        let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs() as i64);
+        let lifetime = sessions::Lifetime {
+            timebox_secs: secs(self.settings.auth_sessions_timebox),
+            inactivity_secs: secs(self.settings.auth_sessions_inactivity_timeout),
+        };
         let issued = match self
             .bounded(sessions::refresh(
                 &self.db,
                 &self.refresh_secret,
                 token,
                 reuse,
+                lifetime,
             ))
             .await?
         {

@@ -63,8 +63,10 @@ impl Idp {
         }
     }
 
-    /// Consumes a one-time token and applies its effect (confirm the email,
-    /// apply an email change); returns the user and the PKCE flow, if any.
+    /// Consumes a one-time token and applies its effect (confirm the email;
+    /// apply an email change once both of its mails are verified); returns
+    /// the user and the PKCE flow, if any. Wrong codes count against the
+    /// email's tokens ([`otp::MAX_FAILED_ATTEMPTS`]).
     async fn consume(
         &self,
         kind: &str,
@@ -78,8 +80,17 @@ impl Idp {
         let grant = self.grant();
         let applied = async {
             if row.kind == MailKind::EmailChange.as_str() {
-                self.bounded(account::apply_email_change(&self.db, row.user_id))
+                let other_half = self
+                    .bounded(otp::outstanding(
+                        &self.db,
+                        row.user_id,
+                        MailKind::EmailChange,
+                    ))
                     .await??;
+                if !other_half {
+                    self.bounded(account::apply_email_change(&self.db, row.user_id))
+                        .await??;
+                }
             }
             self.bounded(account::confirm_email(&self.db, row.user_id, &grant))
                 .await??;
