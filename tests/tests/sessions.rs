@@ -205,11 +205,13 @@ type AuditTuple = (
     Option<String>,
 );
 
+/// The `role.change` audit rows (an admin's changes; the `role.grant` rows of
+/// `ADMIN_EMAILS` / `ADMIN_USER_IDS` are counted apart).
 async fn audit_rows(pool: &PgPool) -> Vec<Audit> {
     let rows: Vec<AuditTuple> = sqlx::query_as(
         "SELECT actor_id::text, action, target_type, target_id, old_value::text, \
                 new_value::text, request_id, client_request_id \
-         FROM audit_logs ORDER BY created_at, id",
+         FROM audit_logs WHERE action = 'role.change' ORDER BY created_at, id",
     )
     .fetch_all(pool)
     .await
@@ -1200,6 +1202,16 @@ async fn admin_emails_bootstrap_grants_admin_at_first_sight() {
     assert_eq!(role_of(&pool, boss).await.as_deref(), Some("admin"));
     assert_eq!(role_of(&pool, target).await.as_deref(), Some("admin"));
     assert_eq!(row_counts(&pool, boss).await, [1, 1, 1, 1]);
+    // The grant by ADMIN_EMAILS is audited too.
+    let (grants,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM audit_logs WHERE action = 'role.grant' AND target_id = $1 \
+         AND new_value->>'by' = 'admin_emails'",
+    )
+    .bind(boss.to_string())
+    .fetch_one(&pool)
+    .await
+    .expect("count role.grant rows");
+    assert_eq!(grants, 1);
     let audit = audit_rows(&pool).await;
     assert_eq!(audit.len(), 1, "{audit:?}");
     assert_eq!(
