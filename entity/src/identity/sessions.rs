@@ -422,6 +422,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn lifetime_limits_are_inclusive_and_off_by_default() {
+        let now = chrono::Utc::now();
+        let ago = |s: i64| now - chrono::Duration::seconds(s);
+        assert!(!Lifetime::default().expired(ago(10_000_000), ago(10_000_000), now));
+        let timebox = Lifetime {
+            timebox_secs: Some(3600),
+            inactivity_secs: None,
+        };
+        assert!(!timebox.expired(ago(3599), ago(0), now));
+        assert!(timebox.expired(ago(3600), ago(0), now));
+        let idle = Lifetime {
+            timebox_secs: None,
+            inactivity_secs: Some(600),
+        };
+        assert!(!idle.expired(ago(100_000), ago(599), now));
+        assert!(idle.expired(ago(700), ago(600), now));
+    }
+
+    #[test]
     fn logout_scopes_parse() {
         assert_eq!(LogoutScope::parse(None).unwrap(), LogoutScope::Global);
         assert_eq!(

@@ -206,6 +206,16 @@ mod tests {
     }
 
     #[test]
+    fn the_reauthentication_mail_carries_the_code_only() {
+        let m = build(&job(MailKind::Reauthentication), None);
+        assert!(!m.subject.is_empty());
+        assert!(m.text.contains("code: 123456"), "{}", m.text);
+        assert!(!m.text.contains("/verify?token="), "{}", m.text);
+        assert!(!m.text.contains("{{"), "unreplaced variable");
+        assert!(m.html.unwrap().contains("123456"));
+    }
+
+    #[test]
     fn a_directory_replaces_a_template() {
         let dir = std::env::temp_dir().join(format!("auth-tpl-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
