@@ -240,16 +240,19 @@ impl AppState {
                 "log in first: send Authorization: Bearer <session token>".into(),
             ));
         };
-        // Our own provider's tokens are checked locally with its public keys.
+        // Our own provider's tokens are checked locally with its public keys;
+        // it grants `ADMIN_EMAILS` itself when a mail proves the address.
+        let own = self
+            .idp
+            .as_deref()
+            .is_some_and(|idp| idp.owns(token) || !self.sessions.is_configured());
         let claims = match self.idp.as_deref() {
-            Some(idp) if idp.owns(token) || !self.sessions.is_configured() => {
-                idp.verify_session_token(token)?
-            }
+            Some(idp) if own => idp.verify_session_token(token)?,
             _ => self.sessions.verify(token).await?,
         };
-        // An external issuer's email counts only when the deployment says it
-        // issues sessions for confirmed emails only.
-        let email_confirmed = !claims.external || self.settings.auth_trust_email_claim;
+        // Another issuer's email claim (HS256 or JWKS-signed) counts only when
+        // the deployment says it issues sessions for confirmed emails only.
+        let email_confirmed = !own && self.settings.auth_trust_email_claim;
         let grant = AdminGrant {
             user_ids: &self.settings.admin_user_ids,
             emails: if email_confirmed {

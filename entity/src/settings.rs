@@ -330,10 +330,10 @@ pub struct Settings {
     pub admin_emails: Vec<String>,
     /// `ADMIN_USER_IDS`: comma list of user ids (UUIDs) granted `admin` on first sight.
     pub admin_user_ids: Vec<uuid::Uuid>,
-    /// `AUTH_TRUST_EMAIL_CLAIM`: the auth platform issues sessions for
-    /// confirmed emails only, so the `email` of a JWKS-signed token may grant
-    /// `ADMIN_EMAILS` (default `false`; HS256 tokens of `BACKEND_JWT_SECRET`
-    /// are trusted).
+    /// `AUTH_TRUST_EMAIL_CLAIM`: the issuer of session tokens other than the
+    /// built-in provider's (JWKS-signed and HS256 tokens of
+    /// `BACKEND_JWT_SECRET` alike) issues them for confirmed emails only, so
+    /// their `email` may grant `ADMIN_EMAILS` (default `false`).
     pub auth_trust_email_claim: bool,
     /// `EMAIL_PROVIDER_API_KEY`: key of the HTTP email API.
     pub email_provider_api_key: Option<String>,
@@ -418,6 +418,16 @@ pub struct Settings {
     /// `AUTH_REFRESH_REUSE_INTERVAL_SECS`: how long a rotated refresh token still
     /// yields the active one (default 10, 0–3600).
     pub auth_refresh_reuse_interval: Duration,
+    /// `AUTH_SESSIONS_TIMEBOX_SECS`: a session can be refreshed only this long
+    /// after its sign-in (default 0: no limit; 0–315360000).
+    pub auth_sessions_timebox: Option<Duration>,
+    /// `AUTH_SESSIONS_INACTIVITY_TIMEOUT_SECS`: a session not refreshed this
+    /// long cannot be refreshed any more (default 0: no limit; 0–315360000).
+    pub auth_sessions_inactivity_timeout: Option<Duration>,
+    /// `AUTH_UNCONFIRMED_TTL_SECS`: an account whose email is still
+    /// unconfirmed this long after its last sign-up and confirmation mail is
+    /// deleted by the scheduler (default 86400, 60–31536000).
+    pub auth_unconfirmed_ttl: Duration,
     /// `AUTH_REDIRECT_ALLOW_LIST`: comma list of URL globs `redirect_to` may
     /// point at besides `APP_URL`'s origin.
     pub auth_redirect_allow_list: crate::redirect::AllowList,
@@ -1129,6 +1139,28 @@ impl Settings {
                 10u64,
                 0,
                 3600,
+            )?),
+            auth_sessions_timebox: Some(r.num_or(
+                "AUTH_SESSIONS_TIMEBOX_SECS",
+                0u64,
+                0,
+                315_360_000,
+            )?)
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs),
+            auth_sessions_inactivity_timeout: Some(r.num_or(
+                "AUTH_SESSIONS_INACTIVITY_TIMEOUT_SECS",
+                0u64,
+                0,
+                315_360_000,
+            )?)
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs),
+            auth_unconfirmed_ttl: Duration::from_secs(r.num_or(
+                "AUTH_UNCONFIRMED_TTL_SECS",
+                86_400u64,
+                60,
+                31_536_000,
             )?),
             auth_redirect_allow_list,
             auth_jwt_private_key: r.opt("AUTH_JWT_PRIVATE_KEY"),

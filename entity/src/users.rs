@@ -67,8 +67,52 @@ pub struct AdminGrant<'a> {
 impl AdminGrant<'_> {
     /// Whether `id` is granted admin: its user id is listed, or its email is.
     pub fn grants(&self, id: &Identity) -> bool {
-        self.user_ids.contains(&id.user_id) || is_admin_email(id.email.as_deref(), self.emails)
+        self.grant_reason(id).is_some()
     }
+
+    /// Why `id` is granted admin: `admin_user_ids` (its user id is listed) or
+    /// `admin_emails` (its email is); `None` when it is not.
+    pub fn grant_reason(&self, id: &Identity) -> Option<&'static str> {
+        if self.user_ids.contains(&id.user_id) {
+            Some("admin_user_ids")
+        } else if is_admin_email(id.email.as_deref(), self.emails) {
+            Some("admin_emails")
+        } else {
+            None
+        }
+    }
+}
+
+/// `audit_logs.action` when a configured grant (`ADMIN_USER_IDS`,
+/// `ADMIN_EMAILS`) makes a user admin; an admin's grant is `role.change`.
+pub const ACTION_ROLE_GRANT: &str = "role.grant";
+
+/// Writes the `role.grant` audit row of a configured admin grant: actor the
+/// system (`None`), target `user`/`<id>`, `old_value {"role": old}`,
+/// `new_value {"role": "admin", "by": <reason>, "email": <email>}`.
+pub async fn audit_admin_grant<C: ConnectionTrait>(
+    db: &C,
+    id: &Identity,
+    by: &str,
+    old_role: Option<&str>,
+) -> Result<(), DbErr> {
+    crate::entities::audit_logs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        actor_id: Set(None),
+        action: Set(ACTION_ROLE_GRANT.to_string()),
+        target_type: Set(crate::roles::TARGET_TYPE_USER.to_string()),
+        target_id: Set(id.user_id.to_string()),
+        old_value: Set(Some(serde_json::json!({ "role": old_role }))),
+        new_value: Set(Some(
+            serde_json::json!({ "role": Role::Admin.as_str(), "by": by, "email": id.email }),
+        )),
+        request_id: Set(None),
+        client_request_id: Set(None),
+        created_at: Set(Utc::now()),
+    }
+    .insert(db)
+    .await
+    .map(|_| ())
 }
 
 /// [`ensure_user_granting`] with only `admin_emails` granting admin.
@@ -220,7 +264,8 @@ where
 {
     let now = Utc::now();
     let uid = id.user_id;
-    let role = if grant.grants(id) {
+    let reason = grant.grant_reason(id);
+    let role = if reason.is_some() {
         Role::Admin
     } else {
         Role::Member
@@ -264,7 +309,7 @@ where
         },
     )
     .await?;
-    insert_if_absent(
+    let role_inserted = insert_if_absent(
         &txn,
         user_roles::ActiveModel {
             user_id: Set(uid),
@@ -274,6 +319,9 @@ where
         },
     )
     .await?;
+    if let (true, Some(by)) = (role_inserted, reason) {
+        audit_admin_grant(&txn, id, by, None).await?;
+    }
 
     // Read back: a concurrent request (or an earlier partial state) may have
     // written the rows this transaction skipped.
@@ -326,8 +374,8 @@ pub(crate) async fn begin_write<C: TransactionTrait>(db: &C) -> Result<C::Transa
 }
 
 /// `INSERT … ON CONFLICT (primary key) DO NOTHING`: first-sight rows that a
-/// concurrent request may have written already.
-async fn insert_if_absent<C, A>(db: &C, row: A) -> Result<(), DbErr>
+/// concurrent request may have written already. Whether the row was inserted.
+async fn insert_if_absent<C, A>(db: &C, row: A) -> Result<bool, DbErr>
 where
     C: ConnectionTrait,
     A: ActiveModelTrait + Send,
@@ -336,7 +384,7 @@ where
         .on_conflict_do_nothing()
         .exec_without_returning(db)
         .await
-        .map(|_| ())
+        .map(|r| matches!(r, sea_orm::TryInsertResult::Inserted(n) if n > 0))
 }
 
 #[cfg(test)]

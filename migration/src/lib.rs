@@ -32,6 +32,7 @@ mod m20261123_000020_create_identity;
 mod m20261123_000021_create_oauth_states;
 mod m20261126_000001_notify_account_changes;
 mod m20261130_000030_create_job_outbox;
+mod m20261130_000045_identity_trust;
 mod m20261201_000040_create_ai_quota_counters;
 
 mod lock;
@@ -61,6 +62,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000021_create_oauth_states::Migration),
             Box::new(m20261126_000001_notify_account_changes::Migration),
             Box::new(m20261130_000030_create_job_outbox::Migration),
+            Box::new(m20261130_000045_identity_trust::Migration),
             Box::new(m20261201_000040_create_ai_quota_counters::Migration),
         ]
     }

@@ -288,6 +288,7 @@ async fn admin_lists_redacted_dead_letters_and_redrives_one_delivered_once() {
     let env = stack
         .session_env(ADMIN_SECRET, "service-role-test-key-0123456789abcdef")
         .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true")
         .with("EMAIL_PROVIDER_API_KEY", "re_dl")
         .with("EMAIL_PROVIDER_BASE_URL", server.uri())
         .with("CONTACT_EMAIL", CONTACT_EMAIL);
@@ -492,6 +493,7 @@ async fn sqlite_admin_route_lists_and_redrives_and_metrics_count_the_dead() {
         )
         .with("BACKEND_JWT_SECRET", ADMIN_SECRET)
         .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true")
         .with("METRICS_TOKEN", token);
     let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
     let admin_tok = bearer(uuid::Uuid::new_v4(), "boss@example.com");

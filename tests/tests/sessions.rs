@@ -205,11 +205,13 @@ type AuditTuple = (
     Option<String>,
 );
 
+/// The `role.change` audit rows (an admin's changes; the `role.grant` rows of
+/// `ADMIN_EMAILS` / `ADMIN_USER_IDS` are counted apart).
 async fn audit_rows(pool: &PgPool) -> Vec<Audit> {
     let rows: Vec<AuditTuple> = sqlx::query_as(
         "SELECT actor_id::text, action, target_type, target_id, old_value::text, \
                 new_value::text, request_id, client_request_id \
-         FROM audit_logs ORDER BY created_at, id",
+         FROM audit_logs WHERE action = 'role.change' ORDER BY created_at, id",
     )
     .fetch_all(pool)
     .await
@@ -896,7 +898,9 @@ async fn subscription_cancel_and_resume() {
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_role_changes_are_guarded_and_audited() {
     let stack = Stack::new().await;
-    let env = session_env(&stack).with("ADMIN_EMAILS", "boss@example.com");
+    let env = session_env(&stack)
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true");
     let api = stack.api(&env).await;
     let pool = stack.db.pool().await;
 
@@ -1153,7 +1157,7 @@ async fn admin_role_changes_are_guarded_and_audited() {
 async fn admin_emails_bootstrap_grants_admin_at_first_sight() {
     let stack = Stack::new().await;
     let pool = stack.db.pool().await;
-    let base = session_env(&stack);
+    let base = session_env(&stack).with("AUTH_TRUST_EMAIL_CLAIM", "true");
 
     // Before the bootstrap: a target member, and a user seen while their
     // email was not listed yet.
@@ -1198,6 +1202,16 @@ async fn admin_emails_bootstrap_grants_admin_at_first_sight() {
     assert_eq!(role_of(&pool, boss).await.as_deref(), Some("admin"));
     assert_eq!(role_of(&pool, target).await.as_deref(), Some("admin"));
     assert_eq!(row_counts(&pool, boss).await, [1, 1, 1, 1]);
+    // The grant by ADMIN_EMAILS is audited too.
+    let (grants,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM audit_logs WHERE action = 'role.grant' AND target_id = $1 \
+         AND new_value->>'by' = 'admin_emails'",
+    )
+    .bind(boss.to_string())
+    .fetch_one(&pool)
+    .await
+    .expect("count role.grant rows");
+    assert_eq!(grants, 1);
     let audit = audit_rows(&pool).await;
     assert_eq!(audit.len(), 1, "{audit:?}");
     assert_eq!(
@@ -1364,7 +1378,9 @@ async fn logged_in_routes_answer_503_when_not_ready() {
     let sub_body = json!({"action": "cancel"});
     let profile_body = json!({"full_name": "Ann"});
     let role_body = json!({"user_id": user.to_string(), "role": "admin"});
-    let base = session_env(&stack).with("ADMIN_EMAILS", "boss@example.com");
+    let base = session_env(&stack)
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true");
 
     // No BACKEND_SERVICE_ROLE_KEY: every write route is 503.
     {
@@ -1490,7 +1506,8 @@ async fn session_routes_bound_their_database_calls() {
     let env = session_env(&stack)
         .with("DATABASE_URL", stack.db.url_via(proxy.addr))
         .with("DEPENDENCY_TIMEOUT_MS", "500")
-        .with("ADMIN_EMAILS", "boss@example.com");
+        .with("ADMIN_EMAILS", "boss@example.com")
+        .with("AUTH_TRUST_EMAIL_CLAIM", "true");
     let api = stack.api(&env).await;
     let boss = Uuid::new_v4();
     let tok = token(boss, "boss@example.com");
@@ -1598,7 +1615,11 @@ async fn admin_emails_fold_ascii_case_only() {
     let stack = Stack::new().await;
     let pool = stack.db.pool().await;
     let api = stack
-        .api(&session_env(&stack).with("ADMIN_EMAILS", "kim@example.com"))
+        .api(
+            &session_env(&stack)
+                .with("ADMIN_EMAILS", "kim@example.com")
+                .with("AUTH_TRUST_EMAIL_CLAIM", "true"),
+        )
         .await;
     let kelvin = Uuid::new_v4();
     let r = post_as(

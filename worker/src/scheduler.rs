@@ -12,7 +12,10 @@
 //! * subscription expiry: paid subscriptions past their period end fall back
 //!   to FREE, with an audit row;
 //! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
-//!   after creation become `EXPIRED` through the state machine.
+//!   after creation become `EXPIRED` through the state machine;
+//! * unconfirmed accounts: built-in accounts whose email is still unconfirmed
+//!   `AUTH_UNCONFIRMED_TTL_SECS` after their last sign-up and confirmation
+//!   mail are deleted ([`entity::identity::account::delete_unconfirmed`]).
 //!
 //! One run per tick across workers: on Redis a worker runs a tick only when it
 //! sets the lock `<QUEUE_PREFIX>:scheduler:lock` (`SET NX PX`, expiring just
@@ -44,6 +47,8 @@ pub struct TickReport {
     pub subscriptions_expired: usize,
     /// Payments moved from PENDING to EXPIRED.
     pub payments_expired: usize,
+    /// Unconfirmed built-in accounts deleted.
+    pub unconfirmed_deleted: u64,
 }
 
 /// Runs the scheduled jobs until `shutdown`.
@@ -78,6 +83,7 @@ pub async fn run(
                 reconciling = r.reconciling,
                 subscriptions_expired = r.subscriptions_expired,
                 payments_expired = r.payments_expired,
+                unconfirmed_deleted = r.unconfirmed_deleted,
                 "scheduler tick"
             ),
             Ok(_) => tracing::debug!("scheduler tick: nothing to do"),
@@ -141,5 +147,11 @@ pub async fn run_tick(
             report.payments_expired += 1;
         }
     }
+    report.unconfirmed_deleted = entity::identity::account::delete_unconfirmed(
+        db,
+        now - age(settings.auth_unconfirmed_ttl),
+        BATCH,
+    )
+    .await?;
     Ok(report)
 }

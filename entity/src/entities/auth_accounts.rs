@@ -32,6 +32,8 @@ pub struct Model {
     pub magiclink_sent_at: Option<DateTimeUtc>,
     /// Last email-change mail.
     pub email_change_sent_at: Option<DateTimeUtc>,
+    /// Last reauthentication-nonce mail.
+    pub reauthentication_sent_at: Option<DateTimeUtc>,
     /// Last successful sign-in.
     pub last_sign_in_at: Option<DateTimeUtc>,
     /// `user_metadata` as JSON text (`{}` by default).

@@ -27,6 +27,9 @@ pub struct Model {
     pub relates_to: Option<String>,
     /// The PKCE flow this token belongs to, when the client started one.
     pub flow_state_id: Option<Uuid>,
+    /// Wrong codes tried for `relates_to` while this token was outstanding;
+    /// at [`crate::identity::otp::MAX_FAILED_ATTEMPTS`] the token is void.
+    pub failed_attempts: i32,
     /// Issued (database clock); expires `AUTH_OTP_EXPIRY_SECS` later.
     pub created_at: DateTimeUtc,
 }

@@ -207,6 +207,7 @@ pub async fn create<C: ConnectionTrait + TransactionTrait>(
             recovery_sent_at: Set(None),
             magiclink_sent_at: Set(None),
             email_change_sent_at: Set(None),
+            reauthentication_sent_at: Set(None),
             last_sign_in_at: Set(None),
             user_metadata: Set(new.user_metadata.to_string()),
             created_at: Set(now),
@@ -274,7 +275,8 @@ async fn insert_identity<C: ConnectionTrait>(
 
 /// Marks the email of `user_id` confirmed (first time only; later calls keep
 /// the first time) and, on that first confirmation, grants `admin` when the
-/// email is in `grant` (`ADMIN_EMAILS`: an email counts only once confirmed).
+/// email is in `grant` (`ADMIN_EMAILS`: an email counts only once proven by
+/// its mail), with a `role.grant` audit row. Admins stay admins.
 pub async fn confirm_email<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
@@ -295,15 +297,120 @@ pub async fn confirm_email<C: ConnectionTrait>(
             .one(db)
             .await?
             .map(|a| a.email);
-        if grant.grants(&Identity { user_id, email }) {
-            user_roles::Entity::update_many()
+        let id = Identity { user_id, email };
+        if let Some(by) = grant.grant_reason(&id) {
+            let promoted = user_roles::Entity::update_many()
                 .col_expr(user_roles::Column::Role, Expr::value(Role::Admin.as_str()))
+                .col_expr(user_roles::Column::UpdatedAt, Expr::value(now))
                 .filter(user_roles::Column::UserId.eq(user_id))
+                .filter(user_roles::Column::Role.ne(Role::Admin.as_str()))
                 .exec(db)
-                .await?;
+                .await?
+                .rows_affected;
+            if promoted == 1 {
+                crate::users::audit_admin_grant(db, &id, by, Some("member")).await?;
+            }
         }
     }
     Ok(())
+}
+
+/// The newest sign-up of an account whose email is not confirmed yet wins:
+/// in one transaction its credentials replace the pending ones (`password_hash`
+/// `None` for a magic-link / code sign-up), every token mailed before is
+/// voided, and every session and non-`email` identity of the account is
+/// removed (an unverified OAuth sign-in that created it keeps nothing).
+/// Returns `false`, changing nothing, when the email was confirmed meanwhile.
+pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
+    db: &C,
+    user_id: Uuid,
+    password_hash: Option<String>,
+    user_metadata: serde_json::Value,
+) -> Result<bool, IdentityError> {
+    use crate::entities::{auth_one_time_tokens as ott, auth_sessions as sess};
+    let txn = crate::users::begin_write(db).await?;
+    let now = crate::db::now(&txn).await?;
+    let taken = acc::Entity::update_many()
+        .col_expr(acc::Column::PasswordHash, Expr::value(password_hash))
+        .col_expr(
+            acc::Column::UserMetadata,
+            Expr::value(user_metadata.to_string()),
+        )
+        .col_expr(acc::Column::UpdatedAt, Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .filter(acc::Column::EmailConfirmedAt.is_null())
+        .exec(&txn)
+        .await?
+        .rows_affected
+        == 1;
+    if !taken {
+        txn.rollback().await?;
+        return Ok(false);
+    }
+    ott::Entity::delete_many()
+        .filter(ott::Column::UserId.eq(user_id))
+        .exec(&txn)
+        .await?;
+    sess::Entity::delete_many()
+        .filter(sess::Column::UserId.eq(user_id))
+        .exec(&txn)
+        .await?;
+    ident::Entity::delete_many()
+        .filter(ident::Column::UserId.eq(user_id))
+        .filter(ident::Column::Provider.ne("email"))
+        .exec(&txn)
+        .await?;
+    txn.commit().await?;
+    Ok(true)
+}
+
+/// Deletes (with everything that hangs off them) at most `limit` users whose
+/// built-in account's email is still unconfirmed and whose last sign-up and
+/// confirmation mail are both older than `cutoff` (database clock), that have
+/// no identity but `email` and no payment. Returns how many.
+pub async fn delete_unconfirmed<C: ConnectionTrait>(
+    db: &C,
+    cutoff: chrono::DateTime<chrono::Utc>,
+    limit: u64,
+) -> Result<u64, IdentityError> {
+    use crate::entities::payments;
+    use sea_orm::sea_query::{Condition, ExprTrait, Query};
+    let other_identity = Query::select()
+        .expr(Expr::val(1))
+        .from(ident::Entity)
+        .and_where(
+            Expr::col((ident::Entity, ident::Column::UserId))
+                .equals((acc::Entity, acc::Column::UserId)),
+        )
+        .and_where(Expr::col((ident::Entity, ident::Column::Provider)).ne("email"))
+        .to_owned();
+    let paid = Query::select()
+        .expr(Expr::val(1))
+        .from(payments::Entity)
+        .and_where(
+            Expr::col((payments::Entity, payments::Column::UserId))
+                .equals((acc::Entity, acc::Column::UserId)),
+        )
+        .to_owned();
+    let stale = Query::select()
+        .column((acc::Entity, acc::Column::UserId))
+        .from(acc::Entity)
+        .and_where(Expr::col((acc::Entity, acc::Column::EmailConfirmedAt)).is_null())
+        .and_where(Expr::col((acc::Entity, acc::Column::UpdatedAt)).lt(cutoff))
+        .cond_where(
+            Condition::any()
+                .add(Expr::col((acc::Entity, acc::Column::ConfirmationSentAt)).is_null())
+                .add(Expr::col((acc::Entity, acc::Column::ConfirmationSentAt)).lt(cutoff)),
+        )
+        .and_where(Expr::exists(other_identity).not())
+        .and_where(Expr::exists(paid).not())
+        .limit(limit)
+        .to_owned();
+    let res = users::Entity::delete_many()
+        .filter(users::Column::Id.in_subquery(stale))
+        .exec(db)
+        .await?;
+    Ok(res.rows_affected)
 }
 
 /// Records a successful sign-in (database clock).
@@ -541,6 +648,7 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
                     recovery_sent_at: Set(None),
                     magiclink_sent_at: Set(None),
                     email_change_sent_at: Set(None),
+                    reauthentication_sent_at: Set(None),
                     last_sign_in_at: Set(Some(now)),
                     user_metadata: Set(profile.user_metadata.to_string()),
                     created_at: Set(now),

@@ -59,6 +59,17 @@ pub enum IdentityError {
     /// The session no longer exists (signed out, revoked).
     #[error("Session from session_id claim in JWT does not exist")]
     SessionNotFound,
+    /// The session passed its lifetime (`AUTH_SESSIONS_TIMEBOX_SECS`) or was
+    /// idle too long (`AUTH_SESSIONS_INACTIVITY_TIMEOUT_SECS`).
+    #[error("Invalid Refresh Token: Session Expired")]
+    SessionExpired,
+    /// A password change from a session signed in more than 24 h ago without
+    /// the reauthentication nonce.
+    #[error("Password update requires reauthentication")]
+    ReauthenticationNeeded,
+    /// The reauthentication nonce is wrong, used or expired.
+    #[error("Requires a valid nonce")]
+    ReauthenticationNotValid,
     /// Unknown refresh token.
     #[error("Invalid Refresh Token: Refresh Token Not Found")]
     RefreshTokenNotFound,
@@ -95,6 +106,9 @@ impl IdentityError {
             Self::FlowStateExpired => "flow_state_expired",
             Self::BadCodeVerifier => "bad_code_verifier",
             Self::SessionNotFound => "session_not_found",
+            Self::SessionExpired => "session_expired",
+            Self::ReauthenticationNeeded => "reauthentication_needed",
+            Self::ReauthenticationNotValid => "reauthentication_not_valid",
             Self::RefreshTokenNotFound => "refresh_token_not_found",
             Self::RefreshTokenAlreadyUsed { .. } => "refresh_token_already_used",
             Self::UserNotFound => "user_not_found",
@@ -111,13 +125,16 @@ impl IdentityError {
             | Self::BadCodeVerifier
             | Self::RefreshTokenNotFound
             | Self::RefreshTokenAlreadyUsed { .. }
+            | Self::SessionExpired
+            | Self::ReauthenticationNeeded
             | Self::Validation(_) => 400,
             Self::OtpExpired | Self::SessionNotFound => 403,
             Self::FlowStateNotFound | Self::UserNotFound => 404,
             Self::EmailExists
             | Self::WeakPassword { .. }
             | Self::SamePassword
-            | Self::FlowStateExpired => 422,
+            | Self::FlowStateExpired
+            | Self::ReauthenticationNotValid => 422,
             Self::OverEmailSendRateLimit(_) => 429,
             Self::Db(_) => 500,
         }

@@ -4,9 +4,15 @@
 //! (`{{ .Token }}`, for `verifyOtp({email, token})`) and a long random
 //! `token_hash` (`{{ .TokenHash }}`, for links and `verifyOtp({token_hash})`).
 //! Only their SHA-256 digests are stored. A user has at most one outstanding
-//! token per kind: a new mail replaces the previous token. Consuming is a
-//! conditional DELETE (single use); a token older than the expiry
-//! (`AUTH_OTP_EXPIRY_SECS`, database clock) is [`IdentityError::OtpExpired`].
+//! token per kind (an email change has two: one per address): a new mail
+//! replaces the previous token. Consuming is a conditional DELETE (single
+//! use); a token older than the expiry (`AUTH_OTP_EXPIRY_SECS`, database
+//! clock) is [`IdentityError::OtpExpired`].
+//!
+//! Codes cannot be guessed: every wrong code for an email adds one to
+//! `failed_attempts` of the tokens mailed to that email (one atomic UPDATE,
+//! whatever the client's IP); at [`MAX_FAILED_ATTEMPTS`] the token (its code
+//! and the link of the same mail) is void, and a new mail issues a new one.
 
 use sea_orm::{
     sea_query::{Condition, Expr},
@@ -20,6 +26,9 @@ use crate::entities::{auth_accounts as acc, auth_one_time_tokens as ott};
 /// Seconds between two mails of one kind to one user.
 pub const MAIL_INTERVAL_SECS: i64 = 60;
 
+/// Wrong codes for an email after which the tokens mailed to it are void.
+pub const MAX_FAILED_ATTEMPTS: i32 = 5;
+
 /// The kinds of mail (and of one-time token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -30,8 +39,10 @@ pub enum MailKind {
     Recovery,
     /// Magic link / email OTP sign-in.
     Magiclink,
-    /// Confirmation of a new email address.
+    /// Confirmation of an email change (sent to the new and the current address).
     EmailChange,
+    /// The nonce that a password change from an old session needs.
+    Reauthentication,
 }
 
 impl MailKind {
@@ -42,6 +53,7 @@ impl MailKind {
             Self::Recovery => "recovery",
             Self::Magiclink => "magiclink",
             Self::EmailChange => "email_change",
+            Self::Reauthentication => "reauthentication",
         }
     }
 
@@ -52,6 +64,7 @@ impl MailKind {
             Self::Recovery => "recovery",
             Self::Magiclink => "magiclink",
             Self::EmailChange => "email_change",
+            Self::Reauthentication => "reauthentication",
         }
     }
 
@@ -61,6 +74,7 @@ impl MailKind {
             Self::Recovery => acc::Column::RecoverySentAt,
             Self::Magiclink => acc::Column::MagiclinkSentAt,
             Self::EmailChange => acc::Column::EmailChangeSentAt,
+            Self::Reauthentication => acc::Column::ReauthenticationSentAt,
         }
     }
 }
@@ -116,6 +130,7 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
                 MailKind::Recovery => a.recovery_sent_at,
                 MailKind::Magiclink => a.magiclink_sent_at,
                 MailKind::EmailChange => a.email_change_sent_at,
+                MailKind::Reauthentication => a.reauthentication_sent_at,
             };
             sent.map(|s| MAIL_INTERVAL_SECS - (now - s).num_seconds())
                 .unwrap_or(MAIL_INTERVAL_SECS)
@@ -124,6 +139,23 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
         None => return Err(IdentityError::UserNotFound),
     };
     Err(IdentityError::OverEmailSendRateLimit(wait))
+}
+
+/// Stamps the `kind` mail of `user_id` as sent now without the 60-s rule:
+/// for a repeated sign-up of an unconfirmed account, whose mail the per-IP
+/// limits bound instead.
+pub async fn stamp_mail_sent<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    kind: MailKind,
+) -> Result<(), IdentityError> {
+    let now = crate::db::now(db).await?;
+    acc::Entity::update_many()
+        .col_expr(kind.sent_at(), Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .exec(db)
+        .await?;
+    Ok(())
 }
 
 /// The secrets of a freshly issued token, to put into the mail.
@@ -145,14 +177,26 @@ pub async fn issue<C: ConnectionTrait>(
     email_norm: &str,
     flow_state_id: Option<Uuid>,
 ) -> Result<IssuedOtp, IdentityError> {
-    let code = tokens::otp_code();
-    let token_hash = tokens::random_hex(32);
-    let now = crate::db::now(db).await?;
     ott::Entity::delete_many()
         .filter(ott::Column::UserId.eq(user_id))
         .filter(ott::Column::Kind.eq(kind.as_str()))
         .exec(db)
         .await?;
+    issue_another(db, user_id, kind, email_norm, flow_state_id).await
+}
+
+/// Issues a `kind` token for `user_id` next to the outstanding ones (the
+/// second mail of an email change, to the current address).
+pub async fn issue_another<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    kind: MailKind,
+    email_norm: &str,
+    flow_state_id: Option<Uuid>,
+) -> Result<IssuedOtp, IdentityError> {
+    let code = tokens::otp_code();
+    let token_hash = tokens::random_hex(32);
+    let now = crate::db::now(db).await?;
     ott::ActiveModel {
         id: Set(Uuid::new_v4()),
         user_id: Set(user_id),
@@ -161,11 +205,36 @@ pub async fn issue<C: ConnectionTrait>(
         otp_digest: Set(tokens::otp_digest(email_norm, &code)),
         relates_to: Set(Some(email_norm.to_string())),
         flow_state_id: Set(flow_state_id),
+        failed_attempts: Set(0),
         created_at: Set(now),
     }
     .insert(db)
     .await?;
     Ok(IssuedOtp { code, token_hash })
+}
+
+/// Voids every outstanding token of `user_id` (all kinds).
+pub async fn void_all<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<(), IdentityError> {
+    ott::Entity::delete_many()
+        .filter(ott::Column::UserId.eq(user_id))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Whether `user_id` still has an outstanding `kind` token (the other half
+/// of an email change).
+pub async fn outstanding<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    kind: MailKind,
+) -> Result<bool, IdentityError> {
+    Ok(ott::Entity::find()
+        .filter(ott::Column::UserId.eq(user_id))
+        .filter(ott::Column::Kind.eq(kind.as_str()))
+        .one(db)
+        .await?
+        .is_some())
 }
 
 /// How a client proves it got the mail.
@@ -182,8 +251,12 @@ pub enum Proof<'a> {
     },
 }
 
-/// Consumes the token proven by `proof` among `kinds`: unknown, used or
-/// expired → [`IdentityError::OtpExpired`]. Single use by conditional DELETE.
+/// Consumes the token proven by `proof` among `kinds`: unknown, used,
+/// expired or void after [`MAX_FAILED_ATTEMPTS`] wrong codes →
+/// [`IdentityError::OtpExpired`]. Single use by conditional DELETE (which
+/// also requires fewer than [`MAX_FAILED_ATTEMPTS`] wrong codes). A code that
+/// matches no token counts one wrong try against every token mailed to that
+/// email, in one UPDATE.
 pub async fn consume<C: ConnectionTrait>(
     db: &C,
     kinds: &[MailKind],
@@ -211,10 +284,21 @@ pub async fn consume<C: ConnectionTrait>(
         }
     };
     let Some(row) = q.one(db).await? else {
+        if let Proof::Code { email_norm, .. } = proof {
+            ott::Entity::update_many()
+                .col_expr(
+                    ott::Column::FailedAttempts,
+                    Expr::cust("failed_attempts + 1"),
+                )
+                .filter(ott::Column::RelatesTo.eq(email_norm))
+                .exec(db)
+                .await?;
+        }
         return Err(IdentityError::OtpExpired);
     };
     let deleted = ott::Entity::delete_many()
         .filter(ott::Column::Id.eq(row.id))
+        .filter(ott::Column::FailedAttempts.lt(MAX_FAILED_ATTEMPTS))
         .exec(db)
         .await?
         .rows_affected;

@@ -239,19 +239,65 @@ ORDER BY d.created_at ASC
     })
 }
 
+/// How long a session may be refreshed: `timebox_secs` after it was signed
+/// in (`AUTH_SESSIONS_TIMEBOX_SECS`), `inactivity_secs` after its last
+/// refresh (`AUTH_SESSIONS_INACTIVITY_TIMEOUT_SECS`); `None` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lifetime {
+    /// Seconds after sign-in.
+    pub timebox_secs: Option<i64>,
+    /// Seconds after the last refresh.
+    pub inactivity_secs: Option<i64>,
+}
+
+impl Lifetime {
+    /// Whether a session signed in at `created` and last refreshed at
+    /// `refreshed` is past a limit at `now` (all database clock).
+    pub fn expired(
+        &self,
+        created: chrono::DateTime<chrono::Utc>,
+        refreshed: chrono::DateTime<chrono::Utc>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> bool {
+        let past = |at: chrono::DateTime<chrono::Utc>, secs: Option<i64>| {
+            secs.is_some_and(|s| (now - at).num_milliseconds() >= s.saturating_mul(1000))
+        };
+        past(created, self.timebox_secs) || past(refreshed, self.inactivity_secs)
+    }
+}
+
 /// Rotates `token` (see the module docs). `reuse_interval_ms`: how long a
-/// rotated token still yields its active child.
+/// rotated token still yields its active child. With a [`Lifetime`] limit,
+/// the token's session is checked first (database clock): past it, the
+/// answer is [`IdentityError::SessionExpired`] and nothing rotates.
 pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
     db: &C,
     secret: &[u8],
     token: &str,
     reuse_interval_ms: i64,
+    lifetime: Lifetime,
 ) -> Result<IssuedSession, IdentityError> {
     let token = token.trim();
     if token.is_empty() || token.len() > 256 {
         return Err(IdentityError::RefreshTokenNotFound);
     }
     let hash = tokens::sha256_hex(token);
+    if lifetime != Lifetime::default() {
+        let row = rt::Entity::find()
+            .filter(rt::Column::TokenHash.eq(hash.as_str()))
+            .one(db)
+            .await?;
+        let session = match row {
+            Some(r) => sess::Entity::find_by_id(r.session_id).one(db).await?,
+            None => None,
+        };
+        if let Some(s) = session {
+            let now = crate::db::now(db).await?;
+            if lifetime.expired(s.created_at, s.refreshed_at, now) {
+                return Err(IdentityError::SessionExpired);
+            }
+        }
+    }
     if let Some(issued) = rotate_active(db, secret, &hash).await? {
         return Ok(issued);
     }
@@ -294,6 +340,20 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
     Err(IdentityError::RefreshTokenAlreadyUsed {
         user_id: row.user_id,
     })
+}
+
+/// Whether session `id` was signed in more than `secs` seconds ago by the
+/// database's clock (`true` also when it no longer exists).
+pub async fn signed_in_before<C: ConnectionTrait>(
+    db: &C,
+    id: Uuid,
+    secs: i64,
+) -> Result<bool, IdentityError> {
+    let Some(s) = sess::Entity::find_by_id(id).one(db).await? else {
+        return Ok(true);
+    };
+    let now = crate::db::now(db).await?;
+    Ok((now - s.created_at).num_milliseconds() > secs.saturating_mul(1000))
 }
 
 /// Whether session `id` still exists.
@@ -360,6 +420,25 @@ pub async fn revoke_others<C: ConnectionTrait>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lifetime_limits_are_inclusive_and_off_by_default() {
+        let now = chrono::Utc::now();
+        let ago = |s: i64| now - chrono::Duration::seconds(s);
+        assert!(!Lifetime::default().expired(ago(10_000_000), ago(10_000_000), now));
+        let timebox = Lifetime {
+            timebox_secs: Some(3600),
+            inactivity_secs: None,
+        };
+        assert!(!timebox.expired(ago(3599), ago(0), now));
+        assert!(timebox.expired(ago(3600), ago(0), now));
+        let idle = Lifetime {
+            timebox_secs: None,
+            inactivity_secs: Some(600),
+        };
+        assert!(!idle.expired(ago(100_000), ago(599), now));
+        assert!(idle.expired(ago(700), ago(600), now));
+    }
 
     #[test]
     fn logout_scopes_parse() {

@@ -4,7 +4,8 @@
 //!
 //! Templates: `<kind>.txt` (first line `Subject: …`, a blank line, then the
 //! plain-text body) and optionally `<kind>.html` (HTML body), where `<kind>`
-//! is `confirmation`, `magic_link`, `recovery` or `email_change`. The
+//! is `confirmation`, `magic_link`, `recovery`, `email_change` or
+//! `reauthentication` (the nonce of a password change; code only). The
 //! defaults are compiled in from `config/templates/auth/`; a file of the same
 //! name in `AUTH_TEMPLATES_DIR` replaces one. Variables use the hosted auth
 //! platform's names: `{{ .ConfirmationURL }}`, `{{ .Token }}`,
@@ -48,6 +49,7 @@ pub fn template_name(kind: MailKind) -> &'static str {
         MailKind::Recovery => "recovery",
         MailKind::Magiclink => "magic_link",
         MailKind::EmailChange => "email_change",
+        MailKind::Reauthentication => "reauthentication",
     }
 }
 
@@ -57,6 +59,9 @@ fn default_text(kind: MailKind) -> &'static str {
         MailKind::Recovery => include_str!("../../../config/templates/auth/recovery.txt"),
         MailKind::Magiclink => include_str!("../../../config/templates/auth/magic_link.txt"),
         MailKind::EmailChange => include_str!("../../../config/templates/auth/email_change.txt"),
+        MailKind::Reauthentication => {
+            include_str!("../../../config/templates/auth/reauthentication.txt")
+        }
     }
 }
 
@@ -66,6 +71,9 @@ fn default_html(kind: MailKind) -> &'static str {
         MailKind::Recovery => include_str!("../../../config/templates/auth/recovery.html"),
         MailKind::Magiclink => include_str!("../../../config/templates/auth/magic_link.html"),
         MailKind::EmailChange => include_str!("../../../config/templates/auth/email_change.html"),
+        MailKind::Reauthentication => {
+            include_str!("../../../config/templates/auth/reauthentication.html")
+        }
     }
 }
 
@@ -195,6 +203,16 @@ mod tests {
                 "{kind:?}: html escapes values"
             );
         }
+    }
+
+    #[test]
+    fn the_reauthentication_mail_carries_the_code_only() {
+        let m = build(&job(MailKind::Reauthentication), None);
+        assert!(!m.subject.is_empty());
+        assert!(m.text.contains("code: 123456"), "{}", m.text);
+        assert!(!m.text.contains("/verify?token="), "{}", m.text);
+        assert!(!m.text.contains("{{"), "unreplaced variable");
+        assert!(m.html.unwrap().contains("123456"));
     }
 
     #[test]

@@ -110,9 +110,14 @@ pub struct ResendBody {
 /// `PUT /user` body.
 #[derive(Debug, Clone, Object)]
 pub struct UpdateUserBody {
-    /// New password (`weak_password`, `same_password`).
+    /// New password (`weak_password`, `same_password`); ends every other
+    /// session of the account. From a session signed in more than 24 h ago it
+    /// needs `nonce` (400 `reauthentication_needed`).
     pub password: Option<String>,
-    /// New email: a confirmation mail goes to it; the change applies when verified (`type=email_change`).
+    /// The code mailed by `GET /reauthenticate` (422
+    /// `reauthentication_not_valid` when wrong, used or expired).
+    pub nonce: Option<String>,
+    /// New email: a confirmation mail goes to it and one to the current address; the change applies when both are verified (`type=email_change`).
     pub email: Option<String>,
     /// Merged into `user_metadata` (a `null` value removes the key).
     pub data: Option<serde_json::Value>,
@@ -626,6 +631,7 @@ impl AuthApi {
                         &claims,
                         UpdateUser {
                             password: body.password.as_deref(),
+                            nonce: body.nonce.as_deref(),
                             email: body.email.as_deref(),
                             data: body.data.as_ref(),
                             redirect_to: redirect_to.0.as_deref(),
@@ -636,6 +642,34 @@ impl AuthApi {
                     )
                     .await?;
                 Ok((Json(u), None))
+            }
+            .await,
+        )
+    }
+
+    /// Mail a reauthentication nonce
+    ///
+    /// Mails the signed-in user a 6-digit code for `PUT /user {password,
+    /// nonce}` (needed when the session signed in more than 24 h ago). One
+    /// mail per 60 s (429 `over_email_send_rate_limit`). Per-IP limit
+    /// `AUTH_RATE_LIMIT_PER_5MIN`.
+    #[oai(
+        path = "/reauthenticate",
+        method = "get",
+        operation_id = "authReauthenticate"
+    )]
+    async fn reauthenticate(
+        &self,
+        state: Data<&AppState>,
+        req: &Request,
+    ) -> AuthResult<Json<Empty>> {
+        AuthResult::from(
+            async {
+                let idp = idp(&state)?;
+                let rate = limit(&state, req, "auth_otp", general(&state)).await?;
+                let claims = idp.authenticate(bearer(req)).await?;
+                idp.reauthenticate(&claims).await?;
+                Ok((Json(Empty {}), Some(rate)))
             }
             .await,
         )
