@@ -3,7 +3,9 @@
 //!
 //! Everything happens in one transaction with the rows locked (`SELECT … FOR
 //! UPDATE` on PostgreSQL; `BEGIN IMMEDIATE` serialises writers on SQLite):
-//! the event, the payment, and (on the move into `PAID`) the subscription.
+//! the event, the payment, and (on the move into `PAID`, a late payment
+//! included, or into `REFUNDED`, which takes back the period the payment
+//! bought) the subscription.
 //! The state machine of [`crate::payment::transition`] decides what may
 //! change; a refused move marks the event settled with the reason, so it is
 //! not retried forever. Settling an event twice changes nothing the second
