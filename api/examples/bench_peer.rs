@@ -143,6 +143,33 @@ async fn doku_payment(count: Data<&Arc<AtomicU64>>, body: poem::Body) -> poem::R
         .body(answer.to_string())
 }
 
+/// provider_a's Get Transaction Status (`GET /v2/{order_id}/status`), which
+/// the settlement job asks before a notification may pay: every order is
+/// `settlement` for 99,000.00, signed with `PROVIDER_A_SERVER_KEY` (default:
+/// the key `bench/run.sh` gives the api).
+#[handler]
+fn snap_status(poem::web::Path(order_id): poem::web::Path<String>) -> poem::Response {
+    let key = std::env::var("PROVIDER_A_SERVER_KEY")
+        .unwrap_or_else(|_| "SB-Mid-server-bench0123456789".into());
+    let amount = "99000.00";
+    let answer = serde_json::json!({
+        "status_code": "200",
+        "status_message": "Success, transaction is found",
+        "transaction_id": uuid::Uuid::new_v4().to_string(),
+        "order_id": order_id,
+        "gross_amount": amount,
+        "currency": "IDR",
+        "payment_type": "bank_transfer",
+        "transaction_time": "2026-11-23 10:00:00",
+        "transaction_status": "settlement",
+        "fraud_status": "accept",
+        "signature_key": entity::payment::provider_a_signature(&order_id, "200", amount, &key),
+    });
+    poem::Response::builder()
+        .content_type("application/json")
+        .body(answer.to_string())
+}
+
 /// Prints one signed provider_a `settlement` notification per order id on
 /// stdin (one JSON object per line), the shape Midtrans sends.
 fn notify_a(server_key: &str, gross_amount: &str) {
@@ -701,6 +728,7 @@ async fn main() -> std::io::Result<()> {
         .at("/count", get(counted))
         .at("/auth/v1/.well-known/jwks.json", get(jwks))
         .at("/snap/v1/transactions", post(snap_transactions))
+        .at("/v2/:order_id/status", get(snap_status))
         .at("/checkout/v1/payment", post(doku_payment))
         .at("/v1/chat/completions", post(chat_completions))
         .data(count);

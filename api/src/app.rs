@@ -104,12 +104,13 @@ pub fn openapi() -> OpenApiService<Apis, ()> {
 /// from start, for pages rarely opened.
 fn reference_page(
     build: fn(&OpenApiService<Apis, ()>) -> String,
+    document: Arc<str>,
 ) -> impl poem::Endpoint<Output = poem::Response> {
     Route::new().at(
         "/",
         poem::endpoint::make_sync(move |_| {
             let service = openapi();
-            let html = build(&service).replacen(&service.spec(), crate::spec::document(), 1);
+            let html = build(&service).replacen(&service.spec(), &document, 1);
             poem::IntoResponse::into_response(poem::web::Html(html))
         }),
     )
@@ -119,17 +120,19 @@ fn reference_page(
 /// uploads and files), `/api/openapi.json`, `/api/docs`, `/api/swagger`.
 pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let service = openapi();
-    let document = crate::spec::document();
+    // The served document follows the catalogue in force (`PLANS_FILE`).
+    let document: Arc<str> = crate::spec::document_for(&state.plans).into();
+    let served = bytes::Bytes::from(document.as_bytes().to_vec());
     let spec = poem::endpoint::make_sync(move |_| {
         poem::Response::builder()
             .content_type("application/json")
-            .body(document)
+            .body(served.clone())
     });
     let allowed = Arc::new(crate::spec::AllowedMethods::from_document(
-        &serde_json::from_str(document).expect("the document is JSON"),
+        &serde_json::from_str(&document).expect("the document is JSON"),
     ));
-    let docs = reference_page(|s| s.scalar_html());
-    let swagger = reference_page(|s| s.swagger_ui_html());
+    let docs = reference_page(|s| s.scalar_html(), document.clone());
+    let swagger = reference_page(|s| s.swagger_ui_html(), document);
     let endpoint = Arc::new(service.into_endpoint());
     let load = crate::shed::Load::new(
         state.settings.http_max_in_flight,

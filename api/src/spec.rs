@@ -9,7 +9,11 @@
 //! * every operation with a JSON body documents 415 (missing or wrong
 //!   `Content-Type`) and 408 (body deadline) with their problem body;
 //! * every operation but the health checks documents the load-shedding 503
-//!   (`overloaded`, with `Retry-After`; [`crate::shed`]).
+//!   (`overloaded`, with `Retry-After`; [`crate::shed`]);
+//! * `plan` of `POST /api/payments` is the enum of the purchasable plans of
+//!   the catalogue in force: the committed document ([`document`]) has the
+//!   compiled-in catalogue's, the served one ([`document_for`]) the
+//!   `PLANS_FILE` one's.
 //!
 //! The same document gives the methods of each path, which the
 //! [`AllowHeader`] middleware puts in the `Allow` header of every 405
@@ -23,15 +27,45 @@ use poem::{
 };
 use serde_json::{json, Value};
 
-/// The finished document as pretty JSON (built once).
+/// The finished document as pretty JSON (built once), with the plans of the
+/// compiled-in catalogue: the committed `openapi/openapi.json`.
 pub fn document() -> &'static str {
     static DOC: LazyLock<String> = LazyLock::new(|| {
-        let mut doc: Value =
-            serde_json::from_str(&crate::app::openapi().spec()).expect("poem-openapi writes JSON");
-        patch(&mut doc);
-        serde_json::to_string_pretty(&doc).expect("JSON")
+        let plans = entity::plans::Catalogue::parse(entity::plans::BUILT_IN)
+            .expect("the compiled-in catalogue is valid");
+        build(&plans)
     });
     &DOC
+}
+
+/// The document as served with the catalogue in force (`PLANS_FILE`, or the
+/// compiled-in one: then it is [`document`]).
+pub fn document_for(plans: &entity::plans::Catalogue) -> std::borrow::Cow<'static, str> {
+    match entity::plans::Catalogue::parse(entity::plans::BUILT_IN) {
+        Ok(built_in) if built_in == *plans => document().into(),
+        _ => build(plans).into(),
+    }
+}
+
+fn build(plans: &entity::plans::Catalogue) -> String {
+    let mut doc: Value =
+        serde_json::from_str(&crate::app::openapi().spec()).expect("poem-openapi writes JSON");
+    patch(&mut doc);
+    document_plans(&mut doc, plans);
+    serde_json::to_string_pretty(&doc).expect("JSON")
+}
+
+/// Makes `plan` of the payment request the enum of `plans`' purchasable ids.
+fn document_plans(doc: &mut Value, plans: &entity::plans::Catalogue) {
+    let ids: Vec<Value> = plans
+        .plans
+        .iter()
+        .filter(|p| p.purchasable)
+        .map(|p| Value::String(p.id.clone()))
+        .collect();
+    if let Some(plan) = doc.pointer_mut("/components/schemas/PaymentRequest/properties/plan") {
+        plan["enum"] = Value::Array(ids);
+    }
 }
 
 fn problem_response(description: &str) -> Value {
@@ -260,6 +294,24 @@ mod tests {
         );
         assert_eq!(m.allow("/storage/v1/object/public/avatars//avatar"), None);
         assert_eq!(m.allow("/api/nope"), None);
+    }
+
+    #[test]
+    fn the_plan_is_the_enum_of_the_catalogue_in_force() {
+        let doc: Value = serde_json::from_str(document()).unwrap();
+        let plan = &doc["components"]["schemas"]["PaymentRequest"]["properties"]["plan"];
+        assert_eq!(plan["enum"], json!(["BASIC", "PRO", "ULTIMATE"]));
+        let other = entity::plans::Catalogue::parse(
+            "currency = \"IDR\"\n\
+             [[plans]]\nid = \"FREE\"\nname = \"Free\"\nprice = 0\npurchasable = false\nai_requests_per_5min = 1\n\
+             [[plans]]\nid = \"TEAM\"\nname = \"Team\"\nprice = 5\npurchasable = true\nai_requests_per_5min = 1\n",
+        )
+        .unwrap();
+        let served: Value = serde_json::from_str(&document_for(&other)).unwrap();
+        assert_eq!(
+            served["components"]["schemas"]["PaymentRequest"]["properties"]["plan"]["enum"],
+            json!(["TEAM"])
+        );
     }
 
     #[test]

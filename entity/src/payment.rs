@@ -22,7 +22,8 @@ use subtle::ConstantTimeEq;
 pub use crate::entities::payments::PaymentStatus;
 
 impl PaymentStatus {
-    /// A final status never changes again, except `PAID` → `REFUNDED`.
+    /// A final status never goes back to `PENDING`; `PAID` moves on only to
+    /// `REFUNDED`, and `EXPIRED` or `FAILED` only to `PAID` (a late payment).
     pub fn is_final(self) -> bool {
         !matches!(self, PaymentStatus::Pending)
     }
@@ -60,9 +61,11 @@ impl Transition {
 }
 
 /// The payment state machine (decisions.md): `PENDING` moves to any final
-/// status; `PAID` moves only to `REFUNDED`; no final status goes back to
-/// `PENDING`; every other final status is terminal. Late or out-of-order
-/// events therefore never regress a payment.
+/// status; `PAID` moves only to `REFUNDED`; `EXPIRED` and `FAILED` move only
+/// to `PAID` (a verified late payment: the customer paid, so they get what
+/// they paid for, see [`is_late_payment`]); no final status goes back to
+/// `PENDING`; `REFUNDED` is terminal. Late or out-of-order events therefore
+/// never regress a payment.
 pub fn transition(current: PaymentStatus, reported: PaymentStatus) -> Transition {
     use PaymentStatus::*;
     if current == reported {
@@ -70,22 +73,31 @@ pub fn transition(current: PaymentStatus, reported: PaymentStatus) -> Transition
     }
     match (current, reported) {
         (Pending, to) => Transition::Apply { from: Pending, to },
-        (Paid, Refunded) => Transition::Apply {
-            from: Paid,
-            to: Refunded,
-        },
+        (from @ (Paid | Expired | Failed), to @ (Refunded | Paid))
+            if (from == Paid) == (to == Refunded) =>
+        {
+            Transition::Apply { from, to }
+        }
         (_, Pending) => Transition::Refused("a final payment does not go back to PENDING"),
         (Paid, _) => Transition::Refused("a PAID payment only moves to REFUNDED"),
         (_, _) => Transition::Refused("the payment is already in a final status"),
     }
 }
 
+/// Whether the move `from` → `to` is a late payment: a payment already
+/// `EXPIRED` or `FAILED` reported `PAID` (audited as `late_payment`).
+pub fn is_late_payment(from: PaymentStatus, to: PaymentStatus) -> bool {
+    matches!(from, PaymentStatus::Expired | PaymentStatus::Failed) && to == PaymentStatus::Paid
+}
+
 /// provider_a's `transaction_status` (with its `fraud_status`) as a payment
 /// status: `settlement` → PAID; `capture` → PAID when `fraud_status` is
 /// `accept` or absent, else PENDING; `deny`, `cancel`, `failure` → FAILED;
-/// `expire` → EXPIRED; `refund`, `partial_refund`, `chargeback`,
-/// `partial_chargeback` → REFUNDED; `pending`, `authorize` → PENDING. Any
-/// other value is not a status this protocol defines: `None` (invalid payload).
+/// `expire` → EXPIRED; `refund`, `chargeback` (the whole amount) → REFUNDED;
+/// `partial_refund`, `partial_chargeback` → PAID (part of the amount went
+/// back; [`provider_a_report`] makes them REFUNDED when they cover the whole
+/// amount); `pending`, `authorize` → PENDING. Any other value is not a status
+/// this protocol defines: `None` (invalid payload).
 pub fn provider_a_status(
     transaction_status: &str,
     fraud_status: Option<&str>,
@@ -99,9 +111,71 @@ pub fn provider_a_status(
         },
         "deny" | "cancel" | "failure" => Failed,
         "expire" => Expired,
-        "refund" | "partial_refund" | "chargeback" | "partial_chargeback" => Refunded,
+        "refund" | "chargeback" => Refunded,
+        "partial_refund" | "partial_chargeback" => Paid,
         "pending" | "authorize" => Pending,
         _ => return None,
+    })
+}
+
+/// Hundredths of a non-negative decimal amount, as text (`"99000.00"`) or a
+/// JSON number; `None` for anything else or more than two decimals.
+fn hundredths(v: &serde_json::Value) -> Option<i128> {
+    let text = match v {
+        serde_json::Value::String(s) => s.trim().to_string(),
+        serde_json::Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    let (int, frac) = text.split_once('.').unwrap_or((text.as_str(), ""));
+    if int.is_empty()
+        || frac.len() > 2
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let frac: i128 = format!("{frac:0<2}").parse().ok()?;
+    Some(int.parse::<i128>().ok()? * 100 + frac)
+}
+
+/// provider_a's report (a notification or a Get Transaction Status answer,
+/// `payload`) as a payment status: [`provider_a_status`] of
+/// `transaction_status` and `fraud_status`, except that `partial_refund` and
+/// `partial_chargeback` are REFUNDED when what went back covers the whole
+/// `gross_amount`: the larger of `refund_amount`, `chargeback_amount` and the
+/// sum of `refunds[].refund_amount` (Midtrans writes these as decimal text).
+pub fn provider_a_report(
+    transaction_status: &str,
+    fraud_status: Option<&str>,
+    payload: &serde_json::Value,
+) -> Option<PaymentStatus> {
+    let status = provider_a_status(transaction_status, fraud_status)?;
+    if !matches!(transaction_status, "partial_refund" | "partial_chargeback") {
+        return Some(status);
+    }
+    let Some(gross) = hundredths(&payload["gross_amount"]) else {
+        return Some(status);
+    };
+    let listed: i128 = payload["refunds"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| hundredths(&r["refund_amount"]))
+                .sum()
+        })
+        .unwrap_or(0);
+    let back = [
+        hundredths(&payload["refund_amount"]).unwrap_or(0),
+        hundredths(&payload["chargeback_amount"]).unwrap_or(0),
+        listed,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    Some(if gross > 0 && back >= gross {
+        PaymentStatus::Refunded
+    } else {
+        status
     })
 }
 
@@ -303,7 +377,10 @@ mod tests {
                 let t = transition(from, to);
                 let expected = if from == to {
                     Transition::Unchanged
-                } else if from == Pending || (from == Paid && to == Refunded) {
+                } else if from == Pending
+                    || (from == Paid && to == Refunded)
+                    || (matches!(from, Expired | Failed) && to == Paid)
+                {
                     Transition::Apply { from, to }
                 } else {
                     assert!(
@@ -328,7 +405,42 @@ mod tests {
         assert!(transition(Pending, Paid).pays());
         assert!(!transition(Paid, Paid).pays());
         assert!(!transition(Refunded, Paid).pays());
-        assert!(!transition(Failed, Paid).pays());
+        assert!(transition(Failed, Paid).pays(), "a late payment");
+        assert!(transition(Expired, Paid).pays(), "a late payment");
+        assert!(is_late_payment(Expired, Paid));
+        assert!(!is_late_payment(Pending, Paid));
+        assert!(!matches!(
+            transition(Expired, Failed),
+            Transition::Apply { .. }
+        ));
+    }
+
+    #[test]
+    fn partial_refunds_refund_only_when_they_cover_the_whole_amount() {
+        let whole = serde_json::json!({"gross_amount": "99000.00", "refund_amount": "99000.00"});
+        let part = serde_json::json!({"gross_amount": "99000.00", "refund_amount": "1000.00"});
+        let listed = serde_json::json!({"gross_amount": "99000.00", "refunds": [
+            {"refund_amount": "49000.00"}, {"refund_amount": "50000.00"}]});
+        assert_eq!(
+            provider_a_report("partial_refund", None, &whole),
+            Some(Refunded)
+        );
+        assert_eq!(provider_a_report("partial_refund", None, &part), Some(Paid));
+        assert_eq!(
+            provider_a_report("partial_refund", None, &listed),
+            Some(Refunded)
+        );
+        assert_eq!(
+            provider_a_report(
+                "partial_chargeback",
+                None,
+                &serde_json::json!({
+                "gross_amount": "99000.00", "chargeback_amount": "99000"})
+            ),
+            Some(Refunded)
+        );
+        assert_eq!(provider_a_report("refund", None, &part), Some(Refunded));
+        assert_eq!(provider_a_report("settlement", None, &whole), Some(Paid));
     }
 
     #[test]
@@ -344,9 +456,9 @@ mod tests {
             ("failure", None, Some(Failed)),
             ("expire", None, Some(Expired)),
             ("refund", None, Some(Refunded)),
-            ("partial_refund", None, Some(Refunded)),
+            ("partial_refund", None, Some(Paid)),
             ("chargeback", None, Some(Refunded)),
-            ("partial_chargeback", None, Some(Refunded)),
+            ("partial_chargeback", None, Some(Paid)),
             ("pending", None, Some(Pending)),
             ("authorize", None, Some(Pending)),
             ("SETTLEMENT", None, None),

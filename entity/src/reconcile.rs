@@ -4,8 +4,9 @@
 //!
 //! A payment is due when it is still `PENDING`, was created more than
 //! `PAYMENT_RECONCILE_AFTER_SECS` ago but less than
-//! `PAYMENT_EXPIRE_AFTER_SECS` ago (older ones are left to the expiry task),
-//! and was never checked or last checked more than
+//! `PAYMENT_EXPIRE_AFTER_SECS` ago (older ones are claimed by
+//! [`claim_expiring_payments`]: they too are asked about before they
+//! expire), and was never checked or last checked more than
 //! `PAYMENT_RECONCILE_AFTER_SECS` ago (`payments.reconciled_at`). Claiming a
 //! payment stamps `reconciled_at` with a conditional `UPDATE` (the same
 //! conditions in its `WHERE`), so of two concurrent claims exactly one
@@ -40,6 +41,46 @@ fn due_condition(
         )
 }
 
+/// The rows the expiry task asks the provider about at `now`: still
+/// `PENDING`, created before `now - expire_after`, `reconciled_at` NULL or
+/// before `now - reconcile_after`.
+fn expiring_condition(
+    now: DateTime<Utc>,
+    reconcile_after: Duration,
+    expire_after: Duration,
+) -> Condition {
+    let checked_before = now - reconcile_after;
+    Condition::all()
+        .add(payments::Column::Status.eq(PaymentStatus::Pending))
+        .add(payments::Column::CreatedAt.lt(now - expire_after))
+        .add(
+            Condition::any()
+                .add(payments::Column::ReconciledAt.is_null())
+                .add(payments::Column::ReconciledAt.lt(checked_before)),
+        )
+}
+
+/// Claims up to `limit` payments still `PENDING` past `expire_after`
+/// (`PAYMENT_EXPIRE_AFTER_SECS`), asked about at most once per
+/// `reconcile_after`, oldest first, with the same conditional stamp as
+/// [`claim_due_payments`]: a payment is expired only after its provider
+/// answered that it is not paid, so each gets a status check first.
+pub async fn claim_expiring_payments<C: ConnectionTrait>(
+    db: &C,
+    now: DateTime<Utc>,
+    reconcile_after: Duration,
+    expire_after: Duration,
+    limit: u64,
+) -> Result<Vec<String>, DbErr> {
+    claim(
+        db,
+        now,
+        || expiring_condition(now, reconcile_after, expire_after),
+        limit,
+    )
+    .await
+}
+
 /// Claims up to `limit` due payments (see the module docs), oldest first, by
 /// stamping their `reconciled_at` with `now`; answers the order ids this call
 /// claimed. A payment claimed by a concurrent caller in the meantime is not
@@ -52,11 +93,29 @@ pub async fn claim_due_payments<C: ConnectionTrait>(
     expire_after: Duration,
     limit: u64,
 ) -> Result<Vec<String>, DbErr> {
+    claim(
+        db,
+        now,
+        || due_condition(now, reconcile_after, expire_after),
+        limit,
+    )
+    .await
+}
+
+/// Stamps `reconciled_at` = `now` on up to `limit` rows matching
+/// `condition`, each with a conditional `UPDATE`; answers the order ids this
+/// call stamped.
+async fn claim<C: ConnectionTrait>(
+    db: &C,
+    now: DateTime<Utc>,
+    condition: impl Fn() -> Condition,
+    limit: u64,
+) -> Result<Vec<String>, DbErr> {
     let due: Vec<(Uuid, String)> = payments::Entity::find()
         .select_only()
         .column(payments::Column::Id)
         .column(payments::Column::OrderId)
-        .filter(due_condition(now, reconcile_after, expire_after))
+        .filter(condition())
         .order_by_asc(payments::Column::CreatedAt)
         .limit(limit)
         .into_tuple()
@@ -70,7 +129,7 @@ pub async fn claim_due_payments<C: ConnectionTrait>(
         let res = payments::Entity::update_many()
             .col_expr(payments::Column::ReconciledAt, Expr::value(stamp))
             .filter(payments::Column::Id.eq(id))
-            .filter(due_condition(now, reconcile_after, expire_after))
+            .filter(condition())
             .exec(db)
             .await?;
         if res.rows_affected == 1 {

@@ -3,7 +3,9 @@
 //!
 //! Everything happens in one transaction with the rows locked (`SELECT … FOR
 //! UPDATE` on PostgreSQL; `BEGIN IMMEDIATE` serialises writers on SQLite):
-//! the event, the payment, and (on the move into `PAID`) the subscription.
+//! the event, the payment, and (on the move into `PAID`, a late payment
+//! included, or into `REFUNDED`, which takes back the period the payment
+//! bought) the subscription.
 //! The state machine of [`crate::payment::transition`] decides what may
 //! change; a refused move marks the event settled with the reason, so it is
 //! not retried forever. Settling an event twice changes nothing the second
@@ -34,6 +36,15 @@ pub const TARGET_TYPE_PAYMENT: &str = "payment";
 pub const ACTION_SUBSCRIPTION_EXPIRE: &str = "subscription.expire";
 /// `audit_logs.target_type` of a subscription.
 pub const TARGET_TYPE_SUBSCRIPTION: &str = "subscription";
+/// `audit_logs.action` when a payment already `EXPIRED` or `FAILED` is
+/// reported paid (verified) and becomes `PAID`.
+pub const ACTION_LATE_PAYMENT: &str = "late_payment";
+/// `audit_logs.action` when a notification reports a status the provider's
+/// status API does not confirm: nothing changed.
+pub const ACTION_PAYMENT_UNCONFIRMED: &str = "payment.unconfirmed";
+/// `audit_logs.action` when a refund or chargeback took back the period a
+/// payment had bought.
+pub const ACTION_SUBSCRIPTION_TAKE_BACK: &str = "subscription.take_back";
 
 /// Why settlement could not run (the job retries these).
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +81,9 @@ pub enum Settled {
     /// The event names an order we do not have, or a status its provider's
     /// protocol does not define: settled with that reason, nothing changed.
     Invalid(&'static str),
+    /// The provider did not confirm the event's status: settled with the
+    /// reason, nothing changed, an audit row written.
+    Unconfirmed(String),
 }
 
 /// The payment status an event reports, from its provider, the provider's
@@ -81,7 +95,7 @@ pub fn reported_status(
 ) -> Option<PaymentStatus> {
     match provider {
         payments::PROVIDER_A => {
-            payment::provider_a_status(provider_status, payload["fraud_status"].as_str())
+            payment::provider_a_report(provider_status, payload["fraud_status"].as_str(), payload)
         }
         payments::PROVIDER_B => Some(payment::provider_b_status(provider_status)),
         _ => None,
@@ -135,6 +149,59 @@ where
     Ok(outcome)
 }
 
+/// Settles the recorded event `event_id` without applying it, because its
+/// provider did not confirm the status it reports (`reason` says how): the
+/// event is marked settled with the reason, the payment is left as it is, and
+/// an [`ACTION_PAYMENT_UNCONFIRMED`] audit row records the notified status
+/// and the reason. A second call changes nothing ([`Settled::AlreadySettled`]).
+pub async fn settle_event_unconfirmed<C>(
+    db: &C,
+    event_id: Uuid,
+    reason: &str,
+    request_id: Option<String>,
+) -> Result<Settled, SettleError>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let txn = begin_write(db).await?;
+    let mut find = webhook_events::Entity::find_by_id(event_id);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        find = find.lock_exclusive();
+    }
+    let Some(event) = find.one(&txn).await? else {
+        return Ok(Settled::UnknownEvent);
+    };
+    if event.settled_at.is_some() {
+        return Ok(Settled::AlreadySettled);
+    }
+    let now = crate::db::now(&txn).await?;
+    audit_logs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        actor_id: Set(None),
+        action: Set(ACTION_PAYMENT_UNCONFIRMED.to_string()),
+        target_type: Set(TARGET_TYPE_PAYMENT.to_string()),
+        target_id: Set(event.order_id.clone()),
+        old_value: Set(None),
+        new_value: Set(Some(json!({
+            "provider": event.provider,
+            "notified_status": event.provider_status,
+            "event_id": event.id,
+            "reason": reason,
+        }))),
+        request_id: Set(request_id),
+        client_request_id: Set(None),
+        created_at: Set(now),
+    }
+    .insert(&txn)
+    .await?;
+    let mut am = event.into_active_model();
+    am.settled_at = Set(Some(Utc::now()));
+    am.settlement_error = Set(Some(format!("unconfirmed: {reason}")));
+    am.update(&txn).await?;
+    txn.commit().await?;
+    Ok(Settled::Unconfirmed(reason.to_string()))
+}
+
 /// Settles what a status check of the provider reported for `order_id`
 /// (reconciliation of a payment whose webhook never came): the same state
 /// machine and audit trail as an event, with `source` `status_check`.
@@ -154,7 +221,9 @@ where
 }
 
 /// The core: locks the payment, applies the state machine, activates the
-/// subscription on the move into `PAID`, writes the audit row.
+/// subscription on the move into `PAID` (a late payment included, audited as
+/// [`ACTION_LATE_PAYMENT`]), takes back the period a payment bought on its
+/// move into `REFUNDED` ([`take_back`]), writes the audit row.
 async fn apply<T: ConnectionTrait>(
     txn: &T,
     order_id: &str,
@@ -179,6 +248,7 @@ async fn apply<T: ConnectionTrait>(
     // expiry task, whichever host runs that.
     let now = crate::db::now(txn).await?;
     let mut period_end = None;
+    let mut taken_back = None;
     if to == PaymentStatus::Paid {
         let mut find = subscriptions::Entity::find_by_id(pay.user_id);
         if postgres {
@@ -227,6 +297,8 @@ async fn apply<T: ConnectionTrait>(
                 .await?;
             }
         }
+    } else if to == PaymentStatus::Refunded {
+        taken_back = take_back(txn, &pay, now, request_id.clone()).await?;
     }
     let user_id = pay.user_id;
     let plan = pay.plan.clone();
@@ -237,20 +309,29 @@ async fn apply<T: ConnectionTrait>(
     }
     am.updated_at = Set(now);
     am.update(txn).await?;
+    let action = if payment::is_late_payment(from, to) {
+        ACTION_LATE_PAYMENT
+    } else {
+        audit_logs::ACTION_PAYMENT_SETTLE
+    };
+    let mut new_value = json!({
+        "status": to.as_str(),
+        "source": source,
+        "user_id": user_id,
+        "plan": plan,
+        "period_end": period_end,
+    });
+    if let Some(t) = taken_back {
+        new_value["subscription"] = t;
+    }
     audit_logs::ActiveModel {
         id: Set(Uuid::now_v7()),
         actor_id: Set(None),
-        action: Set(audit_logs::ACTION_PAYMENT_SETTLE.to_string()),
+        action: Set(action.to_string()),
         target_type: Set(TARGET_TYPE_PAYMENT.to_string()),
         target_id: Set(order_id.to_string()),
         old_value: Set(Some(json!({ "status": from.as_str() }))),
-        new_value: Set(Some(json!({
-            "status": to.as_str(),
-            "source": source,
-            "user_id": user_id,
-            "plan": plan,
-            "period_end": period_end,
-        }))),
+        new_value: Set(Some(new_value)),
         request_id: Set(request_id),
         client_request_id: Set(None),
         created_at: Set(now),
@@ -263,6 +344,138 @@ async fn apply<T: ConnectionTrait>(
         to,
         period_end,
     })
+}
+
+/// A plan and its paid period (start, end).
+type Period = (String, DateTime<Utc>, DateTime<Utc>);
+/// One payment's own period: its id, start and end.
+type PaymentPeriod = (Uuid, DateTime<Utc>, DateTime<Utc>);
+
+/// The subscription the paid payments `paid` (in `paid_at` order) make, by
+/// the rule of [`payment::paid_period`] from a FREE start: the plan and the
+/// period of the last one, and each payment's own period.
+fn replay<'a>(
+    paid: impl Iterator<Item = &'a payments::Model>,
+) -> (Option<Period>, Vec<PaymentPeriod>) {
+    let mut state: Option<Period> = None;
+    let mut periods = Vec::new();
+    for p in paid {
+        let Some(paid_at) = p.paid_at else { continue };
+        let current = state.as_ref().map_or(
+            CurrentPlan {
+                plan: FREE,
+                active: false,
+                period_end: None,
+            },
+            |(plan, _, end)| CurrentPlan {
+                plan,
+                active: true,
+                period_end: Some(*end),
+            },
+        );
+        let (start, end) = payment::paid_period(current, &p.plan, paid_at);
+        periods.push((p.id, start, end));
+        state = Some((p.plan.clone(), start, end));
+    }
+    (state, periods)
+}
+
+/// Takes back the period the payment `refunded` (still `PAID` here) bought,
+/// under the subscription's row lock: the subscription becomes what it would
+/// be without that payment. When the subscription is what the user's paid
+/// payments make ([`replay`]), it becomes what the others make; otherwise,
+/// while it is on the payment's plan, its end moves back by the payment's
+/// own period. A period that then ends before `now` falls back to FREE at
+/// once. A period already over or superseded by another plan is left alone.
+/// Writes an [`ACTION_SUBSCRIPTION_TAKE_BACK`] audit row; answers the
+/// subscription's new plan and period end (`None`: nothing changed).
+async fn take_back<T: ConnectionTrait>(
+    txn: &T,
+    refunded: &payments::Model,
+    now: DateTime<Utc>,
+    request_id: Option<String>,
+) -> Result<Option<serde_json::Value>, DbErr> {
+    use sea_orm::QueryOrder;
+    let postgres = txn.get_database_backend() == DbBackend::Postgres;
+    let mut find = subscriptions::Entity::find_by_id(refunded.user_id);
+    if postgres {
+        find = find.lock_exclusive();
+    }
+    let Some(sub) = find.one(txn).await? else {
+        return Ok(None);
+    };
+    let paid: Vec<payments::Model> = payments::Entity::find()
+        .filter(payments::Column::UserId.eq(refunded.user_id))
+        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+        .filter(payments::Column::PaidAt.is_not_null())
+        .order_by_asc(payments::Column::PaidAt)
+        .all(txn)
+        .await?;
+    let (with, periods) = replay(paid.iter());
+    let (without, _) = replay(paid.iter().filter(|p| p.id != refunded.id));
+    let Some(&(_, own_start, own_end)) = periods.iter().find(|(id, _, _)| *id == refunded.id)
+    else {
+        return Ok(None);
+    };
+    let derived = with
+        .as_ref()
+        .is_some_and(|(plan, _, end)| *plan == sub.plan && sub.current_period_end == Some(*end));
+    let target: Option<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = if derived {
+        without.map(|(plan, start, end)| (plan, Some(start), end))
+    } else {
+        match sub.current_period_end {
+            Some(end) if sub.plan == refunded.plan && end > now => Some((
+                sub.plan.clone(),
+                sub.current_period_start,
+                end - (own_end - own_start),
+            )),
+            _ => return Ok(None),
+        }
+    };
+    let target = target.filter(|(_, _, end)| *end > now);
+    let old = json!({
+        "plan": sub.plan,
+        "status": sub.status.as_str(),
+        "period_end": sub.current_period_end,
+    });
+    let mut am = sub.into_active_model();
+    let new = match target {
+        Some((plan, start, end)) => {
+            am.plan = Set(plan.clone());
+            am.current_period_start = Set(start.map(|s| s.min(end)));
+            am.current_period_end = Set(Some(end));
+            json!({ "plan": plan, "period_end": end })
+        }
+        None => {
+            am.plan = Set(FREE.to_string());
+            am.status = Set(SubscriptionStatus::Active);
+            am.cancel_at_period_end = Set(false);
+            am.current_period_start = Set(None);
+            am.current_period_end = Set(None);
+            json!({ "plan": FREE, "period_end": null })
+        }
+    };
+    am.updated_at = Set(now);
+    am.update(txn).await?;
+    audit_logs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        actor_id: Set(None),
+        action: Set(ACTION_SUBSCRIPTION_TAKE_BACK.to_string()),
+        target_type: Set(TARGET_TYPE_SUBSCRIPTION.to_string()),
+        target_id: Set(refunded.user_id.to_string()),
+        old_value: Set(Some(old)),
+        new_value: Set(Some(json!({
+            "plan": new["plan"],
+            "period_end": new["period_end"],
+            "refunded_order_id": refunded.order_id,
+        }))),
+        request_id: Set(request_id),
+        client_request_id: Set(None),
+        created_at: Set(now),
+    }
+    .insert(txn)
+    .await?;
+    Ok(Some(new))
 }
 
 /// Moves every paid subscription whose period ended before `now` back to
@@ -518,28 +731,6 @@ pub async fn unsettled_events<C: ConnectionTrait>(
         .filter(webhook_events::Column::SettledAt.is_null())
         .filter(webhook_events::Column::ReceivedAt.lt(received_before))
         .order_by_asc(webhook_events::Column::ReceivedAt)
-        .limit(limit)
-        .into_tuple()
-        .all(db)
-        .await
-}
-
-/// Payments still `PENDING` that were created before `created_before`,
-/// oldest first, at most `limit`: what the expiry job moves to `EXPIRED`
-/// (through [`settle_status_check`], so the state machine and the audit
-/// trail apply, and a payment settled meanwhile is left alone).
-pub async fn stale_pending_payments<C: ConnectionTrait>(
-    db: &C,
-    created_before: DateTime<Utc>,
-    limit: u64,
-) -> Result<Vec<String>, DbErr> {
-    use sea_orm::QueryOrder;
-    payments::Entity::find()
-        .select_only()
-        .column(payments::Column::OrderId)
-        .filter(payments::Column::Status.eq(PaymentStatus::Pending))
-        .filter(payments::Column::CreatedAt.lt(created_before))
-        .order_by_asc(payments::Column::CreatedAt)
         .limit(limit)
         .into_tuple()
         .all(db)

@@ -11,11 +11,16 @@
 //!
 //! * provider_a (Midtrans Snap HTTP notification): `signature_key` =
 //!   SHA-512(`order_id + status_code + gross_amount + server_key`).
-//! * provider_b (DOKU Checkout notification): `security.check_word` =
+//!   That signature does not cover `transaction_status`: a provider_a
+//!   notification is only a hint, which the settlement job confirms with the
+//!   provider's status API before anything changes.
+//! * provider_b (DOKU Checkout notification): the `Signature` header is
+//!   required (the request signature over `Client-Id`, `Request-Id`,
+//!   `Request-Timestamp`, `Request-Target` (the webhook's path) and `Digest`,
+//!   which covers the whole body), as DOKU documents it; a notice with only a
+//!   `security.check_word` is refused. The `check_word` =
 //!   SHA-1(`client_id + invoice_number + amount + status + secret_key`), the
-//!   amount as the JSON number was written; and when a `Signature` header is
-//!   present, the request signature over `Client-Id`, `Request-Id`,
-//!   `Request-Timestamp`, `Request-Target` (the webhook's path) and `Digest`.
+//!   amount as the JSON number was written, must verify as well.
 
 use serde_json::{value::RawValue, Value};
 
@@ -188,7 +193,7 @@ impl WebhookVerifier for ProviderA {
             Value::String(s) => Some(s.as_str()),
             _ => return Err(bad("payment_type", "must be a string")),
         };
-        let reported = payment::provider_a_status(status, fraud)
+        let reported = payment::provider_a_report(status, fraud, &v)
             .ok_or(bad("transaction_status", "not a status of this protocol"))?;
         let amount = whole_units(gross_amount)
             .map_err(|_| bad("gross_amount", "must be a decimal amount"))?;
@@ -198,13 +203,21 @@ impl WebhookVerifier for ProviderA {
             amount,
             provider_status: status.to_string(),
             reported,
-            dedupe_key: payment::provider_a_dedupe_key(
-                order_id,
-                status,
-                status_code,
-                payment_type,
-                fraud,
-            ),
+            dedupe_key: {
+                let key = payment::provider_a_dedupe_key(
+                    order_id,
+                    status,
+                    status_code,
+                    payment_type,
+                    fraud,
+                );
+                // Each refund or chargeback of a series is its own event:
+                // the total refunded so far tells them apart.
+                match v["refund_amount"].as_str() {
+                    Some(refunded) => format!("{key}:{refunded}"),
+                    None => key,
+                }
+            },
             payload: v.clone(),
         })
     }
@@ -258,7 +271,12 @@ impl WebhookVerifier for ProviderB {
         if !payment::signatures_match(&expected, given) {
             return Err(WebhookError::Signature("check_word does not verify"));
         }
-        if let Some(sig) = headers.signature {
+        let Some(sig) = headers.signature else {
+            return Err(WebhookError::Signature(
+                "the Signature header is required (check_word alone does not sign the body)",
+            ));
+        };
+        {
             let (Some(client_id), Some(request_id), Some(ts)) = (
                 headers.client_id,
                 headers.request_id,
@@ -453,19 +471,48 @@ mod tests {
         )
     }
 
+    /// `body` verified with a correct `Signature` header.
+    fn b_verify(body: &str) -> Result<Notification, WebhookError> {
+        let sig = payment::provider_b_signature(
+            "SK-secret",
+            &ProviderBRequest {
+                client_id: "BRN-0001",
+                request_id: "notif-1",
+                timestamp: "2026-11-23T10:00:01Z",
+                target: "/api/webhooks/provider_b",
+                body: Some(body.as_bytes()),
+            },
+        );
+        b().verify(
+            body.as_bytes(),
+            &WebhookHeaders {
+                client_id: Some("BRN-0001"),
+                request_id: Some("notif-1"),
+                request_timestamp: Some("2026-11-23T10:00:01Z"),
+                signature: Some(&sig),
+            },
+        )
+    }
+
+    #[test]
+    fn provider_b_needs_the_signature_header() {
+        let body = b_body("SUCCESS", "99000");
+        assert!(matches!(
+            b().verify(body.as_bytes(), &Default::default()),
+            Err(WebhookError::Signature(_))
+        ));
+        assert!(b_verify(&body).is_ok());
+    }
+
     #[test]
     fn provider_b_accepts_a_valid_check_word_with_the_amount_as_written() {
-        let n = b()
-            .verify(b_body("SUCCESS", "99000").as_bytes(), &Default::default())
-            .unwrap();
+        let n = b_verify(&b_body("SUCCESS", "99000")).unwrap();
         assert_eq!(n.order_id, "ORD-2");
         assert_eq!(n.amount, Some(99_000));
         assert_eq!(n.reported, PaymentStatus::Paid);
         assert_eq!(n.dedupe_key, "ORD-2:req-9:SUCCESS:VIRTUAL_ACCOUNT_BCA");
         // Signed with "99000.0" but sent as 99000.0: the text as written counts.
-        let n = b()
-            .verify(b_body("SUCCESS", "99000.0").as_bytes(), &Default::default())
-            .unwrap();
+        let n = b_verify(&b_body("SUCCESS", "99000.0")).unwrap();
         assert_eq!(n.amount, Some(99_000));
     }
 
@@ -556,8 +603,7 @@ mod tests {
     fn provider_b_validates_after_verifying() {
         let body = b_body("SUCCESS", "99000").replace(",\"original_request_id\":\"req-9\"", "");
         assert_eq!(
-            b().verify(body.as_bytes(), &Default::default())
-                .unwrap_err(),
+            b_verify(&body).unwrap_err(),
             WebhookError::Payload {
                 field: "transaction.original_request_id",
                 detail: "required, a string"

@@ -114,3 +114,92 @@ pub async fn unsettled_event(
     .expect("insert event");
     id
 }
+
+/// provider_a's "Get Transaction Status" (`GET /v2/{order_id}/status`),
+/// faked over HTTP with the answer Midtrans documents, signed with the
+/// server key: what the settlement job asks before a notification may
+/// change a payment, and what the expiry check asks. Each order answers the
+/// status set for it ([`ProviderAStatusApi::set`]); an order without one is
+/// unknown (HTTP 404 with `status_code` `"404"`, as the API answers); while
+/// [`ProviderAStatusApi::set_down`] is on, every question gets a 503.
+#[derive(Clone)]
+pub struct ProviderAStatusApi {
+    key: String,
+    answers: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, serde_json::Value>>>,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ProviderAStatusApi {
+    /// Starts the fake on its own port; `key` is `PROVIDER_A_SERVER_KEY`.
+    /// Give its [`wiremock::MockServer::uri`] as `PROVIDER_A_API_BASE_URL`.
+    pub async fn start(key: &str) -> (wiremock::MockServer, Self) {
+        let fake = ProviderAStatusApi {
+            key: key.to_string(),
+            answers: Default::default(),
+            down: Default::default(),
+        };
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::method("GET"))
+            .and(wiremock::matchers::path_regex(r"^/v2/[^/]+/status$"))
+            .respond_with(fake.clone())
+            .mount(&server)
+            .await;
+        (server, fake)
+    }
+
+    /// From now on `order_id` answers `transaction_status` for 99,000.00.
+    pub fn set(&self, order_id: &str, transaction_status: &str) {
+        self.set_with(order_id, transaction_status, serde_json::json!({}));
+    }
+
+    /// Like [`Self::set`], with `extra` fields merged into the answer (e.g.
+    /// `refund_amount` of a partial refund).
+    pub fn set_with(&self, order_id: &str, transaction_status: &str, extra: serde_json::Value) {
+        let amount = "99000.00";
+        let mut v = serde_json::json!({
+            "status_code": "200",
+            "status_message": "Success, transaction is found",
+            "transaction_id": Uuid::new_v4().to_string(),
+            "order_id": order_id,
+            "merchant_id": "G000000000",
+            "gross_amount": amount,
+            "currency": "IDR",
+            "payment_type": "bank_transfer",
+            "transaction_time": "2026-11-23 10:00:00",
+            "transaction_status": transaction_status,
+            "fraud_status": "accept",
+            "va_numbers": [{"bank": "bca", "va_number": "9888800000000000"}],
+            "signature_key": entity::payment::provider_a_signature(order_id, "200", amount, &self.key),
+        });
+        if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+            v.extend(extra.clone());
+        }
+        self.answers.lock().unwrap().insert(order_id.to_string(), v);
+    }
+
+    /// While `down`, every question is answered 503.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl wiremock::Respond for ProviderAStatusApi {
+    fn respond(&self, req: &wiremock::Request) -> wiremock::ResponseTemplate {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return wiremock::ResponseTemplate::new(503).set_body_string("maintenance");
+        }
+        let order = req
+            .url
+            .path()
+            .trim_start_matches("/v2/")
+            .trim_end_matches("/status");
+        match self.answers.lock().unwrap().get(order) {
+            Some(v) => wiremock::ResponseTemplate::new(200).set_body_json(v),
+            None => wiremock::ResponseTemplate::new(404).set_body_json(serde_json::json!({
+                "status_code": "404",
+                "status_message": "Transaction doesn't exist.",
+                "id": Uuid::new_v4().to_string(),
+            })),
+        }
+    }
+}

@@ -206,6 +206,16 @@ async fn provider_a_checkout_sends_the_snap_request_and_answers_the_token() {
     );
 
     let row = payment(&db, &order_id).await;
+    // The provider is told our expiry: from the payment's creation, the
+    // whole minutes of PAYMENT_EXPIRE_AFTER_SECS (default one day).
+    assert_eq!(
+        body["expiry"],
+        json!({
+            "start_time": row.created_at.format("%Y-%m-%d %H:%M:%S +0000").to_string(),
+            "unit": "minutes",
+            "duration": 1440,
+        })
+    );
     assert_eq!(row.status, PaymentStatus::Pending);
     assert_eq!(row.user_id, user);
     assert_eq!(row.plan, "PRO");
@@ -753,4 +763,53 @@ async fn an_idempotency_key_older_than_24_hours_starts_a_new_payment() {
     let again = pay(&api, Some(user), json!({"plan": "PRO"}), Some("old-key")).await;
     assert_eq!(again.json["orderId"], new_order.as_str());
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
+}
+
+/// A replay of an `Idempotency-Key` whose payment has expired answers 409
+/// `payment_expired`, never the dead token.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idempotency_key_of_an_expired_payment_answers_409() {
+    use sea_orm::{ActiveModelTrait, IntoActiveModel, Set};
+    let stack = Stack::new().await;
+    let fake = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/snap/v1/transactions"))
+        .respond_with(a_created("snap-dead"))
+        .mount(&fake)
+        .await;
+    let api = stack.api(&env_a(&stack, &fake.uri())).await;
+    let db = connect_db(&stack).await;
+    let user = Uuid::new_v4();
+    let first = pay(&api, Some(user), json!({"plan": "PRO"}), Some("key-exp")).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    let order_id = first.json["orderId"].as_str().unwrap().to_string();
+    let mut row = payment(&db, &order_id).await.into_active_model();
+    row.status = Set(PaymentStatus::Expired);
+    row.update(&db).await.unwrap();
+
+    let again = pay(&api, Some(user), json!({"plan": "PRO"}), Some("key-exp")).await;
+    again.assert_problem(409, Some("payment_expired"), None);
+    assert!(!again.text.contains("snap-dead"), "{}", again.text);
+    assert_eq!(fake.received_requests().await.unwrap().len(), 1);
+}
+
+/// The served OpenAPI document lists the plans of the catalogue in force
+/// (`PLANS_FILE`) as the enum of `plan`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_served_document_lists_the_plans_in_force() {
+    let stack = Stack::new().await;
+    let plans = stack.dir.path().join("plans.toml");
+    let text = std::fs::read_to_string(tests::plans_file())
+        .unwrap()
+        .replace("\"ULTIMATE\"", "\"TEAM\"");
+    std::fs::write(&plans, text).unwrap();
+    let api = stack
+        .api(&env_a(&stack, "http://127.0.0.1:9").with("PLANS_FILE", plans.display().to_string()))
+        .await;
+    let r = Reply::send(client().get(api.url("/api/openapi.json"))).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["components"]["schemas"]["PaymentRequest"]["properties"]["plan"]["enum"],
+        json!(["BASIC", "PRO", "TEAM"])
+    );
 }

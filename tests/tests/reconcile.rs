@@ -3,7 +3,9 @@
 //! answers: a payment whose notification never came is settled from the
 //! provider's status (audit source `status_check`); answers that cannot be
 //! trusted (forged signature, unknown order, another amount) change nothing;
-//! a payment is asked about at most once per `PAYMENT_RECONCILE_AFTER_SECS`.
+//! a payment is asked about at most once per `PAYMENT_RECONCILE_AFTER_SECS`;
+//! a payment past `PAYMENT_EXPIRE_AFTER_SECS` is asked about before it
+//! expires, and expires only on an answer that it is not paid.
 
 use std::time::Duration;
 
@@ -404,11 +406,15 @@ async fn a_payment_is_asked_about_at_most_once_per_period_even_with_two_workers(
     assert_eq!(requests_to(&fake, &a_path(&order)).await.len(), 1);
     assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
     assert!(requests_to(&fake, &a_path(&fresh)).await.is_empty());
-    assert!(requests_to(&fake, &a_path(&ancient)).await.is_empty());
     assert_eq!(
         payment(&db, &ancient).await.status,
         PaymentStatus::Expired,
-        "past PAYMENT_EXPIRE_AFTER_SECS: expired, not reconciled"
+        "past PAYMENT_EXPIRE_AFTER_SECS: expired once the provider said it does not know it"
+    );
+    assert_eq!(
+        requests_to(&fake, &a_path(&ancient)).await.len(),
+        1,
+        "asked once before it expired"
     );
 
     // Once the last check is a period old, the next tick asks again (once).
@@ -459,5 +465,65 @@ async fn a_status_api_failure_is_retried_and_then_settles() {
         requests_to(&fake, &a_path(&order)).await.len(),
         2,
         "the 503, then the retry"
+    );
+}
+
+/// Payments past `PAYMENT_EXPIRE_AFTER_SECS`: each is asked about first. Paid
+/// at the provider → PAID, not EXPIRED; still pending or unknown there →
+/// EXPIRED; the provider unreachable → still PENDING.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_past_expiry_is_asked_about_before_it_expires() {
+    let stack = Stack::new().await;
+    let fake = MockServer::start().await;
+    let env = env(&stack, &fake)
+        .with("PAYMENT_EXPIRE_AFTER_SECS", "3600")
+        .with("JOB_RETRY_BASE_SECS", "1");
+    let _api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    let user = free_user(&db).await;
+    let two_hours_ago = Utc::now() - Span::hours(2);
+    let paid = pending_payment_at(&db, user, "provider_a", two_hours_ago).await;
+    let pending = pending_payment_at(&db, user, "provider_a", two_hours_ago).await;
+    let unknown = pending_payment_at(&db, user, "provider_a", two_hours_ago).await;
+    let unreachable = pending_payment_at(&db, user, "provider_b", two_hours_ago).await;
+    answer(
+        &fake,
+        &a_path(&paid),
+        200,
+        a_status(&paid, "settlement", "99000.00", A_KEY),
+    )
+    .await;
+    answer(
+        &fake,
+        &a_path(&pending),
+        200,
+        a_status(&pending, "pending", "99000.00", A_KEY),
+    )
+    .await;
+    Mock::given(method("GET"))
+        .and(path(b_path(&unreachable)))
+        .respond_with(ResponseTemplate::new(503).set_body_string("maintenance"))
+        .mount(&fake)
+        .await;
+
+    let _worker = stack.worker(&env).await;
+    wait_paid(&db, &paid).await;
+    assert_activated(&db, user, &paid).await;
+    let expired = wait_until(Duration::from_secs(30), || async {
+        payment(&db, &pending).await.status == PaymentStatus::Expired
+            && payment(&db, &unknown).await.status == PaymentStatus::Expired
+    })
+    .await;
+    assert!(expired, "not paid at the provider: expired");
+    assert_eq!(requests_to(&fake, &a_path(&unknown)).await.len(), 1);
+    let retried = wait_until(Duration::from_secs(30), || async {
+        requests_to(&fake, &b_path(&unreachable)).await.len() >= 2
+    })
+    .await;
+    assert!(retried, "the unreachable provider was asked again");
+    assert_eq!(
+        payment(&db, &unreachable).await.status,
+        PaymentStatus::Pending,
+        "no answer from the provider: still PENDING"
     );
 }

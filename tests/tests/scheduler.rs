@@ -1,7 +1,8 @@
 //! The scheduled jobs against the real worker binaries, PostgreSQL and Redis:
 //! the settlement sweep settles an event whose job was lost, paid
 //! subscriptions past their period fall back to FREE once even with two
-//! workers, and stale PENDING payments expire.
+//! workers, and stale PENDING payments expire (once their provider says it
+//! does not know them).
 
 use std::time::Duration;
 
@@ -74,7 +75,12 @@ async fn the_sweep_settles_an_event_whose_job_was_lost() {
 #[tokio::test(flavor = "multi_thread")]
 async fn lapsed_subscriptions_and_stale_payments_expire_once_with_two_workers() {
     let stack = Stack::new().await;
-    let env = env(&stack);
+    // provider_a's status API knows none of the orders (HTTP 404): a stale
+    // payment is asked about, then expires.
+    let status_api = wiremock::MockServer::start().await;
+    let env = env(&stack)
+        .with("PROVIDER_A_SERVER_KEY", "SB-Mid-server-scheduler-tests")
+        .with("PROVIDER_A_API_BASE_URL", status_api.uri());
     let _api = stack.api(&env).await;
     let db = connect_db(&stack).await;
 

@@ -19,7 +19,7 @@ use entity::{
 use futures::StreamExt;
 use sea_orm::{sqlx, ActiveValue::Set, EntityTrait};
 use serde_json::json;
-use tests::{client, connect_db, wait_until, EnvMap, Reply, Stack};
+use tests::{client, connect_db, wait_until, EnvMap, ProviderAStatusApi, Reply, Stack};
 use uuid::Uuid;
 
 const A_KEY: &str = "SB-Mid-server-crash-tests";
@@ -27,10 +27,12 @@ const N: usize = 1_000;
 /// `WORKER_HEARTBEAT_MS`: the killed worker's jobs come back after a few beats.
 const HEARTBEAT_MS: u64 = 500;
 
-fn env(stack: &Stack) -> EnvMap {
+/// provider_a configured, its status API (which confirms each notice) `status`.
+fn env(stack: &Stack, status: &wiremock::MockServer) -> EnvMap {
     stack
         .env()
         .with("PROVIDER_A_SERVER_KEY", A_KEY)
+        .with("PROVIDER_A_API_BASE_URL", status.uri())
         .with("WORKER_HEARTBEAT_MS", HEARTBEAT_MS.to_string())
         .with("WORKER_CONCURRENCY", "8")
 }
@@ -125,11 +127,15 @@ async fn paid(pool: &sqlx::PgPool) -> i64 {
 async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
     let started = Instant::now();
     let stack = Stack::new().await;
-    let env = env(&stack);
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let env = env(&stack, &status_api);
     let api = stack.api(&env).await; // migrates
     let db = connect_db(&stack).await;
     let pool = stack.db.pool().await;
     let orders = seed(&db).await;
+    for order in &orders {
+        status.set(order, "settlement");
+    }
 
     let mut worker = stack.worker(&env).await;
 

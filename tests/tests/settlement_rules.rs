@@ -204,6 +204,117 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
     ));
     assert_eq!(payment(&db, &order).await.status, PaymentStatus::Refunded);
     assert_eq!(audit_rows(&db, &order).await, 2, "paid + refunded");
+    let s = subscription(&db, u).await;
+    assert_eq!(s.plan, "FREE", "the refund took back the only paid period");
+    assert_eq!(s.current_period_end, None);
+    assert_eq!(audit_rows(&db, &u.to_string()).await, 1, "take-back row");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment() {
+    let (_tdb, db) = migrated().await;
+    let u = free_user(&db).await;
+    let first = pending(&db, u, "PRO", "provider_a").await;
+    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    let end1 = subscription(&db, u).await.current_period_end.unwrap();
+    let second = pending(&db, u, "PRO", "provider_a").await;
+    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    assert!(subscription(&db, u).await.current_period_end.unwrap() > end1);
+
+    // A chargeback of the renewal: back to the first period's end.
+    let chargeback = event(&db, "provider_a", &second, "chargeback", json!({})).await;
+    assert!(matches!(
+        settlement::settle_event(&db, chargeback, None)
+            .await
+            .unwrap(),
+        Settled::Moved {
+            to: PaymentStatus::Refunded,
+            ..
+        }
+    ));
+    let s = subscription(&db, u).await;
+    assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end1)));
+
+    // A partial chargeback that does not cover the amount changes nothing;
+    // one that does is a whole refund: nothing else paid, FREE at once.
+    let part = event(
+        &db,
+        "provider_a",
+        &first,
+        "partial_chargeback",
+        json!({"gross_amount": "99000.00", "refund_amount": "500.00"}),
+    )
+    .await;
+    assert_eq!(
+        settlement::settle_event(&db, part, None).await.unwrap(),
+        Settled::Unchanged
+    );
+    assert_eq!(payment(&db, &first).await.status, PaymentStatus::Paid);
+    let whole = event(
+        &db,
+        "provider_a",
+        &first,
+        "partial_chargeback",
+        json!({"gross_amount": "99000.00", "refund_amount": "99000.00"}),
+    )
+    .await;
+    settlement::settle_event(&db, whole, None).await.unwrap();
+    assert_eq!(payment(&db, &first).await.status, PaymentStatus::Refunded);
+    let s = subscription(&db, u).await;
+    assert_eq!((s.plan.as_str(), s.current_period_end), ("FREE", None));
+    assert_eq!(audit_rows(&db, &u.to_string()).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refund_of_a_superseded_plan_leaves_the_later_plan_alone() {
+    let (_tdb, db) = migrated().await;
+    let u = free_user(&db).await;
+    let pro = pending(&db, u, "PRO", "provider_b").await;
+    settlement::settle_status_check(&db, &pro, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    let ultimate = pending(&db, u, "ULTIMATE", "provider_b").await;
+    settlement::settle_status_check(&db, &ultimate, PaymentStatus::Paid, None)
+        .await
+        .unwrap();
+    let before = subscription(&db, u).await;
+    settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, None)
+        .await
+        .unwrap();
+    let after = subscription(&db, u).await;
+    assert_eq!(after.plan, "ULTIMATE");
+    assert_eq!(after.current_period_end, before.current_period_end);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_payment_pays_and_is_audited_as_late() {
+    let (_tdb, db) = migrated().await;
+    let u = free_user(&db).await;
+    let order = pending(&db, u, "PRO", "provider_b").await;
+    settlement::settle_status_check(&db, &order, PaymentStatus::Expired, None)
+        .await
+        .unwrap();
+    let paid = event(&db, "provider_b", &order, "SUCCESS", json!({})).await;
+    assert!(matches!(
+        settlement::settle_event(&db, paid, None).await.unwrap(),
+        Settled::Moved {
+            from: PaymentStatus::Expired,
+            to: PaymentStatus::Paid,
+            ..
+        }
+    ));
+    assert_eq!(subscription(&db, u).await.plan, "PRO");
+    let late = audit_logs::Entity::find()
+        .filter(audit_logs::Column::TargetId.eq(order.as_str()))
+        .filter(audit_logs::Column::Action.eq("late_payment"))
+        .count(&db)
+        .await
+        .unwrap();
+    assert_eq!(late, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,6 +1,9 @@
 //! Payment-provider webhooks against the real api and worker, PostgreSQL and
 //! Redis: signed notifications of both providers settle the payment once,
 //! repeats answer `duplicate: true`, forged or foreign ones change nothing.
+//! provider_a's notices only count once its status API (faked over HTTP,
+//! [`ProviderAStatusApi`]) confirms them; provider_b's need the `Signature`
+//! header. Late payments, refunds and chargebacks are in `refunds.rs`.
 
 use std::time::Duration;
 
@@ -17,30 +20,46 @@ use entity::{
 };
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};
-use tests::{client, connect_db, pending_payment, wait_until, EnvMap, Proc, Reply, Stack};
+use tests::{
+    client, connect_db, pending_payment, wait_until, EnvMap, Proc, ProviderAStatusApi, Reply, Stack,
+};
 use uuid::Uuid;
 
 const A_KEY: &str = "SB-Mid-server-webhook-tests";
 const B_CLIENT: &str = "BRN-0001-TEST";
 const B_SECRET: &str = "SK-webhook-tests-secret";
 
-fn env(stack: &Stack) -> EnvMap {
+/// Both providers configured; provider_a's status API is `status`.
+fn env(stack: &Stack, status: &wiremock::MockServer) -> EnvMap {
     stack
         .env()
         .with("PROVIDER_A_SERVER_KEY", A_KEY)
+        .with("PROVIDER_A_API_BASE_URL", status.uri())
         .with("PROVIDER_B_CLIENT_ID", B_CLIENT)
         .with("PROVIDER_B_SECRET_KEY", B_SECRET)
+        .with("JOB_RETRY_BASE_SECS", "1")
 }
 
 /// A provider_a notification as Midtrans documents it, signed with `key`.
 fn a_notification(order_id: &str, status: &str, amount: &str, key: &str) -> Value {
+    a_notification_coded(order_id, status, "200", amount, key)
+}
+
+/// A provider_a notification with `status_code`, signed with `key`.
+fn a_notification_coded(
+    order_id: &str,
+    status: &str,
+    status_code: &str,
+    amount: &str,
+    key: &str,
+) -> Value {
     json!({
         "transaction_time": "2026-11-23 10:00:00",
         "transaction_status": status,
         "transaction_id": Uuid::new_v4().to_string(),
         "status_message": "midtrans payment notification",
-        "status_code": "200",
-        "signature_key": provider_a_signature(order_id, "200", amount, key),
+        "status_code": status_code,
+        "signature_key": provider_a_signature(order_id, status_code, amount, key),
         "payment_type": "bank_transfer",
         "order_id": order_id,
         "merchant_id": "G000000000",
@@ -96,9 +115,11 @@ async fn wait_paid(db: &DatabaseConnection, order_id: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_a_settlement_pays_once_whatever_is_repeated() {
     let stack = Stack::new().await;
-    let api = stack.api_with_worker(&env(&stack)).await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
     let db = connect_db(&stack).await;
     let (user, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
     let body =
         serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
 
@@ -157,7 +178,8 @@ async fn provider_a_settlement_pays_once_whatever_is_repeated() {
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_a_refusals_change_nothing() {
     let stack = Stack::new().await;
-    let api = stack.api_with_worker(&env(&stack)).await;
+    let (status_api, _) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
     let db = connect_db(&stack).await;
     let (_, order) = pending_payment(&db, "provider_a").await;
     let path = "/api/webhooks/provider_a";
@@ -227,7 +249,8 @@ fn b_notification(order_id: &str, status: &str, amount_text: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_b_success_pays_and_a_bad_signature_header_is_refused() {
     let stack = Stack::new().await;
-    let api = stack.api_with_worker(&env(&stack)).await;
+    let (status_api, _) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
     let db = connect_db(&stack).await;
     let (_, order) = pending_payment(&db, "provider_b").await;
     let path = "/api/webhooks/provider_b";
@@ -251,6 +274,11 @@ async fn provider_b_success_pays_and_a_bad_signature_header_is_refused() {
     post_raw(&api, path, tampered.into_bytes(), &[])
         .await
         .assert_problem(401, Some("invalid_signature"), None);
+    // A valid check_word alone does not sign the body: the Signature header
+    // is required.
+    post_raw(&api, path, body.clone().into_bytes(), &[])
+        .await
+        .assert_problem(401, Some("invalid_signature"), None);
     assert_eq!(counts(&db, &order).await, (0, 0));
 
     // With a correct Signature header (HMAC over this path and the body).
@@ -268,14 +296,6 @@ async fn provider_b_success_pays_and_a_bad_signature_header_is_refused() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json, json!({"received": true}));
     wait_paid(&db, &order).await;
-    // Without the header the check_word alone verifies; it is the same event.
-    let r = post_raw(&api, path, body.into_bytes(), &[]).await;
-    assert_eq!(
-        r.json,
-        json!({"received": true, "duplicate": true}),
-        "{}",
-        r.text
-    );
     assert_eq!(counts(&db, &order).await, (1, 1));
 }
 
@@ -296,12 +316,14 @@ async fn unconfigured_providers_answer_503() {
 async fn a_notification_that_cannot_be_queued_is_503_and_its_retry_settles() {
     let stack = Stack::new().await;
     let proxy = tests::TcpProxy::start(&tests::host_port(&stack.redis.url)).await;
-    let env = env(&stack)
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let env = env(&stack, &status_api)
         .with("REDIS_URL", stack.redis.url_via(proxy.addr))
         .with("DEPENDENCY_TIMEOUT_MS", "500");
     let api = stack.api(&env).await;
     let db = connect_db(&stack).await;
     let (_, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
     let body =
         serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
 
@@ -333,13 +355,15 @@ async fn a_notification_that_cannot_be_queued_is_503_and_its_retry_settles() {
 async fn a_provider_hanging_up_mid_enqueue_leaves_no_event_behind() {
     let stack = Stack::new().await;
     let proxy = tests::TcpProxy::start(&tests::host_port(&stack.redis.url)).await;
-    let env = env(&stack)
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let env = env(&stack, &status_api)
         .with("REDIS_URL", stack.redis.url_via(proxy.addr))
         .with("DEPENDENCY_TIMEOUT_MS", "1500")
         .with("SETTLEMENT_SWEEP_AFTER_SECS", "86400");
     let api = stack.api(&env).await;
     let db = connect_db(&stack).await;
     let (_, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
     let body =
         serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
 
@@ -384,4 +408,118 @@ async fn a_provider_hanging_up_mid_enqueue_leaves_no_event_behind() {
     );
     wait_paid(&db, &order).await;
     assert_eq!(counts(&db, &order).await, (1, 1));
+}
+
+async fn settled_events(db: &DatabaseConnection, order_id: &str) -> Vec<webhook_events::Model> {
+    webhook_events::Entity::find()
+        .filter(webhook_events::Column::OrderId.eq(order_id))
+        .filter(webhook_events::Column::SettledAt.is_not_null())
+        .all(db)
+        .await
+        .unwrap()
+}
+
+async fn audit_actions(db: &DatabaseConnection, order_id: &str) -> Vec<String> {
+    audit_logs::Entity::find()
+        .filter(audit_logs::Column::TargetId.eq(order_id))
+        .all(db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.action)
+        .collect()
+}
+
+/// The attack: provider_a's signature covers `order_id`, `status_code` and
+/// `gross_amount`, not `transaction_status`. A validly signed `pending`
+/// notice (`status_code` 201) edited to `settlement` must not pay; nor a
+/// `settlement` notice the status API does not confirm. Each is settled as
+/// unconfirmed with an audit row, and the payment stays PENDING.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_edited_or_unconfirmed_provider_a_notice_does_not_pay() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let (user, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "pending");
+    let path = "/api/webhooks/provider_a";
+
+    // Signed as the provider signed its `pending` notice (status_code 201),
+    // transaction_status edited to `settlement`.
+    let mut edited = a_notification_coded(&order, "pending", "201", "99000.00", A_KEY);
+    edited["transaction_status"] = json!("settlement");
+    let r = post_raw(&api, path, serde_json::to_vec(&edited).unwrap(), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // A `settlement` notice with status_code 200 that the status API (still
+    // `pending`) does not confirm.
+    let unconfirmed = a_notification(&order, "settlement", "99000.00", A_KEY);
+    let r = post_raw(&api, path, serde_json::to_vec(&unconfirmed).unwrap(), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let settled = wait_until(Duration::from_secs(30), || async {
+        settled_events(&db, &order).await.len() == 2
+    })
+    .await;
+    assert!(settled, "both notices were settled by the worker");
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
+    let sub = subscriptions::Entity::find_by_id(user)
+        .one(&db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sub.plan, "FREE", "nothing was granted");
+    for e in settled_events(&db, &order).await {
+        assert!(
+            e.settlement_error
+                .as_deref()
+                .is_some_and(|m| m.starts_with("unconfirmed")),
+            "{:?}",
+            e.settlement_error
+        );
+    }
+    assert_eq!(
+        audit_actions(&db, &order).await,
+        vec!["payment.unconfirmed", "payment.unconfirmed"]
+    );
+    assert_eq!(
+        status_api
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.url.path() == format!("/v2/{order}/status"))
+            .count(),
+        1,
+        "the status_code 201 notice was refused without asking; the other was asked about"
+    );
+}
+
+/// While the status API cannot be reached, a provider_a notice is not
+/// applied: its settlement job is retried, and pays once the API confirms.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notice_waits_for_the_status_api_and_then_pays() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let (_, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
+    status.set_down(true);
+    let body =
+        serde_json::to_vec(&a_notification(&order, "settlement", "99000.00", A_KEY)).unwrap();
+    let r = post_raw(&api, "/api/webhooks/provider_a", body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    let asked_twice = wait_until(Duration::from_secs(30), || async {
+        status_api.received_requests().await.unwrap().len() >= 2
+    })
+    .await;
+    assert!(asked_twice, "the job retried while the status API was down");
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
+    assert!(settled_events(&db, &order).await.is_empty());
+
+    status.set_down(false);
+    wait_paid(&db, &order).await;
+    assert_eq!(audit_actions(&db, &order).await, vec!["payment.settle"]);
 }

@@ -12,7 +12,11 @@
 //! * subscription expiry: paid subscriptions past their period end fall back
 //!   to FREE, with an audit row;
 //! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
-//!   after creation become `EXPIRED` through the state machine;
+//!   after creation get a `reconcile_payment` job too (claimed the same way,
+//!   [`entity::reconcile::claim_expiring_payments`]): the provider is asked
+//!   first, and the payment becomes `EXPIRED` only on an answer that it is
+//!   not paid (while the provider cannot be reached it stays `PENDING`); a
+//!   paid answer settles it as PAID.
 //! * unconfirmed accounts: built-in accounts whose email is still unconfirmed
 //!   `AUTH_UNCONFIRMED_TTL_SECS` after their last sign-up and confirmation
 //!   mail are deleted ([`entity::identity::account::delete_unconfirmed`]).
@@ -25,7 +29,7 @@
 
 use std::time::Duration;
 
-use entity::{payment::PaymentStatus, reconcile, settlement, Settings};
+use entity::{reconcile, settlement, Settings};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -45,7 +49,7 @@ pub struct TickReport {
     pub reconciling: usize,
     /// Subscriptions moved back to FREE.
     pub subscriptions_expired: usize,
-    /// Payments moved from PENDING to EXPIRED.
+    /// Payments past their expiry queued for a last status check.
     pub payments_expired: usize,
     /// Unconfirmed built-in accounts deleted.
     pub unconfirmed_deleted: u64,
@@ -121,32 +125,17 @@ pub async fn run_tick(
         BATCH,
     )
     .await?;
-    for (i, order_id) in claimed.iter().enumerate() {
-        let job = Job::ReconcilePayment(ReconcilePayment {
-            order_id: order_id.clone(),
-        });
-        if let Err(e) = queues.push(job).await {
-            // Give back the claims not queued: due again at the next tick.
-            for order_id in &claimed[i..] {
-                if let Err(e) = reconcile::release_claim(db, order_id, now).await {
-                    tracing::warn!(order_id, error = %e, "scheduler: could not release a reconciliation claim");
-                }
-            }
-            return Err(e.into());
-        }
-        report.reconciling += 1;
-    }
+    report.reconciling += queue_checks(db, queues, now, &claimed).await?;
     report.subscriptions_expired = settlement::expire_subscriptions(db, now, BATCH).await?;
-    for order_id in
-        settlement::stale_pending_payments(db, now - age(settings.payment_expire_after), BATCH)
-            .await?
-    {
-        let outcome =
-            settlement::settle_status_check(db, &order_id, PaymentStatus::Expired, None).await?;
-        if matches!(outcome, settlement::Settled::Moved { .. }) {
-            report.payments_expired += 1;
-        }
-    }
+    let expiring = reconcile::claim_expiring_payments(
+        db,
+        now,
+        age(settings.payment_reconcile_after),
+        age(settings.payment_expire_after),
+        BATCH,
+    )
+    .await?;
+    report.payments_expired += queue_checks(db, queues, now, &expiring).await?;
     report.unconfirmed_deleted = entity::identity::account::delete_unconfirmed(
         db,
         now - age(settings.auth_unconfirmed_ttl),
@@ -154,4 +143,29 @@ pub async fn run_tick(
     )
     .await?;
     Ok(report)
+}
+
+/// Queues a `reconcile_payment` job for each order `claimed` at `now`;
+/// answers how many were queued. When a push fails, the claims not queued are
+/// given back (due again at the next tick) and the error is returned.
+async fn queue_checks(
+    db: &sea_orm::DatabaseConnection,
+    queues: &Queues,
+    now: chrono::DateTime<chrono::Utc>,
+    claimed: &[String],
+) -> anyhow::Result<usize> {
+    for (i, order_id) in claimed.iter().enumerate() {
+        let job = Job::ReconcilePayment(ReconcilePayment {
+            order_id: order_id.clone(),
+        });
+        if let Err(e) = queues.push(job).await {
+            for order_id in &claimed[i..] {
+                if let Err(e) = reconcile::release_claim(db, order_id, now).await {
+                    tracing::warn!(order_id, error = %e, "scheduler: could not release a reconciliation claim");
+                }
+            }
+            return Err(e.into());
+        }
+    }
+    Ok(claimed.len())
 }

@@ -162,7 +162,7 @@ crate::problem_responses!(
     PaymentErrorResponse {
         BadRequest = 400: "The plan is unknown or not for sale, e.g. FREE (`invalid_plan`, `field` = `plan`), `Idempotency-Key` is not 1–255 visible ASCII characters (`field` = `Idempotency-Key`), or the body is not the expected JSON.",
         Unauthorized = 401: "No valid session token.",
-        Conflict = 409: "A request with this `Idempotency-Key` is still waiting for the provider (`idempotency_in_progress`): retry shortly.",
+        Conflict = 409: "A request with this `Idempotency-Key` is still waiting for the provider (`idempotency_in_progress`): retry shortly; or its payment has expired (`payment_expired`): start a new payment with another key.",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         UnprocessableEntity = 422: "This `Idempotency-Key` was used by you within 24 hours for another plan (`idempotency_key_reused`).",
         InternalServerError = 500: "The payment record could not be created.",
@@ -322,6 +322,15 @@ async fn create_inner(
         Err(CheckoutError::Db(e)) => return Err(super::db_error("creating the payment", e)),
     };
     let payment = match begun {
+        Begun::Replay(p) if p.status == PaymentStatus::Expired => {
+            return Err(ApiError::Conflict(
+                "payment_expired",
+                format!(
+                    "the payment {} of this Idempotency-Key has expired; start a new payment with another key",
+                    p.order_id
+                ),
+            ));
+        }
         Begun::Replay(p) => {
             return match answer_of(&p) {
                 Some(a) => Ok((a, rate, true)),
@@ -342,6 +351,7 @@ async fn create_inner(
         plan_id: plan.id.clone(),
         plan_name: plan.name.clone(),
         email: user.email.clone(),
+        created_at: payment.created_at,
     };
     // The provider call and what it leads to run in their own task: a client
     // that hangs up mid-call does not cancel them, so the payment never stays

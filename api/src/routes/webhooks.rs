@@ -2,7 +2,9 @@
 //! notifications. Record-then-enqueue: verify the signature over the raw body
 //! (401), validate the payload (400), find the payment (404), check the amount
 //! (400 `amount_mismatch`), record the event under its dedupe key, queue its
-//! settlement, answer. No session, no per-IP limit.
+//! settlement, answer. No session, no per-IP limit. A provider_a notice is
+//! applied only once its settlement job has confirmed it with the provider's
+//! status API (`worker::jobs::settlement`).
 
 use entity::{
     settlement::{self, RecordError, Recorded},
@@ -109,10 +111,11 @@ pub struct ProviderBRef {
     pub id: Option<String>,
 }
 
-/// provider_b's notification (the Checkout notification of DOKU). When the
-/// provider also sends `Client-Id`, `Request-Id`, `Request-Timestamp` and
-/// `Signature` headers, the signature (HMAC-SHA256 over those, this path and
-/// the body's SHA-256) must verify too. Other fields are accepted.
+/// provider_b's notification (the Checkout notification of DOKU), sent with
+/// the `Client-Id`, `Request-Id`, `Request-Timestamp` and `Signature`
+/// headers: the signature (HMAC-SHA256 over those, this path and the body's
+/// SHA-256) is required and must verify, and so must `security.check_word`.
+/// Other fields are accepted.
 #[derive(Debug, Clone, Object)]
 #[oai(example)]
 pub struct ProviderBNotification {
@@ -171,7 +174,7 @@ crate::problem_responses!(
     /// Errors of the webhook routes.
     WebhookErrorResponse {
         BadRequest = 400: "The body is not a JSON object, a field is not what the protocol defines (`invalid_payload`, `field` names it), or the notified amount differs from the stored one (`amount_mismatch`; nothing changes).",
-        Unauthorized = 401: "The signature (provider_a `signature_key`; provider_b `security.check_word` and, when sent, the `Signature` header) is missing or does not verify (`invalid_signature`).",
+        Unauthorized = 401: "The signature (provider_a `signature_key`; provider_b the `Signature` header, with `Client-Id`, `Request-Id` and `Request-Timestamp`, and `security.check_word`) is missing or does not verify (`invalid_signature`).",
         NotFound = 404: "No payment of this provider has the order id (`unknown_order`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The event could not be recorded.",
@@ -187,9 +190,12 @@ impl WebhookApi {
     /// provider_a payment notification
     ///
     /// Verifies `signature_key`, records the notification once (dedupe key
-    /// `order_id:transaction_status:status_code:payment_type:fraud_status`) and
-    /// queues its settlement; a repeat answers `duplicate: true`. Register
-    /// `{APP_URL}/api/webhooks/provider_a` as the notification URL.
+    /// `order_id:transaction_status:status_code:payment_type:fraud_status`,
+    /// plus `:refund_amount` when sent) and queues its settlement, which
+    /// applies it only once the provider's status API confirms it (and a PAID
+    /// status only with `status_code` 200); a repeat answers `duplicate:
+    /// true`. Register `{APP_URL}/api/webhooks/provider_a` as the notification
+    /// URL.
     #[oai(
         path = "/webhooks/provider_a",
         method = "post",
@@ -209,7 +215,7 @@ impl WebhookApi {
 
     /// provider_b payment notification
     ///
-    /// Verifies `security.check_word` (and the `Signature` header when sent),
+    /// Verifies the required `Signature` header and `security.check_word`,
     /// records the notification once (dedupe key
     /// `invoice_number:original_request_id:status:channel.id`) and queues its
     /// settlement; a repeat answers `duplicate: true`. Register

@@ -4,7 +4,11 @@
 //! audit trail as a notification ([`entity::settlement::settle_status_check`],
 //! audit `source` `status_check`). Queued by the scheduler
 //! ([`crate::scheduler`]) at most once per `PAYMENT_RECONCILE_AFTER_SECS` per
-//! payment.
+//! payment. It is also how a payment expires: one older than
+//! `PAYMENT_EXPIRE_AFTER_SECS` (by the database's clock) becomes `EXPIRED`
+//! only when the provider answers that it is not paid (still pending, or it
+//! does not know the order); while the provider cannot be reached it stays
+//! `PENDING`.
 
 use entity::{
     entities::payments::{self, PaymentStatus},
@@ -52,8 +56,18 @@ pub async fn handle(
         );
         return Ok(());
     }
+    let expire_after = chrono::Duration::from_std(ctx.providers.settings().payment_expire_after)
+        .unwrap_or(chrono::Duration::MAX);
+    let now = entity::db::now(&ctx.db)
+        .await
+        .map_err(|e| JobError::Retry(format!("reading the database clock: {e}")))?;
+    let past_expiry = pay.created_at < now - expire_after;
     let report = match ctx.providers.status(&pay.provider, order_id).await {
+        Ok(Some(r)) if r.reported == PaymentStatus::Pending && past_expiry => {
+            return expire(ctx, order_id, task_id, &r.provider_status).await
+        }
         Ok(Some(r)) => r,
+        Ok(None) if past_expiry => return expire(ctx, order_id, task_id, "unknown order").await,
         Ok(None) => {
             tracing::info!(order_id, provider = %pay.provider, "reconcile: the provider does not know the order");
             return Ok(());
@@ -106,5 +120,29 @@ pub async fn handle(
             Ok(())
         }
         Err(e) => Err(JobError::Retry(format!("settling {order_id}: {e}"))),
+    }
+}
+
+/// Moves the payment to `EXPIRED` (the provider answered `answer`: not paid)
+/// through the state machine; a payment settled meanwhile is left alone.
+async fn expire(
+    ctx: &JobContext,
+    order_id: &str,
+    task_id: &str,
+    answer: &str,
+) -> Result<(), JobError> {
+    match settlement::settle_status_check(
+        &ctx.db,
+        order_id,
+        PaymentStatus::Expired,
+        Some(task_id.to_string()),
+    )
+    .await
+    {
+        Ok(outcome) => {
+            tracing::info!(order_id, job_id = task_id, provider_answer = answer, outcome = ?outcome, "expired after a status check");
+            Ok(())
+        }
+        Err(e) => Err(JobError::Retry(format!("expiring {order_id}: {e}"))),
     }
 }

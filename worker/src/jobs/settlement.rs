@@ -1,8 +1,31 @@
 //! `settle_payment`: applies one recorded provider event to its payment and
 //! the user's subscription ([`entity::settlement::settle_event`]): one
 //! transaction, rows locked, the payment state machine deciding.
+//!
+//! A provider_a notification is only a hint: its signature covers
+//! `order_id`, `status_code` and `gross_amount` but not `transaction_status`,
+//! so a validly signed `pending` notice (`status_code` 201) edited to
+//! `settlement` would otherwise pay. Before a provider_a event changes a
+//! payment, the job asks the provider's status API ("Get Transaction
+//! Status", as Midtrans recommends for every notification) and settles the
+//! event only when the answer (its own `signature_key` verified) reports the
+//! same payment status for the same amount; a PAID report also needs
+//! `status_code` 200 in the notice. Otherwise the event is settled as
+//! unconfirmed with an audit row ([`settlement::settle_event_unconfirmed`])
+//! and nothing changes. While the status API cannot be reached (or answers
+//! what cannot be used) the job is retried. provider_b's notifications are
+//! signed over the whole body (the required `Signature` header) and are
+//! settled as they are.
 
-use entity::settlement::{self, Settled};
+use entity::{
+    entities::{
+        payments::{self, PaymentStatus, PROVIDER_A},
+        webhook_events,
+    },
+    payment::{self, Transition},
+    settlement::{self, Settled},
+};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -18,11 +41,20 @@ pub struct SettlePayment {
     pub request_id: Option<String>,
 }
 
+/// What the provider's confirmation decided for an event.
+enum Confirmation {
+    /// Settle the event as reported.
+    Settle,
+    /// Do not apply it: the reason.
+    Unconfirmed(String),
+}
+
 /// Settles the event. Idempotent: an event settled before is a no-op, so a
 /// redelivered or re-swept job changes nothing. An event the state machine
 /// refuses (late, out of order) or that names no payment is settled with the
-/// reason and not retried. An unknown event id is a permanent failure
-/// (dead-lettered); database failures are retried.
+/// reason and not retried; a provider_a event is confirmed first (see the
+/// module docs). An unknown event id is a permanent failure (dead-lettered);
+/// database failures and an unreachable status API are retried.
 pub async fn handle(
     job: SettlePayment,
     task_id: &str,
@@ -30,7 +62,14 @@ pub async fn handle(
     ctx: &JobContext,
 ) -> Result<(), JobError> {
     let audit_id = job.request_id.clone().or_else(|| Some(task_id.to_string()));
-    match settlement::settle_event(&ctx.db, job.event_id, audit_id).await {
+    let outcome = match confirm(&job, ctx).await? {
+        Confirmation::Settle => settlement::settle_event(&ctx.db, job.event_id, audit_id).await,
+        Confirmation::Unconfirmed(reason) => {
+            tracing::warn!(event_id = %job.event_id, %reason, "notification not confirmed by the provider; nothing changed");
+            settlement::settle_event_unconfirmed(&ctx.db, job.event_id, &reason, audit_id).await
+        }
+    };
+    match outcome {
         Ok(Settled::UnknownEvent) => Err(JobError::Permanent(format!(
             "no webhook event {}",
             job.event_id
@@ -40,5 +79,66 @@ pub async fn handle(
             Ok(())
         }
         Err(e) => Err(JobError::Retry(format!("settling {}: {e}", job.event_id))),
+    }
+}
+
+/// Decides whether the event may be settled as reported (see the module docs).
+async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, JobError> {
+    let retry = |what: &str, e: &dyn std::fmt::Display| {
+        JobError::Retry(format!("{what} for event {}: {e}", job.event_id))
+    };
+    let Some(event) = webhook_events::Entity::find_by_id(job.event_id)
+        .one(&ctx.db)
+        .await
+        .map_err(|e| retry("loading the event", &e))?
+    else {
+        // settle_event answers UnknownEvent.
+        return Ok(Confirmation::Settle);
+    };
+    if event.settled_at.is_some() || event.provider != PROVIDER_A {
+        return Ok(Confirmation::Settle);
+    }
+    let Some(reported) =
+        settlement::reported_status(&event.provider, &event.provider_status, &event.payload)
+    else {
+        return Ok(Confirmation::Settle);
+    };
+    let Some(pay) = payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(event.order_id.as_str()))
+        .one(&ctx.db)
+        .await
+        .map_err(|e| retry("loading the payment", &e))?
+    else {
+        return Ok(Confirmation::Settle);
+    };
+    // Repeats and refused moves change nothing: no need to ask.
+    if !matches!(
+        payment::transition(pay.status, reported),
+        Transition::Apply { .. }
+    ) {
+        return Ok(Confirmation::Settle);
+    }
+    let status_code = event.payload["status_code"].as_str().unwrap_or_default();
+    if reported == PaymentStatus::Paid && status_code != "200" {
+        return Ok(Confirmation::Unconfirmed(format!(
+            "a paid status needs status_code 200, the notice has {status_code:?}"
+        )));
+    }
+    match ctx.providers.status(PROVIDER_A, &event.order_id).await {
+        Ok(Some(r)) if r.reported == reported && r.amount == Some(pay.amount) => {
+            Ok(Confirmation::Settle)
+        }
+        Ok(Some(r)) => Ok(Confirmation::Unconfirmed(format!(
+            "the status API reports {} ({}) for amount {:?}, the notice {} for {}",
+            r.provider_status,
+            r.reported.as_str(),
+            r.amount,
+            event.provider_status,
+            pay.amount
+        ))),
+        Ok(None) => Ok(Confirmation::Unconfirmed(
+            "the status API does not know the order".into(),
+        )),
+        Err(e) => Err(retry("asking the provider's status API", &e)),
     }
 }

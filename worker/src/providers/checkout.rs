@@ -7,14 +7,18 @@
 //!   `Authorization: Basic base64(server_key + ":")`, `Accept` and
 //!   `Content-Type: application/json`, body `transaction_details{order_id,
 //!   gross_amount}`, `item_details[{id, price, quantity, name}]`,
-//!   `customer_details{email, first_name}`, `callbacks{finish}`; the documented
+//!   `customer_details{email, first_name}`, `callbacks{finish}`, `expiry{start_time,
+//!   unit, duration}` (the payment's own expiry: `start_time` its creation,
+//!   `yyyy-MM-dd HH:mm:ss Z`, and the whole minutes of
+//!   `PAYMENT_EXPIRE_AFTER_SECS`, so the provider stops taking the payment
+//!   no later than we expire it); the documented
 //!   answer is 201 `{token, redirect_url}`.
 //! * provider_b, the Checkout protocol of DOKU ("Checkout: initiate payment"):
 //!   `POST {PROVIDER_B_BASE_URL}/checkout/v1/payment` with the headers
 //!   `Client-Id`, `Request-Id`, `Request-Timestamp`, `Signature` (HMAC over
 //!   the components and the `Digest` of the exact bytes sent), body
 //!   `order{amount, invoice_number, currency, callback_url}`,
-//!   `payment{payment_due_date}` (minutes), `customer{name, email}`; the
+//!   `payment{payment_due_date}` (minutes: the payment's expiry), `customer{name, email}`; the
 //!   documented answer is 200 `{message: ["SUCCESS"], response: {order,
 //!   payment: {url, token_id, expired_date, …}}}`, the page the user pays on
 //!   being `response.payment.url`.
@@ -55,6 +59,9 @@ pub struct CheckoutOrder {
     pub plan_name: String,
     /// The buyer's email, when the session knows one.
     pub email: Option<String>,
+    /// When the payment was created (`payments.created_at`, the database's
+    /// clock): the start of its expiry.
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A started checkout: what the client needs to pay.
@@ -94,8 +101,19 @@ pub fn payment_due_minutes(expire_after: Duration) -> u64 {
     (expire_after.as_secs() / 60).clamp(1, MAX_PAYMENT_DUE_MINUTES)
 }
 
+/// provider_a's Snap `expiry` object for `order`: `start_time` the
+/// payment's creation (`yyyy-MM-dd HH:mm:ss +0000`), `unit` `minutes`,
+/// `duration` [`payment_due_minutes`] of `expire_after`.
+pub fn provider_a_expiry(order: &CheckoutOrder, expire_after: Duration) -> Value {
+    json!({
+        "start_time": order.created_at.format("%Y-%m-%d %H:%M:%S +0000").to_string(),
+        "unit": "minutes",
+        "duration": payment_due_minutes(expire_after),
+    })
+}
+
 /// provider_a's request body for `order` (see the module docs).
-pub fn provider_a_body(order: &CheckoutOrder, app_url: &str) -> Value {
+pub fn provider_a_body(order: &CheckoutOrder, app_url: &str, expire_after: Duration) -> Value {
     let mut customer = json!({});
     if let Some(email) = &order.email {
         customer["email"] = json!(email);
@@ -113,6 +131,7 @@ pub fn provider_a_body(order: &CheckoutOrder, app_url: &str) -> Value {
         }],
         "customer_details": customer,
         "callbacks": { "finish": finish_url(app_url, &order.order_id) },
+        "expiry": provider_a_expiry(order, expire_after),
     })
 }
 
@@ -188,8 +207,9 @@ impl Providers {
                     "{}{PROVIDER_A_CHECKOUT_PATH}",
                     s.provider_a_base_url.trim_end_matches('/')
                 );
-                let body = serde_json::to_vec(&provider_a_body(order, &s.app_url))
-                    .map_err(|e| ProviderError::Transport(e.to_string()))?;
+                let body =
+                    serde_json::to_vec(&provider_a_body(order, &s.app_url, s.payment_expire_after))
+                        .map_err(|e| ProviderError::Transport(e.to_string()))?;
                 let resp = send_once_more_on_connect_error(|| {
                     self.http()
                         .post(&url)
@@ -242,12 +262,21 @@ mod tests {
             plan_id: "PRO".into(),
             plan_name: "Pro".into(),
             email: Some("ann@example.com".into()),
+            created_at: "2026-11-23T03:04:05Z".parse().unwrap(),
         }
     }
 
     #[test]
     fn bodies_follow_the_protocols() {
-        let a = provider_a_body(&order(), "https://app.example.com/");
+        let a = provider_a_body(
+            &order(),
+            "https://app.example.com/",
+            Duration::from_secs(3600),
+        );
+        assert_eq!(
+            a["expiry"],
+            json!({"start_time": "2026-11-23 03:04:05 +0000", "unit": "minutes", "duration": 60})
+        );
         assert_eq!(a["transaction_details"]["gross_amount"], 99000);
         assert_eq!(a["item_details"][0]["quantity"], 1);
         assert_eq!(

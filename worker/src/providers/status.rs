@@ -33,7 +33,8 @@ use super::{json_answer, send_once_more_on_connect_error, ProviderError, Provide
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusReport {
     /// The payment status the provider's status maps to (decisions.md,
-    /// "Payments").
+    /// "Payments"; provider_a's partial refunds and chargebacks are REFUNDED
+    /// when they cover the whole amount, [`payment::provider_a_report`]).
     pub reported: PaymentStatus,
     /// The amount the provider holds, in whole units of the currency; `None`
     /// when it has a non-zero fraction (never equal to a stored amount).
@@ -154,11 +155,12 @@ impl Providers {
         }
         let transaction_status = str_at(&v, "/transaction_status")?;
         let fraud = v.get("fraud_status").and_then(Value::as_str);
-        let reported = payment::provider_a_status(transaction_status, fraud).ok_or_else(|| {
-            ProviderError::Undocumented(format!(
-                "transaction_status {transaction_status:?} is not a status of the protocol"
-            ))
-        })?;
+        let reported =
+            payment::provider_a_report(transaction_status, fraud, &v).ok_or_else(|| {
+                ProviderError::Undocumented(format!(
+                    "transaction_status {transaction_status:?} is not a status of the protocol"
+                ))
+            })?;
         Ok(Some(StatusReport {
             reported,
             amount: whole_units(gross_amount)?,

@@ -1,0 +1,294 @@
+//! Late payments, refunds and chargebacks against the real api and worker,
+//! PostgreSQL and Redis, with provider_a's status API faked over HTTP
+//! ([`ProviderAStatusApi`]) and provider_b's notifications signed with the
+//! `Signature` header as DOKU documents them:
+//!
+//! * a verified PAID report for a payment already EXPIRED or FAILED makes it
+//!   PAID (the customer paid) with an `audit_logs` row `late_payment`;
+//! * a verified refund or chargeback of the whole amount (provider_a's
+//!   `partial_` forms included once they cover it) makes the payment
+//!   REFUNDED and takes back the period it bought: the subscription ends
+//!   where it would have without that payment, FREE at once if nothing else
+//!   was paid; a partial refund changes nothing.
+
+use std::time::Duration;
+
+use chrono::{Months, Utc};
+use entity::{
+    entities::{
+        audit_logs,
+        payments::{self, PaymentStatus},
+        subscriptions, webhook_events,
+    },
+    payment::{
+        provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
+    },
+};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter,
+    Set,
+};
+use serde_json::{json, Value};
+use tests::{
+    client, connect_db, pending_payment, pending_payment_at, wait_until, EnvMap, Proc,
+    ProviderAStatusApi, Reply, Stack,
+};
+use uuid::Uuid;
+
+const A_KEY: &str = "SB-Mid-server-refund-tests";
+const B_CLIENT: &str = "BRN-0001-REFUNDS";
+const B_SECRET: &str = "SK-refund-tests-secret";
+const B_PATH: &str = "/api/webhooks/provider_b";
+
+fn env(stack: &Stack, status: &wiremock::MockServer) -> EnvMap {
+    stack
+        .env()
+        .with("PROVIDER_A_SERVER_KEY", A_KEY)
+        .with("PROVIDER_A_API_BASE_URL", status.uri())
+        .with("PROVIDER_B_CLIENT_ID", B_CLIENT)
+        .with("PROVIDER_B_SECRET_KEY", B_SECRET)
+}
+
+/// A provider_a notification as Midtrans documents it, with `extra` fields.
+fn a_notice(order_id: &str, status: &str, extra: Value) -> Vec<u8> {
+    let mut v = json!({
+        "transaction_time": "2026-11-23 10:00:00",
+        "transaction_status": status,
+        "transaction_id": Uuid::new_v4().to_string(),
+        "status_message": "midtrans payment notification",
+        "status_code": "200",
+        "signature_key": provider_a_signature(order_id, "200", "99000.00", A_KEY),
+        "payment_type": "credit_card",
+        "order_id": order_id,
+        "merchant_id": "G000000000",
+        "gross_amount": "99000.00",
+        "fraud_status": "accept",
+        "currency": "IDR",
+    });
+    v.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// A provider_b notification as DOKU documents it, with its headers.
+fn b_notice(order_id: &str, status: &str) -> (Vec<u8>, Vec<(&'static str, String)>) {
+    let word = provider_b_check_word(B_CLIENT, order_id, "99000", status, B_SECRET);
+    let request_id = Uuid::new_v4().to_string();
+    let body = format!(
+        r#"{{"service":{{"id":"VIRTUAL_ACCOUNT"}},"acquirer":{{"id":"BCA"}},"channel":{{"id":"VIRTUAL_ACCOUNT_BCA"}},"order":{{"invoice_number":"{order_id}","amount":99000}},"transaction":{{"status":"{status}","date":"2026-11-23T10:00:00Z","original_request_id":"req-{order_id}"}},"security":{{"check_word":"{word}"}}}}"#
+    );
+    let ts = "2026-11-23T10:00:01Z";
+    let sig = provider_b_signature(
+        B_SECRET,
+        &ProviderBRequest {
+            client_id: B_CLIENT,
+            request_id: &request_id,
+            timestamp: ts,
+            target: B_PATH,
+            body: Some(body.as_bytes()),
+        },
+    );
+    let headers = vec![
+        ("client-id", B_CLIENT.to_string()),
+        ("request-id", request_id),
+        ("request-timestamp", ts.to_string()),
+        ("signature", sig),
+    ];
+    (body.into_bytes(), headers)
+}
+
+async fn post(api: &Proc, path: &str, body: Vec<u8>, headers: &[(&str, String)]) -> Reply {
+    let mut req = client()
+        .post(api.url(path))
+        .header("content-type", "application/json")
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let r = Reply::send(req).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json, json!({"received": true}), "{}", r.text);
+    r
+}
+
+async fn payment(db: &DatabaseConnection, order_id: &str) -> payments::Model {
+    payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(order_id))
+        .one(db)
+        .await
+        .unwrap()
+        .expect("payment row")
+}
+
+async fn set_status(db: &DatabaseConnection, order_id: &str, status: PaymentStatus) {
+    let mut am = payment(db, order_id).await.into_active_model();
+    am.status = Set(status);
+    am.update(db).await.unwrap();
+}
+
+async fn wait_status(db: &DatabaseConnection, order_id: &str, status: PaymentStatus) {
+    let ok = wait_until(Duration::from_secs(30), || async {
+        payment(db, order_id).await.status == status
+    })
+    .await;
+    assert!(
+        ok,
+        "{order_id} is {:?}, not {status:?}",
+        payment(db, order_id).await.status
+    );
+}
+
+/// Waits until `n` events of the order are settled.
+async fn wait_settled(db: &DatabaseConnection, order_id: &str, n: usize) {
+    let ok = wait_until(Duration::from_secs(30), || async {
+        webhook_events::Entity::find()
+            .filter(webhook_events::Column::OrderId.eq(order_id))
+            .filter(webhook_events::Column::SettledAt.is_not_null())
+            .all(db)
+            .await
+            .unwrap()
+            .len()
+            == n
+    })
+    .await;
+    assert!(ok, "{n} events of {order_id} settled");
+}
+
+async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
+    subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription")
+}
+
+async fn actions(db: &DatabaseConnection, target: &str) -> Vec<String> {
+    let mut rows = audit_logs::Entity::find()
+        .filter(audit_logs::Column::TargetId.eq(target))
+        .all(db)
+        .await
+        .unwrap();
+    rows.sort_by_key(|a| a.created_at);
+    rows.into_iter().map(|a| a.action).collect()
+}
+
+/// The customer paid after the payment expired (or failed): they get what
+/// they paid for, and the audit trail says it was late.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_verified_paid_report_for_an_expired_or_failed_payment_pays_late() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+
+    let (user_a, order_a) = pending_payment(&db, "provider_a").await;
+    set_status(&db, &order_a, PaymentStatus::Expired).await;
+    status.set(&order_a, "settlement");
+    post(
+        &api,
+        "/api/webhooks/provider_a",
+        a_notice(&order_a, "settlement", json!({})),
+        &[],
+    )
+    .await;
+    wait_status(&db, &order_a, PaymentStatus::Paid).await;
+    assert_eq!(actions(&db, &order_a).await, vec!["late_payment"]);
+    assert_eq!(subscription(&db, user_a).await.plan, "PRO");
+
+    let (user_b, order_b) = pending_payment(&db, "provider_b").await;
+    set_status(&db, &order_b, PaymentStatus::Failed).await;
+    let (body, headers) = b_notice(&order_b, "SUCCESS");
+    post(&api, B_PATH, body, &headers).await;
+    wait_status(&db, &order_b, PaymentStatus::Paid).await;
+    assert_eq!(actions(&db, &order_b).await, vec!["late_payment"]);
+    assert_eq!(subscription(&db, user_b).await.plan, "PRO");
+}
+
+/// provider_a: a partial refund leaves the payment PAID; once the refunds
+/// cover the whole amount the payment is REFUNDED and the only period it
+/// bought is gone: FREE at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_whole_provider_a_refund_takes_back_the_period() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+    let (user, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
+    post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Paid).await;
+    assert_eq!(subscription(&db, user).await.plan, "PRO");
+
+    let part = json!({"refund_amount": "1000.00", "refund_chargeback_id": 1});
+    status.set_with(&order, "partial_refund", part.clone());
+    post(&api, path, a_notice(&order, "partial_refund", part), &[]).await;
+    wait_settled(&db, &order, 2).await;
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Paid);
+    assert_eq!(subscription(&db, user).await.plan, "PRO");
+
+    let whole = json!({"refund_amount": "99000.00", "refund_chargeback_id": 2});
+    status.set_with(&order, "partial_refund", whole.clone());
+    post(&api, path, a_notice(&order, "partial_refund", whole), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Refunded).await;
+    let sub = subscription(&db, user).await;
+    assert_eq!(sub.plan, "FREE", "nothing else was paid: FREE at once");
+    assert_eq!(sub.current_period_end, None);
+    assert_eq!(
+        actions(&db, &order).await,
+        vec!["payment.settle", "payment.settle"]
+    );
+    assert_eq!(
+        actions(&db, &user.to_string()).await,
+        vec!["subscription.take_back"]
+    );
+}
+
+/// provider_b: of two chained PRO months, refunding the second ends the
+/// subscription where the first ended; refunding the first too leaves FREE.
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_b_refunds_take_back_each_period() {
+    let stack = Stack::new().await;
+    let (status_api, _) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let (user, first) = pending_payment(&db, "provider_b").await;
+    let (body, headers) = b_notice(&first, "SUCCESS");
+    post(&api, B_PATH, body, &headers).await;
+    wait_status(&db, &first, PaymentStatus::Paid).await;
+    let first_end = subscription(&db, user).await.current_period_end.unwrap();
+
+    let second = pending_payment_at(&db, user, "provider_b", Utc::now()).await;
+    let (body, headers) = b_notice(&second, "SUCCESS");
+    post(&api, B_PATH, body, &headers).await;
+    wait_status(&db, &second, PaymentStatus::Paid).await;
+    let renewed = subscription(&db, user).await;
+    assert_eq!(
+        renewed.current_period_end,
+        first_end.checked_add_months(Months::new(1)),
+        "the renewal extended the period"
+    );
+
+    let (body, headers) = b_notice(&second, "REFUND");
+    post(&api, B_PATH, body, &headers).await;
+    wait_status(&db, &second, PaymentStatus::Refunded).await;
+    let sub = subscription(&db, user).await;
+    assert_eq!(sub.plan, "PRO");
+    assert_eq!(
+        sub.current_period_end,
+        Some(first_end),
+        "back to where it would have ended without the refunded payment"
+    );
+
+    let (body, headers) = b_notice(&first, "REFUND");
+    post(&api, B_PATH, body, &headers).await;
+    wait_status(&db, &first, PaymentStatus::Refunded).await;
+    let sub = subscription(&db, user).await;
+    assert_eq!(sub.plan, "FREE");
+    assert_eq!(sub.current_period_end, None);
+    assert_eq!(
+        actions(&db, &user.to_string()).await,
+        vec!["subscription.take_back", "subscription.take_back"]
+    );
+}
