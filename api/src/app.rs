@@ -17,7 +17,7 @@ use crate::{
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
         dead_letters::DeadLetterApi, health::HealthApi, payments::PaymentApi, profile::ProfileApi,
-        storage::StorageApi, subscription::SubscriptionApi, waitlist::WaitlistApi,
+        reads::ReadApis, storage::StorageApi, subscription::SubscriptionApi, waitlist::WaitlistApi,
         webhooks::WebhookApi,
     },
     state::AppState,
@@ -54,6 +54,7 @@ api_set!(
     AuthApi,
     AuthOAuthApi,
     ConfirmApi,
+    ReadApis,
 );
 
 const DESCRIPTION: &str = "\
@@ -132,6 +133,7 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let docs = reference_page(|s| s.scalar_html());
     let swagger = reference_page(|s| s.swagger_ui_html());
     let endpoint = Arc::new(service.into_endpoint());
+    let cors = crate::cors::CorsLayer::new(&state.settings.cors_allowed_origins);
     let load = crate::shed::Load::new(
         state.settings.http_max_in_flight,
         state.settings.ai_max_open_streams,
@@ -171,6 +173,10 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .into_response()
         }))
         .with(crate::shed::Shed(load))
+        // Outside the shedding gate: a preflight costs nothing and is never
+        // shed, and a shed 503 still carries the CORS headers a page needs
+        // to read its `Retry-After`.
+        .with(cors)
         .with(crate::metrics::HttpMetrics)
         .with(Observe)
 }
