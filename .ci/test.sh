@@ -79,9 +79,16 @@ ensure_prometheus_parser() {
   export PROMETHEUS_PYTHON="$venv/bin/python"
 }
 
+# The browser test drives Debian's chromium (puppeteer-core downloads no browser).
+ensure_chromium() {
+  if have chromium; then return 0; fi
+  apt_install chromium
+}
+
 ensure_postgres
 ensure_redis
 ensure_s3s_fs
+ensure_chromium
 ensure_prometheus_parser
 # Every PostgreSQL test (model rules, migrations, black-box) makes its scratch
 # databases from this admin URL and fails, never skips, when it is unreachable.
