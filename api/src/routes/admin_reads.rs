@@ -182,6 +182,7 @@ impl AdminReadApi {
         /// `next_cursor` of the previous page.
         cursor: Query<Option<String>>,
         /// Page size, 1–100 (default 20).
+        #[oai(validator(minimum(value = "1"), maximum(value = "100")))]
         limit: Query<Option<u64>>,
     ) -> Result<AdminUserPageOk, AdminListErrorResponse> {
         Ok(AdminUserPageOk::private(
@@ -210,20 +211,21 @@ impl AdminReadApi {
         &self,
         state: Data<&AppState>,
         auth: BearerAuth,
-        /// The acting user's id.
-        actor: Query<Option<String>>,
+        /// The acting user's id (UUID).
+        actor: Query<Option<Uuid>>,
         /// The action, e.g. `role.change`.
         action: Query<Option<String>>,
         /// `next_cursor` of the previous page.
         cursor: Query<Option<String>>,
         /// Page size, 1–100 (default 20).
+        #[oai(validator(minimum(value = "1"), maximum(value = "100")))]
         limit: Query<Option<u64>>,
     ) -> Result<AuditLogPageOk, AdminListErrorResponse> {
         Ok(AuditLogPageOk::private(
             audit_inner(
                 &state,
                 &auth,
-                actor.0.as_deref(),
+                actor.0,
                 action.0.as_deref(),
                 cursor.0.as_deref(),
                 limit.0,
@@ -287,24 +289,13 @@ async fn users_inner(
 async fn audit_inner(
     state: &AppState,
     auth: &BearerAuth,
-    actor: Option<&str>,
+    actor: Option<Uuid>,
     action: Option<&str>,
     cursor: Option<&str>,
     limit: Option<u64>,
 ) -> Result<AuditLogPage, ApiError> {
     admin(state, auth).await?;
     let (cursor, limit) = page_params(cursor, limit)?;
-    let actor = actor
-        .map(|a| {
-            Uuid::try_parse(a.trim()).map_err(|_| {
-                entity::validate::FieldError::new(
-                    "actor",
-                    "invalid_parameter",
-                    "actor is not a user id (UUID)",
-                )
-            })
-        })
-        .transpose()?;
     if let Some(a) = action {
         entity::validate::no_nul("action", a)?;
     }

@@ -413,6 +413,7 @@ impl ReadApi {
         /// `next_cursor` of the previous page.
         cursor: Query<Option<String>>,
         /// Page size, 1–100 (default 20).
+        #[oai(validator(minimum(value = "1"), maximum(value = "100")))]
         limit: Query<Option<u64>>,
     ) -> Result<PaymentPageOk, PaymentListErrorResponse> {
         Ok(PaymentPageOk::private(
