@@ -29,11 +29,11 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// Declares the API set once: the `Apis` type and the value that builds it.
 macro_rules! api_set {
     ($($api:ident),+ $(,)?) => {
-        /// Every API operation.
-        pub type Apis = ($($api,)+);
+        /// Every API operation (a path served by two API objects listed once).
+        pub type Apis = crate::routes::reads::MergePaths<($($api,)+)>;
 
         fn apis() -> Apis {
-            ($($api,)+)
+            crate::routes::reads::MergePaths(($($api,)+))
         }
     };
 }

@@ -22,6 +22,7 @@ pub struct AdminUser {
     /// User id.
     pub id: Uuid,
     /// Email, if known.
+    #[oai(nullable)]
     pub email: Option<String>,
     /// `admin` or `member`.
     pub role: String,
@@ -29,8 +30,10 @@ pub struct AdminUser {
     pub plan: String,
     /// The subscription's status (`active`, `cancel_at_period_end`, `canceled`,
     /// `past_due`); `null` when the user never had a subscription row.
+    #[oai(nullable)]
     pub subscription_status: Option<String>,
     /// End of the paid period (RFC 3339, UTC), if any.
+    #[oai(nullable)]
     pub current_period_end: Option<DateTime<Utc>>,
     /// When the account was first seen (RFC 3339, UTC).
     pub created_at: DateTime<Utc>,
@@ -43,6 +46,7 @@ pub struct AdminUserPage {
     /// The users.
     pub items: Vec<AdminUser>,
     /// Pass as `cursor` for the next page; `null` on the last page.
+    #[oai(nullable)]
     pub next_cursor: Option<String>,
 }
 
@@ -71,6 +75,7 @@ pub struct AuditLogItem {
     /// Row id.
     pub id: Uuid,
     /// Acting user; `null` for the system (webhooks, jobs).
+    #[oai(nullable)]
     pub actor_id: Option<Uuid>,
     /// What happened, `<object>.<verb>` (`role.change`, `payment.settle`, …).
     pub action: String,
@@ -79,12 +84,16 @@ pub struct AuditLogItem {
     /// Id of the object acted on.
     pub target_id: String,
     /// State before, if relevant.
+    #[oai(nullable)]
     pub old_value: Option<Value>,
     /// State after, if relevant.
+    #[oai(nullable)]
     pub new_value: Option<Value>,
     /// The server's id of the request or job that did it.
+    #[oai(nullable)]
     pub request_id: Option<String>,
     /// The `x-request-id` the client sent, if any.
+    #[oai(nullable)]
     pub client_request_id: Option<String>,
     /// When it happened (RFC 3339, UTC).
     pub created_at: DateTime<Utc>,
@@ -114,6 +123,7 @@ pub struct AuditLogPage {
     /// The rows.
     pub items: Vec<AuditLogItem>,
     /// Pass as `cursor` for the next page; `null` on the last page.
+    #[oai(nullable)]
     pub next_cursor: Option<String>,
 }
 

@@ -46,6 +46,7 @@ pub struct PlanItem {
     /// AI requests allowed per 5-minute window.
     pub ai_requests_per_5min: u32,
     /// AI tokens (input + output) per calendar month (UTC); `null` = unlimited.
+    #[oai(nullable)]
     pub ai_tokens_per_month: Option<u64>,
 }
 
@@ -116,10 +117,13 @@ pub enum PlansResponse {
 #[oai(nullable_all)]
 pub struct MeProfile {
     /// Display name.
+    #[oai(nullable)]
     pub full_name: Option<String>,
     /// Object key of the avatar (`<user id>/avatar`).
+    #[oai(nullable)]
     pub avatar_path: Option<String>,
     /// Public URL of the avatar.
+    #[oai(nullable)]
     pub avatar_url: Option<String>,
 }
 
@@ -134,6 +138,7 @@ pub struct MeSubscription {
     /// who never subscribed.
     pub status: String,
     /// The paid period ends then (RFC 3339, UTC); `null` on FREE.
+    #[oai(nullable)]
     pub current_period_end: Option<DateTime<Utc>>,
     /// Whether it stops at the end of the paid period.
     pub cancel_at_period_end: bool,
@@ -145,8 +150,10 @@ pub struct MeAiUsage {
     /// Tokens (input + output) recorded this calendar month (UTC).
     pub tokens_used: u64,
     /// The plan's monthly tokens; `null` = unlimited.
+    #[oai(nullable)]
     pub tokens_limit: Option<u64>,
     /// Tokens left this month; `null` = unlimited.
+    #[oai(nullable)]
     pub tokens_remaining: Option<u64>,
     /// AI requests allowed per 5-minute window on this plan.
     pub requests_per_5min: u32,
@@ -161,6 +168,7 @@ pub struct Me {
     /// User id (the session's `sub`).
     pub id: Uuid,
     /// Email, if known.
+    #[oai(nullable)]
     pub email: Option<String>,
     /// `admin` or `member`.
     pub role: String,
@@ -221,10 +229,12 @@ pub struct PaymentItem {
     /// `PENDING`, `PAID`, `FAILED`, `EXPIRED`, `CANCELED` or `REFUNDED`.
     pub status: String,
     /// The provider's hosted payment page, if it gave one.
+    #[oai(nullable)]
     pub payment_url: Option<String>,
     /// When it was created (RFC 3339, UTC).
     pub created_at: DateTime<Utc>,
     /// When it was settled as paid; `null` until then.
+    #[oai(nullable)]
     pub paid_at: Option<DateTime<Utc>>,
 }
 
@@ -267,6 +277,7 @@ pub struct PaymentPage {
     /// The payments.
     pub items: Vec<PaymentItem>,
     /// Pass as `cursor` for the next page; `null` on the last page.
+    #[oai(nullable)]
     pub next_cursor: Option<String>,
 }
 
@@ -622,6 +633,51 @@ impl OpenApi for ReadApis {
         >,
     ) {
         (ReadApi, super::admin_reads::AdminReadApi).add_routes(route_table);
+    }
+}
+
+/// A set of APIs whose document lists each path once: poem-openapi writes
+/// one `paths` entry per API object, so a path served by two objects
+/// (`POST /api/payments` and `GET /api/payments`) would keep only the last
+/// one's operations. The routes themselves are merged by poem-openapi.
+pub struct MergePaths<T>(pub T);
+
+impl<T: OpenApi> OpenApi for MergePaths<T> {
+    fn meta() -> Vec<poem_openapi::registry::MetaApi> {
+        let mut metas = T::meta();
+        let mut first: std::collections::HashMap<String, (usize, usize)> = Default::default();
+        let mut moved = Vec::new();
+        for (a, api) in metas.iter_mut().enumerate() {
+            let mut kept = Vec::new();
+            for path in std::mem::take(&mut api.paths) {
+                match first.get(&path.path) {
+                    Some(&at) => moved.push((at, path.operations)),
+                    None => {
+                        first.insert(path.path.clone(), (a, kept.len()));
+                        kept.push(path);
+                    }
+                }
+            }
+            api.paths = kept;
+        }
+        for ((a, p), operations) in moved {
+            metas[a].paths[p].operations.extend(operations);
+        }
+        metas
+    }
+
+    fn register(registry: &mut poem_openapi::registry::Registry) {
+        T::register(registry);
+    }
+
+    fn add_routes(
+        self,
+        route_table: &mut std::collections::HashMap<
+            String,
+            std::collections::HashMap<poem::http::Method, poem::endpoint::BoxEndpoint<'static>>,
+        >,
+    ) {
+        self.0.add_routes(route_table);
     }
 }
 
