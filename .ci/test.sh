@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: makes sure PostgreSQL and Redis run
 # (starting them, and installing them with apt-get when missing and we are root)
-# and that s3s-fs (an S3 server) is installed (cargo install when missing),
+# and that s3s-fs (an S3 server) and chromium (the browser test's, apt-get)
+# are installed (when missing),
 # builds the binaries, then runs every test. The SMTP sink and the fake
 # provider APIs are started by the tests themselves, one per test.
 #

@@ -84,7 +84,12 @@ off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 
 Overload is shed, not queued: past `HTTP_MAX_IN_FLIGHT` requests being handled by one server \
 process, a request is answered at once with 503 `overloaded` and `Retry-After` (seconds); \
 the health checks are never shed, and AI chats and generations are bounded by \
-`AI_MAX_OPEN_STREAMS` open at once instead. Prometheus metrics are served at `GET /metrics` (text format, \
+`AI_MAX_OPEN_STREAMS` open at once instead. Pages on the origins listed in \
+`CORS_ALLOWED_ORIGINS` may call `/api` (but the webhooks), `/auth/v1` and `/storage/v1` \
+with `Authorization: Bearer` (CORS; any other origin gets no CORS headers). Lists answer \
+`{items, next_cursor}` newest first (`limit` 1–100, default 20; `next_cursor` null on the \
+last page; a cursor not given by a page is 400 naming `cursor`); personal reads answer \
+`Cache-Control: private, no-store`. New fields are snake_case. Prometheus metrics are served at `GET /metrics` (text format, \
 `Authorization: Bearer $METRICS_TOKEN`; 404 while `METRICS_TOKEN` is unset).";
 
 /// The OpenAPI service as poem-openapi builds it; [`crate::spec::document`]
