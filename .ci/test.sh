@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: makes sure PostgreSQL and Redis run
 # (starting them, and installing them with apt-get when missing and we are root)
-# and that s3s-fs (an S3 server) is installed (cargo install when missing),
+# and that s3s-fs (an S3 server) and chromium (the browser test's, apt-get)
+# are installed (when missing),
 # builds the binaries, then runs every test. The SMTP sink and the fake
 # provider APIs are started by the tests themselves, one per test.
 #
@@ -79,9 +80,16 @@ ensure_prometheus_parser() {
   export PROMETHEUS_PYTHON="$venv/bin/python"
 }
 
+# The browser test drives Debian's chromium (puppeteer-core downloads no browser).
+ensure_chromium() {
+  if have chromium; then return 0; fi
+  apt_install chromium
+}
+
 ensure_postgres
 ensure_redis
 ensure_s3s_fs
+ensure_chromium
 ensure_prometheus_parser
 # Every PostgreSQL test (model rules, migrations, black-box) makes its scratch
 # databases from this admin URL and fails, never skips, when it is unreachable.

@@ -16,7 +16,7 @@ use crate::{
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
         dead_letters::DeadLetterApi, health::HealthApi, payments::PaymentApi, profile::ProfileApi,
-        storage::StorageApi, subscription::SubscriptionApi, waitlist::WaitlistApi,
+        reads::ReadApis, storage::StorageApi, subscription::SubscriptionApi, waitlist::WaitlistApi,
         webhooks::WebhookApi,
     },
     state::AppState,
@@ -28,11 +28,11 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// Declares the API set once: the `Apis` type and the value that builds it.
 macro_rules! api_set {
     ($($api:ident),+ $(,)?) => {
-        /// Every API operation.
-        pub type Apis = ($($api,)+);
+        /// Every API operation (a path served by two API objects listed once).
+        pub type Apis = crate::routes::reads::MergePaths<($($api,)+)>;
 
         fn apis() -> Apis {
-            ($($api,)+)
+            crate::routes::reads::MergePaths(($($api,)+))
         }
     };
 }
@@ -53,6 +53,7 @@ api_set!(
     AuthApi,
     AuthOAuthApi,
     ConfirmApi,
+    ReadApis,
 );
 
 const DESCRIPTION: &str = "\
@@ -82,7 +83,12 @@ off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 
 Overload is shed, not queued: past `HTTP_MAX_IN_FLIGHT` requests being handled by one server \
 process, a request is answered at once with 503 `overloaded` and `Retry-After` (seconds); \
 the health checks are never shed, and AI chats and generations are bounded by \
-`AI_MAX_OPEN_STREAMS` open at once instead. Prometheus metrics are served at `GET /metrics` (text format, \
+`AI_MAX_OPEN_STREAMS` open at once instead. Pages on the origins listed in \
+`CORS_ALLOWED_ORIGINS` may call `/api` (but the webhooks), `/auth/v1` and `/storage/v1` \
+with `Authorization: Bearer` (CORS; any other origin gets no CORS headers). Lists answer \
+`{items, next_cursor}` newest first (`limit` 1–100, default 20; `next_cursor` null on the \
+last page; a cursor not given by a page is 400 naming `cursor`); personal reads answer \
+`Cache-Control: private, no-store`. New fields are snake_case. Prometheus metrics are served at `GET /metrics` (text format, \
 `Authorization: Bearer $METRICS_TOKEN`; 404 while `METRICS_TOKEN` is unset).";
 
 /// The OpenAPI service as poem-openapi builds it; [`crate::spec::document`]
@@ -134,6 +140,7 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let docs = reference_page(|s| s.scalar_html(), document.clone());
     let swagger = reference_page(|s| s.swagger_ui_html(), document);
     let endpoint = Arc::new(service.into_endpoint());
+    let cors = crate::cors::CorsLayer::new(&state.settings.cors_allowed_origins);
     let load = crate::shed::Load::new(
         state.settings.http_max_in_flight,
         state.settings.ai_max_open_streams,
@@ -173,6 +180,10 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .into_response()
         }))
         .with(crate::shed::Shed(load))
+        // Outside the shedding gate: a preflight costs nothing and is never
+        // shed, and a shed 503 still carries the CORS headers a page needs
+        // to read its `Retry-After`.
+        .with(cors)
         .with(crate::metrics::HttpMetrics)
         .with(Observe)
 }

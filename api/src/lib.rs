@@ -5,6 +5,7 @@
 pub mod account_cache;
 pub mod app;
 pub mod auth;
+pub mod cors;
 pub mod followup;
 pub mod idp;
 pub mod listener;

@@ -92,7 +92,7 @@ pub struct OAuthSettings {
     /// `https://openidconnect.googleapis.com/v1/userinfo`).
     pub google: Option<OAuthClientSettings>,
     /// `OAUTH_REDIRECT_URI`: the callback URL registered with the providers
-    /// (default `{APP_URL}/auth/v1/callback`).
+    /// (default `{API_EXTERNAL_URL}/auth/v1/callback`: the API serves it).
     pub redirect_uri: String,
     /// `OAUTH_TIMEOUT_MS`: bound on one whole call to a provider (token
     /// exchange, profile), connect included (default 10000, 100–120000);
@@ -101,7 +101,7 @@ pub struct OAuthSettings {
 }
 
 impl OAuthSettings {
-    fn read<S: Source + ?Sized>(r: &Reader<'_, S>, app_url: &str) -> Result<Self, SettingsError> {
+    fn read<S: Source + ?Sized>(r: &Reader<'_, S>, api_url: &str) -> Result<Self, SettingsError> {
         let web = ["https", "http"];
         let pair = |id_var: &'static str,
                     secret_var: &'static str|
@@ -148,7 +148,7 @@ impl OAuthSettings {
         };
         let redirect_uri = r
             .url("OAUTH_REDIRECT_URI", &web)?
-            .unwrap_or_else(|| format!("{}/auth/v1/callback", app_url.trim_end_matches('/')));
+            .unwrap_or_else(|| format!("{}/auth/v1/callback", api_url.trim_end_matches('/')));
         let timeout =
             Duration::from_millis(r.num_or("OAUTH_TIMEOUT_MS", 10_000u64, 100, 120_000)?);
         Ok(OAuthSettings {
@@ -208,7 +208,10 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// `MIGRATE_ON_START`: apply pending migrations when the api starts (default `true`).
     pub migrate_on_start: bool,
-    /// `APP_URL` (or `NEXT_PUBLIC_APP_URL`): public base URL, no trailing slash.
+    /// `APP_URL` (or `NEXT_PUBLIC_APP_URL`): the page's origin, no trailing slash:
+    /// redirects after sign-in and confirmation, the billing return page, the
+    /// default `redirect_to` of mail links. The API's own public base is
+    /// `API_EXTERNAL_URL` (default this).
     pub app_url: String,
     /// `TRUST_PROXY`: `true` is `TRUST_PROXY_HOPS=1` (default `false`).
     pub trust_proxy: bool,
@@ -320,7 +323,15 @@ pub struct Settings {
     /// `NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY`: public key of the auth platform.
     pub backend_publishable_key: Option<String>,
     /// `BACKEND_SERVICE_ROLE_KEY`: server-side secret; arms server-side writes and signs uploads.
+    /// In the embedded mode (no `DATABASE_URL`) an unset key is generated once into
+    /// `<DATA_DIR>/service_role_key` by [`Settings::from_env`] (see [`crate::secret_file`]).
     pub backend_service_role_key: Option<String>,
+    /// Where `backend_service_role_key` came from (health's `checks.backend_service_role_source`).
+    pub backend_service_role_key_source: crate::secret_file::KeySource,
+    /// `CORS_ALLOWED_ORIGINS`: comma list of exact origins (`https://app.example.com`,
+    /// scheme + host + optional port, no path) a page may call `/api`, `/auth/v1` and
+    /// `/storage/v1` from; empty (unset) = no CORS headers at all.
+    pub cors_allowed_origins: Vec<String>,
     /// `BACKEND_JWT_SECRET`: HS256 secret of session tokens.
     pub backend_jwt_secret: Option<String>,
     /// `BACKEND_JWT_ISSUER`: expected `iss` of session tokens, checked when set.
@@ -442,7 +453,8 @@ pub struct Settings {
     pub auth_templates_dir: Option<PathBuf>,
     /// `API_EXTERNAL_URL`: public base URL of this API (mail links go to
     /// `{API_EXTERNAL_URL}/auth/v1/verify`; the tokens' `iss` is
-    /// `{API_EXTERNAL_URL}/auth/v1`). Default `APP_URL`.
+    /// `{API_EXTERNAL_URL}/auth/v1`; avatar upload URLs and the OAuth callback
+    /// are under it). Default `APP_URL` (one origin for page and API).
     pub api_external_url: String,
     /// `AUTH_RATE_LIMIT_PER_5MIN`: per-IP requests per 5 minutes on sign-up,
     /// password and PKCE sign-in, OTP, recover, resend and verify, each route
@@ -747,9 +759,22 @@ fn check_redis_tls(
 
 impl Settings {
     /// Loads `.env` (when present, without overriding the environment) and reads the environment.
+    ///
+    /// In the embedded mode (no `DATABASE_URL`) an unset `BACKEND_SERVICE_ROLE_KEY`
+    /// is read from, or generated once into, `<DATA_DIR>/service_role_key`
+    /// (mode 0600); production (`DATABASE_URL` set) still needs it set.
     pub fn from_env() -> Result<Self, SettingsError> {
         let _ = dotenvy::dotenv();
-        Self::from_source(&Env)
+        let mut s = Self::from_source(&Env)?;
+        if s.backend_service_role_key.is_none() && s.database_embedded {
+            let key = crate::secret_file::load_or_generate(
+                &s.data_dir.join(crate::secret_file::SERVICE_ROLE_KEY_FILE),
+            )
+            .map_err(|e| err("BACKEND_SERVICE_ROLE_KEY", e))?;
+            s.backend_service_role_key = Some(key);
+            s.backend_service_role_key_source = crate::secret_file::KeySource::Generated;
+        }
+        Ok(s)
     }
 
     /// Reads and validates every setting from `src`.
@@ -774,7 +799,12 @@ impl Settings {
                 None => format!("http://localhost:{port}"),
             },
         };
-        let oauth = OAuthSettings::read(&r, &app_url)?;
+        let api_external_url = r
+            .url("API_EXTERNAL_URL", &["http", "https"])?
+            .unwrap_or_else(|| app_url.clone())
+            .trim_end_matches('/')
+            .to_string();
+        let oauth = OAuthSettings::read(&r, &api_external_url)?;
         let log_format = match r.opt("LOG_FORMAT").map(|v| v.to_ascii_lowercase()) {
             None => LogFormat::Json,
             Some(v) if v == "json" => LogFormat::Json,
@@ -882,11 +912,6 @@ impl Settings {
             &r.opt("AUTH_REDIRECT_ALLOW_LIST").unwrap_or_default(),
         )
         .map_err(|e| err("AUTH_REDIRECT_ALLOW_LIST", e))?;
-        let api_external_url = r
-            .url("API_EXTERNAL_URL", &["http", "https"])?
-            .unwrap_or_else(|| app_url.clone())
-            .trim_end_matches('/')
-            .to_string();
         let mut settings = Settings {
             host: r.opt("HOST").unwrap_or_else(|| "127.0.0.1".into()),
             port,
@@ -1041,7 +1066,16 @@ impl Settings {
             },
             backend_url,
             backend_publishable_key: r.opt("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY"),
+            backend_service_role_key_source: if backend_service_role_key.is_some() {
+                crate::secret_file::KeySource::Env
+            } else {
+                crate::secret_file::KeySource::None
+            },
             backend_service_role_key,
+            cors_allowed_origins: parse_origins(
+                "CORS_ALLOWED_ORIGINS",
+                &r.opt("CORS_ALLOWED_ORIGINS").unwrap_or_default(),
+            )?,
             backend_jwt_secret,
             backend_jwt_issuer: r.opt("BACKEND_JWT_ISSUER"),
             admin_emails: r
@@ -1225,6 +1259,40 @@ impl Settings {
     }
 }
 
+/// Parses a comma list of exact web origins (`CORS_ALLOWED_ORIGINS`): each
+/// `http(s)://host[:port]`, no path, query or user; kept in the form browsers
+/// send in `Origin` (lower-case host, default port dropped). Empty → none.
+pub fn parse_origins(var: &'static str, value: &str) -> Result<Vec<String>, SettingsError> {
+    let mut out = Vec::new();
+    for raw in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        let bad = || {
+            err(
+                var,
+                format!(
+                    "{raw:?} is not an origin: expected scheme://host[:port] such as \
+                     https://app.example.com (no path, no trailing slash, no wildcard)"
+                ),
+            )
+        };
+        let url = url::Url::parse(raw).map_err(|_| bad())?;
+        if !matches!(url.scheme(), "http" | "https")
+            || url.path() != "/"
+            || raw.ends_with('/')
+            || url.query().is_some()
+            || url.fragment().is_some()
+            || !url.username().is_empty()
+            || raw.contains('*')
+        {
+            return Err(bad());
+        }
+        let origin = url.origin().ascii_serialization();
+        if !out.contains(&origin) {
+            out.push(origin);
+        }
+    }
+    Ok(out)
+}
+
 /// Shortest accepted `BACKEND_JWT_SECRET` and `BACKEND_SERVICE_ROLE_KEY`,
 /// in bytes (256 bits, the HS256 key size of RFC 7518 §3.2).
 pub const SECRET_MIN_BYTES: usize = 32;
@@ -1352,6 +1420,34 @@ mod tests {
             assert_eq!(
                 with(&[("NEXT_PUBLIC_BACKEND_URL", bad)]).unwrap_err().var,
                 "NEXT_PUBLIC_BACKEND_URL",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn cors_origins_are_exact_origins() {
+        assert!(with(&[]).unwrap().cors_allowed_origins.is_empty());
+        let s = with(&[(
+            "CORS_ALLOWED_ORIGINS",
+            " https://App.Example.com , http://127.0.0.1:5173,https://app.example.com:443",
+        )])
+        .unwrap();
+        assert_eq!(
+            s.cors_allowed_origins,
+            vec!["https://app.example.com", "http://127.0.0.1:5173"]
+        );
+        for bad in [
+            "https://app.example.com/",
+            "https://app.example.com/x",
+            "*",
+            "https://*.example.com",
+            "ftp://x.example.com",
+            "app.example.com",
+        ] {
+            assert_eq!(
+                with(&[("CORS_ALLOWED_ORIGINS", bad)]).unwrap_err().var,
+                "CORS_ALLOWED_ORIGINS",
                 "{bad}"
             );
         }

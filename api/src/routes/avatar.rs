@@ -112,7 +112,7 @@ async fn create_inner(
     let token = grant.sign(key);
     let signed_url = format!(
         "{}/storage/v1/object/upload/sign/{}?token={token}",
-        state.settings.app_url.trim_end_matches('/'),
+        state.settings.api_external_url.trim_end_matches('/'),
         avatar::object_key_of_path(&grant.path),
     );
     Ok(SignedUpload {

@@ -68,6 +68,10 @@ pub struct Health {
     pub checks: Checks,
     /// The transport contact mail goes through.
     pub email_transport: EmailTransportName,
+    /// Where the server-side secret (`BACKEND_SERVICE_ROLE_KEY`) came from:
+    /// `env` (set), `generated` (embedded default: generated once into
+    /// `$DATA_DIR/service_role_key`) or `none` (unset; production must set it).
+    pub backend_service_role_source: String,
     /// Database probe (`SELECT 1`).
     pub database: Probe,
     /// Queue probe (`PING` / `SELECT 1`).
@@ -156,6 +160,11 @@ async fn health_inner(state: &AppState) -> Health {
             backend_service_role: f.backend_service_role,
             email_provider: f.email_provider,
         },
+        backend_service_role_source: state
+            .settings
+            .backend_service_role_key_source
+            .as_str()
+            .into(),
         email_transport: match state.settings.email_transport() {
             entity::settings::EmailTransport::Api => EmailTransportName::Api,
             entity::settings::EmailTransport::Smtp => EmailTransportName::Smtp,

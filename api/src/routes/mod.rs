@@ -3,6 +3,7 @@
 use poem_openapi::{Object, Tags};
 
 pub mod admin;
+pub mod admin_reads;
 pub mod ai;
 pub mod auth;
 pub mod auth_oauth;
@@ -13,6 +14,7 @@ pub mod dead_letters;
 pub mod health;
 pub mod payments;
 pub mod profile;
+pub mod reads;
 pub mod storage;
 pub mod subscription;
 pub mod waitlist;
