@@ -106,8 +106,13 @@ async fn sub_row(db: &DatabaseConnection, uid: Uuid) -> subscriptions::Model {
         .unwrap()
 }
 
+/// The `role.change` audit rows (an admin changing a role).
 async fn audit_count(db: &DatabaseConnection) -> u64 {
-    audit_logs::Entity::find().count(db).await.unwrap()
+    audit_logs::Entity::find()
+        .filter(audit_logs::Column::Action.eq("role.change"))
+        .count(db)
+        .await
+        .unwrap()
 }
 
 async fn role_of(db: &DatabaseConnection, uid: Uuid) -> Role {
@@ -594,6 +599,14 @@ async fn role_changes_are_authorised_and_audited() {
             .unwrap_err();
         assert!(matches!(e, RoleError::UnknownUser), "{e:?}");
         assert_eq!(audit_count(&db).await, 0);
+        // The admin's grant by email was audited once, as `role.grant`.
+        let grants = audit_logs::Entity::find()
+            .filter(audit_logs::Column::Action.eq("role.grant"))
+            .all(&db)
+            .await
+            .unwrap();
+        assert_eq!(grants.len(), 1);
+        assert_eq!(grants[0].target_id, admin.user_id.to_string());
 
         // Success: role changed and exactly one audit row.
         let before = Utc::now() - Days::seconds(5);
@@ -611,7 +624,11 @@ async fn role_changes_are_authorised_and_audited() {
         assert_eq!(change.old_role, Some(Role::Member));
         assert_eq!(change.role, Role::Admin);
         assert_eq!(role_of(&db, target.user_id).await, Role::Admin);
-        let rows = audit_logs::Entity::find().all(&db).await.unwrap();
+        let rows = audit_logs::Entity::find()
+            .filter(audit_logs::Column::Action.eq("role.change"))
+            .all(&db)
+            .await
+            .unwrap();
         assert_eq!(rows.len(), 1);
         let row = &rows[0];
         assert_eq!(row.actor_id, Some(admin.user_id));

@@ -73,7 +73,28 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The newest migration: the job outbox.
+    // The newest migrations, newest first: the AI quota counters, then the
+    // identity provider's trust columns, then the job outbox.
+    assert!(manager.has_table("ai_quota_counters").await?);
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager.has_table("ai_quota_counters").await?,
+        "ai_quota_counters after down"
+    );
+    let trust_columns = [
+        ("auth_one_time_tokens", "failed_attempts"),
+        ("auth_accounts", "reauthentication_sent_at"),
+    ];
+    for (table, column) in trust_columns {
+        assert!(manager.has_column(table, column).await?, "{table}.{column}");
+    }
+    Migrator::down(db, Some(1)).await?;
+    for (table, column) in trust_columns {
+        assert!(
+            !manager.has_column(table, column).await?,
+            "{table}.{column} after down"
+        );
+    }
     assert!(
         manager.has_table("job_outbox").await?,
         "job_outbox after up"
@@ -83,7 +104,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("job_outbox").await?,
         "job_outbox after down"
     );
-    const OUTBOX_STEPS: usize = 1;
+    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 3);
+    const OUTBOX_STEPS: usize = 3;
 
     // Then, on PostgreSQL, one account-change trigger on each of users,
     // user_roles and subscriptions; on SQLite, nothing.
@@ -171,10 +193,14 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         if on_pg { 3 } else { 0 },
         "triggers after up"
     );
-    for table in created.iter().flat_map(|t| t.iter()).chain(&["job_outbox"]) {
+    for table in created
+        .iter()
+        .flat_map(|t| t.iter())
+        .chain(&["job_outbox", "ai_quota_counters"])
+    {
         assert!(manager.has_table(table).await?, "{table} after up");
     }
-    for (table, column) in added.iter().flat_map(|c| c.iter()) {
+    for (table, column) in added.iter().flat_map(|c| c.iter()).chain(&trust_columns) {
         assert!(
             manager.has_column(table, column).await?,
             "{table}.{column} after up"
