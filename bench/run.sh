@@ -640,8 +640,8 @@ if want metrics; then
       curl -s -o /dev/null -H "Authorization: Bearer $METRICS_TOKEN_BENCH" "http://127.0.0.1:$((API_PORT + 2))/metrics"; sleep 1
     done ) & EXTRA_PIDS+=($!)
   for i in $(seq 1 "$reps"); do
-    DUR=${METRICS_DUR:-10s} run "contact-metrics-off-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 1))/api/contact"
-    DUR=${METRICS_DUR:-10s} run "contact-metrics-on-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 2))/api/contact"
+    CPU_PIDS=$off_pid DUR=${METRICS_DUR:-10s} run "contact-metrics-off-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 1))/api/contact"
+    CPU_PIDS=$on_pid DUR=${METRICS_DUR:-10s} run "contact-metrics-on-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 2))/api/contact"
   done
   med() { for f in "$OUT"/contact-metrics-"$1"-*.txt; do awk '/Requests\/sec/ {print $2}' "$f"; done | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
   off=$(med off); on=$(med on)
