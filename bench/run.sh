@@ -15,6 +15,9 @@
 #   bash bench/run.sh ai-ttfb ai-streams ai-generate ai-quota
 # Identity (issue 10; not in the default list, run by name): auth-signin auth-refresh auth-user auth-settings
 #   bash bench/run.sh auth-signin auth-refresh auth-user auth-settings
+# Reads (issue 29; not in the default list, run by name): me (GET /api/me, warm
+# caller, vs GET /api/health in the same run)
+#   bash bench/run.sh me
 # Operations (issue 30; not in the default list, run by name): metrics (on vs off on
 # POST /api/contact), shed (1,024 connections on POST /api/waitlist with shedding on)
 #   bash bench/run.sh metrics shed
@@ -586,6 +589,32 @@ if want auth-settings; then
   echo "auth-settings: api RSS: $(rss $API_PID); $(load)"
 fi
 
+# ---- Reads (issue 29) ---------------------------------------------------------
+# GET /api/me for a warm caller against GET /api/health in the same run: one
+# session token (bench_peer tokens HS256, as the profile section's: a user of
+# the platform's identity provider, created here at first sight by a profile
+# save), warmed by ME_WARM (20) requests, then ME_REPS (3) alternating wrk runs
+# of DUR on each route (same CONN), medians compared. Goal: me/health >= 0.5.
+if want me; then
+  "$BIN/examples/bench_peer" tokens HS256 "$BACKEND_JWT_SECRET" 1 > "$OUT/me.tokens"
+  me_token=$(head -1 "$OUT/me.tokens")
+  curl -s -o /dev/null -X POST -H "Authorization: Bearer $me_token" -H 'Content-Type: application/json' \
+    -d '{"full_name":"Bench User"}' "$BASE/api/profile"
+  for _ in $(seq 1 "${ME_WARM:-20}"); do
+    code=$(curl -s -o "$OUT/me.json" -w '%{http_code}' -H "Authorization: Bearer $me_token" "$BASE/api/me")
+  done
+  [ "$code" = 200 ] || { echo "GET /api/me answered $code:" >&2; cat "$OUT/me.json" >&2; exit 1; }
+  echo "### me: warm caller $(head -c 300 "$OUT/me.json"); $(load)"
+  for i in $(seq 1 "${ME_REPS:-3}"); do
+    run "me-health-$i" "$BASE/api/health"
+    run "me-me-$i" -H "Authorization: Bearer $me_token" "$BASE/api/me"
+  done
+  me_med() { for f in "$OUT"/me-"$1"-[0-9]*.txt; do awk '/Requests\/sec/ {print $2}' "$f"; done | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+  h=$(me_med health); m=$(me_med me)
+  echo "me: median GET /api/me $m req/s, GET /api/health $h req/s: me/health = $(echo "scale=3; $m / $h" | bc) (goal >= 0.5); non-2xx on /api/me: $(cat "$OUT"/me-me-[0-9]*.txt | awk '/Non-2xx/ {s += $NF} END {print s + 0}')"
+  echo "me: api RSS: $(rss $API_PID); $(load)"
+fi
+
 # ---- Operations (issue 30) ----------------------------------------------------
 # More api processes on the same database and Redis, each on its own port with
 # its own extra environment: start_api <port> VAR=value ... (sets EXTRA_PID).
@@ -611,8 +640,8 @@ if want metrics; then
       curl -s -o /dev/null -H "Authorization: Bearer $METRICS_TOKEN_BENCH" "http://127.0.0.1:$((API_PORT + 2))/metrics"; sleep 1
     done ) & EXTRA_PIDS+=($!)
   for i in $(seq 1 "$reps"); do
-    DUR=${METRICS_DUR:-10s} run "contact-metrics-off-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 1))/api/contact"
-    DUR=${METRICS_DUR:-10s} run "contact-metrics-on-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 2))/api/contact"
+    CPU_PIDS=$off_pid DUR=${METRICS_DUR:-10s} run "contact-metrics-off-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 1))/api/contact"
+    CPU_PIDS=$on_pid DUR=${METRICS_DUR:-10s} run "contact-metrics-on-$i" -s bench/contact.lua "http://127.0.0.1:$((API_PORT + 2))/api/contact"
   done
   med() { for f in "$OUT"/contact-metrics-"$1"-*.txt; do awk '/Requests\/sec/ {print $2}' "$f"; done | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
   off=$(med off); on=$(med on)
