@@ -7,7 +7,10 @@ use entity::entities::{
     subscriptions::{self, SubscriptionStatus},
     users, webhook_events,
 };
+use entity::payment::provider_a_signature;
+use sea_orm::EntityTrait;
 use sea_orm::{ActiveModelTrait, Database, DatabaseConnection, Set};
+use serde_json::json;
 use uuid::Uuid;
 
 use crate::Stack;
@@ -202,4 +205,94 @@ impl wiremock::Respond for ProviderAStatusApi {
             })),
         }
     }
+}
+
+/// `n` FREE users, each with one PENDING PRO payment of 99,000 IDR
+/// (provider_a), inserted in three statements; answers the order ids.
+pub async fn pending_pro_payments(db: &DatabaseConnection, n: usize) -> Vec<String> {
+    let now = Utc::now();
+    let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+    let orders: Vec<String> = (0..n)
+        .map(|_| entity::payment::new_order_id("ORD", now))
+        .collect();
+    users::Entity::insert_many(ids.iter().map(|&id| users::ActiveModel {
+        id: Set(id),
+        email: Set(Some(format!("{id}@example.com"))),
+        created_at: Set(now),
+    }))
+    .exec(db)
+    .await
+    .expect("insert users");
+    subscriptions::Entity::insert_many(ids.iter().map(|&id| subscriptions::ActiveModel {
+        user_id: Set(id),
+        plan: Set("FREE".into()),
+        status: Set(SubscriptionStatus::Active),
+        cancel_at_period_end: Set(false),
+        current_period_start: Set(None),
+        current_period_end: Set(None),
+        canceled_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }))
+    .exec(db)
+    .await
+    .expect("insert subscriptions");
+    payments::Entity::insert_many(ids.iter().zip(&orders).map(|(&user, order)| {
+        payments::ActiveModel {
+            id: Set(Uuid::new_v4()),
+            order_id: Set(order.clone()),
+            user_id: Set(user),
+            plan: Set("PRO".into()),
+            amount: Set(99_000),
+            currency: Set("IDR".into()),
+            provider: Set("provider_a".into()),
+            status: Set(PaymentStatus::Pending),
+            checkout_token: Set(None),
+            payment_url: Set(None),
+            provider_reference: Set(None),
+            paid_at: Set(None),
+            idempotency_key: Set(None),
+            reconciled_at: Set(None),
+            created_at: Set(now),
+            updated_at: Set(now),
+        }
+    }))
+    .exec(db)
+    .await
+    .expect("insert payments");
+    orders
+}
+
+/// A provider_a `settlement` notification for one of
+/// [`pending_pro_payments`], as Midtrans documents it, signed with
+/// `server_key`.
+pub fn provider_a_settlement(order_id: &str, server_key: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "transaction_time": "2026-11-23 10:00:00",
+        "transaction_status": "settlement",
+        "transaction_id": Uuid::new_v4().to_string(),
+        "status_message": "midtrans payment notification",
+        "status_code": "200",
+        "signature_key": provider_a_signature(order_id, "200", "99000.00", server_key),
+        "payment_type": "bank_transfer",
+        "order_id": order_id,
+        "merchant_id": "G000000000",
+        "gross_amount": "99000.00",
+        "fraud_status": "accept",
+        "currency": "IDR",
+    }))
+    .unwrap()
+}
+
+/// The one `bigint` `sql` answers.
+pub async fn count(pool: &sea_orm::sqlx::PgPool, sql: &'static str) -> i64 {
+    sea_orm::sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// How many payments are PAID.
+pub async fn paid_payments(pool: &sea_orm::sqlx::PgPool) -> i64 {
+    count(pool, "SELECT count(*) FROM payments WHERE status = 'PAID'").await
 }

@@ -21,21 +21,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chrono::{Months, Utc};
-use entity::{
-    entities::{
-        payments::{self, PaymentStatus},
-        subscriptions::{self, SubscriptionStatus},
-        users,
-    },
-    payment::provider_a_signature,
+use chrono::Months;
+use entity::entities::{
+    payments,
+    subscriptions::{self, SubscriptionStatus},
 };
 use futures::StreamExt;
-use sea_orm::{sqlx, ActiveValue::Set, EntityTrait};
+use sea_orm::EntityTrait;
 use serde_json::{json, Value};
 use tests::{
-    connect_db, random_ip, report, wait_until, EnvMap, Proc, ProviderAStatusApi, Reply, Stack,
-    CONTACT_EMAIL,
+    connect_db, count, paid_payments, pending_pro_payments, provider_a_settlement, random_ip,
+    report, wait_until, EnvMap, Proc, ProviderAStatusApi, Reply, Stack, CONTACT_EMAIL,
 };
 use uuid::Uuid;
 use wiremock::{
@@ -136,92 +132,6 @@ impl wiremock::Respond for EmailApi {
         }
         ResponseTemplate::new(200).set_body_json(json!({"id": Uuid::new_v4().to_string()}))
     }
-}
-
-/// `n` FREE users, each with one PENDING PRO payment (provider_a); answers
-/// the order ids.
-async fn seed(db: &sea_orm::DatabaseConnection, n: usize) -> Vec<String> {
-    let now = Utc::now();
-    let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
-    let orders: Vec<String> = (0..n)
-        .map(|_| entity::payment::new_order_id("ORD", now))
-        .collect();
-    users::Entity::insert_many(ids.iter().map(|&id| users::ActiveModel {
-        id: Set(id),
-        email: Set(Some(format!("{id}@example.com"))),
-        created_at: Set(now),
-    }))
-    .exec(db)
-    .await
-    .expect("insert users");
-    subscriptions::Entity::insert_many(ids.iter().map(|&id| subscriptions::ActiveModel {
-        user_id: Set(id),
-        plan: Set("FREE".into()),
-        status: Set(SubscriptionStatus::Active),
-        cancel_at_period_end: Set(false),
-        current_period_start: Set(None),
-        current_period_end: Set(None),
-        canceled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }))
-    .exec(db)
-    .await
-    .expect("insert subscriptions");
-    payments::Entity::insert_many(ids.iter().zip(&orders).map(|(&user, order)| {
-        payments::ActiveModel {
-            id: Set(Uuid::new_v4()),
-            order_id: Set(order.clone()),
-            user_id: Set(user),
-            plan: Set("PRO".into()),
-            amount: Set(99_000),
-            currency: Set("IDR".into()),
-            provider: Set("provider_a".into()),
-            status: Set(PaymentStatus::Pending),
-            checkout_token: Set(None),
-            payment_url: Set(None),
-            provider_reference: Set(None),
-            paid_at: Set(None),
-            idempotency_key: Set(None),
-            reconciled_at: Set(None),
-            created_at: Set(now),
-            updated_at: Set(now),
-        }
-    }))
-    .exec(db)
-    .await
-    .expect("insert payments");
-    orders
-}
-
-/// A signed provider_a `settlement` notification as Midtrans documents it.
-fn notification(order_id: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "transaction_time": "2026-11-23 10:00:00",
-        "transaction_status": "settlement",
-        "transaction_id": Uuid::new_v4().to_string(),
-        "status_message": "midtrans payment notification",
-        "status_code": "200",
-        "signature_key": provider_a_signature(order_id, "200", "99000.00", A_KEY),
-        "payment_type": "bank_transfer",
-        "order_id": order_id,
-        "merchant_id": "G000000000",
-        "gross_amount": "99000.00",
-        "fraud_status": "accept",
-        "currency": "IDR",
-    }))
-    .unwrap()
-}
-
-async fn scalar(pool: &sqlx::PgPool, sql: &'static str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-async fn paid(pool: &sqlx::PgPool) -> i64 {
-    scalar(pool, "SELECT count(*) FROM payments WHERE status = 'PAID'").await
 }
 
 /// What the chaos task did.
@@ -329,7 +239,7 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
     let apis = [stack.api(&env).await, stack.api(&env).await];
     let db = connect_db(&stack).await;
     let pool = stack.db.pool().await;
-    let orders = seed(&db, notices).await;
+    let orders = pending_pro_payments(&db, notices).await;
     for order in &orders {
         status.set(order, "settlement");
     }
@@ -379,7 +289,7 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
                     format!("notice {} via api {api}", orders[n]),
                     http.post(&notice_urls[api])
                         .header("content-type", "application/json")
-                        .body(notification(&orders[n])),
+                        .body(provider_a_settlement(&orders[n], A_KEY)),
                 ),
             };
             async move { (what, Reply::send(req).await) }
@@ -394,7 +304,8 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
 
     // Chaos goes on while most of the backlog drains, then stops.
     let drained_most = wait_until(Duration::from_secs(30), || async {
-        email.delivered() * 10 >= contacts * 9 && paid(&pool).await * 10 >= notices as i64 * 9
+        email.delivered() * 10 >= contacts * 9
+            && paid_payments(&pool).await * 10 >= notices as i64 * 9
     })
     .await;
     stop.store(true, Ordering::SeqCst);
@@ -412,8 +323,8 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
     // Everything arrives: every message under some key, every payment PAID.
     let all = wait_until(Duration::from_secs(120), || async {
         email.delivered() == contacts
-            && paid(&pool).await == notices as i64
-            && scalar(
+            && paid_payments(&pool).await == notices as i64
+            && count(
                 &pool,
                 "SELECT count(*) FROM webhook_events WHERE settled_at IS NULL",
             )
@@ -433,7 +344,7 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
         all,
         "not everything arrived: {}/{contacts} messages, {}/{notices} paid; workers' stderr:\n{}",
         email.delivered(),
-        paid(&pool).await,
+        paid_payments(&pool).await,
         stderr()
     );
     // A little longer for any delivery under a second key to show itself.
@@ -468,15 +379,15 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
 
     // Payments: each PAID, settled exactly once.
     let n = notices as i64;
-    assert_eq!(paid(&pool).await, n, "PAID payments");
-    assert_eq!(scalar(&pool, "SELECT count(*) FROM payments").await, n);
+    assert_eq!(paid_payments(&pool).await, n, "PAID payments");
+    assert_eq!(count(&pool, "SELECT count(*) FROM payments").await, n);
     assert_eq!(
-        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        count(&pool, "SELECT count(*) FROM webhook_events").await,
         n,
         "one event per notification"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(*) FROM webhook_events \
              WHERE settled_at IS NOT NULL AND settlement_error IS NULL"
@@ -486,7 +397,7 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
         "every event settled, none refused"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(*) FROM audit_logs WHERE action = 'payment.settle'"
         )
@@ -495,7 +406,7 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
         "settle audit rows"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(*) FROM payments p JOIN audit_logs a \
              ON a.target_id = p.order_id AND a.action = 'payment.settle'"
@@ -505,7 +416,7 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
         "exactly one settle audit row per payment"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(DISTINCT target_id) FROM audit_logs WHERE action = 'payment.settle'"
         )

@@ -7,20 +7,18 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::{Months, Utc};
-use entity::{
-    entities::{
-        payments::{self, PaymentStatus},
-        subscriptions::{self, SubscriptionStatus},
-        users,
-    },
-    payment::provider_a_signature,
+use chrono::Months;
+use entity::entities::{
+    payments,
+    subscriptions::{self, SubscriptionStatus},
 };
 use futures::StreamExt;
-use sea_orm::{sqlx, ActiveValue::Set, EntityTrait};
+use sea_orm::EntityTrait;
 use serde_json::json;
-use tests::{client, connect_db, wait_until, EnvMap, ProviderAStatusApi, Reply, Stack};
-use uuid::Uuid;
+use tests::{
+    client, connect_db, count, paid_payments, pending_pro_payments, provider_a_settlement,
+    wait_until, EnvMap, ProviderAStatusApi, Reply, Stack,
+};
 
 const A_KEY: &str = "SB-Mid-server-crash-tests";
 const N: usize = 1_000;
@@ -37,92 +35,6 @@ fn env(stack: &Stack, status: &wiremock::MockServer) -> EnvMap {
         .with("WORKER_CONCURRENCY", "8")
 }
 
-/// `N` FREE users, each with one PENDING PRO payment (provider_a), inserted
-/// in three statements; answers the order ids.
-async fn seed(db: &sea_orm::DatabaseConnection) -> Vec<String> {
-    let now = Utc::now();
-    let ids: Vec<Uuid> = (0..N).map(|_| Uuid::new_v4()).collect();
-    let orders: Vec<String> = (0..N)
-        .map(|_| entity::payment::new_order_id("ORD", now))
-        .collect();
-    users::Entity::insert_many(ids.iter().map(|&id| users::ActiveModel {
-        id: Set(id),
-        email: Set(Some(format!("{id}@example.com"))),
-        created_at: Set(now),
-    }))
-    .exec(db)
-    .await
-    .expect("insert users");
-    subscriptions::Entity::insert_many(ids.iter().map(|&id| subscriptions::ActiveModel {
-        user_id: Set(id),
-        plan: Set("FREE".into()),
-        status: Set(SubscriptionStatus::Active),
-        cancel_at_period_end: Set(false),
-        current_period_start: Set(None),
-        current_period_end: Set(None),
-        canceled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }))
-    .exec(db)
-    .await
-    .expect("insert subscriptions");
-    payments::Entity::insert_many(ids.iter().zip(&orders).map(|(&user, order)| {
-        payments::ActiveModel {
-            id: Set(Uuid::new_v4()),
-            order_id: Set(order.clone()),
-            user_id: Set(user),
-            plan: Set("PRO".into()),
-            amount: Set(99_000),
-            currency: Set("IDR".into()),
-            provider: Set("provider_a".into()),
-            status: Set(PaymentStatus::Pending),
-            checkout_token: Set(None),
-            payment_url: Set(None),
-            provider_reference: Set(None),
-            paid_at: Set(None),
-            idempotency_key: Set(None),
-            reconciled_at: Set(None),
-            created_at: Set(now),
-            updated_at: Set(now),
-        }
-    }))
-    .exec(db)
-    .await
-    .expect("insert payments");
-    orders
-}
-
-/// A signed provider_a `settlement` notification as Midtrans documents it.
-fn notification(order_id: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "transaction_time": "2026-11-23 10:00:00",
-        "transaction_status": "settlement",
-        "transaction_id": Uuid::new_v4().to_string(),
-        "status_message": "midtrans payment notification",
-        "status_code": "200",
-        "signature_key": provider_a_signature(order_id, "200", "99000.00", A_KEY),
-        "payment_type": "bank_transfer",
-        "order_id": order_id,
-        "merchant_id": "G000000000",
-        "gross_amount": "99000.00",
-        "fraud_status": "accept",
-        "currency": "IDR",
-    }))
-    .unwrap()
-}
-
-async fn scalar(pool: &sqlx::PgPool, sql: &'static str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-async fn paid(pool: &sqlx::PgPool) -> i64 {
-    scalar(pool, "SELECT count(*) FROM payments WHERE status = 'PAID'").await
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
     let started = Instant::now();
@@ -132,7 +44,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
     let api = stack.api(&env).await; // migrates
     let db = connect_db(&stack).await;
     let pool = stack.db.pool().await;
-    let orders = seed(&db).await;
+    let orders = pending_pro_payments(&db, N).await;
     for order in &orders {
         status.set(order, "settlement");
     }
@@ -145,7 +57,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
         tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
-                let n = paid(&pool).await;
+                let n = paid_payments(&pool).await;
                 if n >= 100 || Instant::now() > deadline {
                     worker.kill9();
                     return (n, worker);
@@ -161,7 +73,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
         let req = client()
             .post(&url)
             .header("content-type", "application/json")
-            .body(notification(order));
+            .body(provider_a_settlement(order, A_KEY));
         Reply::send(req)
     }))
     .buffer_unordered(32)
@@ -173,7 +85,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
     }
 
     let (paid_at_kill, _dead) = killer.await.unwrap();
-    let after_kill = paid(&pool).await;
+    let after_kill = paid_payments(&pool).await;
     assert!(
         (1..N as i64).contains(&after_kill),
         "the worker was killed part-way: {paid_at_kill} paid when killed, {after_kill} just after"
@@ -183,8 +95,8 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
     // A new worker: the orphaned jobs come back after missed heartbeats.
     let _worker2 = stack.worker(&env).await;
     let all = wait_until(Duration::from_secs(45), || async {
-        paid(&pool).await == N as i64
-            && scalar(
+        paid_payments(&pool).await == N as i64
+            && count(
                 &pool,
                 "SELECT count(*) FROM webhook_events WHERE settled_at IS NULL",
             )
@@ -195,23 +107,23 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
     assert!(
         all,
         "all settled after the restart: {} paid",
-        paid(&pool).await
+        paid_payments(&pool).await
     );
     // A little longer for any duplicate delivery to show itself.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
-    assert_eq!(paid(&pool).await, N as i64, "PAID payments");
+    assert_eq!(paid_payments(&pool).await, N as i64, "PAID payments");
     assert_eq!(
-        scalar(&pool, "SELECT count(*) FROM payments").await,
+        count(&pool, "SELECT count(*) FROM payments").await,
         N as i64
     );
     assert_eq!(
-        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        count(&pool, "SELECT count(*) FROM webhook_events").await,
         N as i64,
         "one event per notification"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(*) FROM webhook_events \
              WHERE settled_at IS NOT NULL AND settlement_error IS NULL"
@@ -221,7 +133,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
         "every event settled, none refused"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(*) FROM audit_logs WHERE action = 'payment.settle'"
         )
@@ -230,7 +142,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
         "settle audit rows"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(DISTINCT target_id) FROM audit_logs WHERE action = 'payment.settle'"
         )
@@ -239,7 +151,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
         "exactly one settle audit row per order"
     );
     assert_eq!(
-        scalar(
+        count(
             &pool,
             "SELECT count(*) FROM payments p JOIN audit_logs a \
              ON a.target_id = p.order_id AND a.action = 'payment.settle'"
