@@ -3,7 +3,9 @@
 //! answers 200 and counts) for measuring the worker's drain rate.
 //!
 //! `cargo run --release -p api --example bench_peer -- 127.0.0.1:9999`
-//! `GET /count` returns the number of emails received so far.
+//! `GET /count` returns the number of emails answered so far. The fake email
+//! API answers after `EMAIL_DELAY_MS` milliseconds (default 0: at once), as
+//! a real provider's round trip would, and counts an email when it answers.
 //! `GET /auth/v1/.well-known/jwks.json` publishes a fixed ES256 key (kid
 //! `bench-es256`), as the auth platform does, for the session benchmarks.
 //!
@@ -18,6 +20,9 @@
 //! Load split by status (overload and shedding):
 //! `bench_peer load <url> <connections> <seconds> <json body with {n}>`
 //! prints, per answer status, the count, median, p99 and max latency.
+//! `LOAD_RETRY_AFTER=1`: a connection refused with 503 and `Retry-After`
+//! waits that long before its next request; `LOAD_REQUESTS=<n>`: at most
+//! `n` requests in all (see the `load` module).
 //!
 //! Payments (issue 8):
 //! * instant fake providers: `POST /snap/v1/transactions` answers provider_a's
@@ -75,9 +80,23 @@ fn bare() -> &'static str {
     "ok"
 }
 
+/// How long the fake email API takes to answer (`EMAIL_DELAY_MS`, default 0:
+/// at once), as a real provider's round trip would.
+#[derive(Clone, Copy)]
+struct EmailDelay(std::time::Duration);
+
+/// The fake email API: reads the body, waits [`EmailDelay`], counts the
+/// email (so `GET /count` counts answered sends), answers 200.
 #[handler]
-fn emails(count: Data<&Arc<AtomicU64>>, body: poem::Body) -> poem::Response {
-    drop(body);
+async fn emails(
+    count: Data<&Arc<AtomicU64>>,
+    Data(EmailDelay(delay)): Data<&EmailDelay>,
+    body: poem::Body,
+) -> poem::Response {
+    let _ = body.into_bytes().await;
+    if !delay.is_zero() {
+        tokio::time::sleep(*delay).await;
+    }
     let n = count.fetch_add(1, Ordering::Relaxed) + 1;
     poem::Response::builder()
         .content_type("application/json")
@@ -731,7 +750,11 @@ async fn main() -> std::io::Result<()> {
         .at("/v2/:order_id/status", get(snap_status))
         .at("/checkout/v1/payment", post(doku_payment))
         .at("/v1/chat/completions", post(chat_completions))
-        .data(count);
+        .data(count)
+        .data(EmailDelay(std::time::Duration::from_millis(env_u64(
+            "EMAIL_DELAY_MS",
+            0,
+        ))));
     println!("bench peer on http://{addr}");
     Server::new(TcpListener::bind(addr)).run(app).await
 }
@@ -743,19 +766,40 @@ async fn main() -> std::io::Result<()> {
 /// admitted requests (200) and the shed ones (503) of an overloaded server
 /// are told apart. `{n}` in the body becomes a number unique per request.
 /// Only `content-length` answers are understood (JSON and problem bodies).
+///
+/// Options (environment):
+/// * `LOAD_RETRY_AFTER=1`: a connection answered 503 with `Retry-After:
+///   <seconds>` (the delay-seconds form) waits that long before its next
+///   request, as the refusal asks of a client (the wait is cut short at the
+///   run's end, and is not part of any latency); the connection stays open.
+///   Unset: the next request goes at once, as wrk's would.
+/// * `LOAD_REQUESTS=<n>`: at most `n` requests in all, then the connections
+///   stop (the run also ends at `<seconds>`); used to queue a known number
+///   of jobs.
 mod load {
-    use std::{collections::BTreeMap, time::Duration};
+    use std::{
+        collections::BTreeMap,
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc,
+        },
+        time::Duration,
+    };
 
     use tokio::{
         io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
         net::TcpStream,
     };
 
-    async fn one(
-        s: &mut BufReader<TcpStream>,
-        head: &str,
-        body: &str,
-    ) -> std::io::Result<(u16, bool)> {
+    /// One answer: its status, whether the server closes the connection,
+    /// and its `Retry-After` in seconds (delay-seconds form only).
+    struct Answer {
+        status: u16,
+        close: bool,
+        retry_after: Option<Duration>,
+    }
+
+    async fn one(s: &mut BufReader<TcpStream>, head: &str, body: &str) -> std::io::Result<Answer> {
         let req = format!("{head}content-length: {}\r\n\r\n{body}", body.len());
         s.get_mut().write_all(req.as_bytes()).await?;
         let mut line = String::new();
@@ -765,7 +809,7 @@ mod load {
             .nth(1)
             .and_then(|c| c.parse().ok())
             .ok_or_else(|| std::io::Error::other(format!("status line {line:?}")))?;
-        let (mut len, mut close) = (0usize, false);
+        let (mut len, mut close, mut retry_after) = (0usize, false, None);
         loop {
             line.clear();
             if s.read_line(&mut line).await? == 0 {
@@ -781,10 +825,17 @@ mod load {
             if l.starts_with("connection:") && l.contains("close") {
                 close = true;
             }
+            if let Some(v) = l.strip_prefix("retry-after:") {
+                retry_after = v.trim().parse().ok().map(Duration::from_secs);
+            }
         }
         let mut buf = vec![0u8; len];
         s.read_exact(&mut buf).await?;
-        Ok((status, close))
+        Ok(Answer {
+            status,
+            close,
+            retry_after,
+        })
     }
 
     pub async fn run(url: &str, conns: usize, secs: u64, body: &str) {
@@ -798,13 +849,20 @@ mod load {
             "POST {} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n",
             u.path()
         );
-        let until = std::time::Instant::now() + Duration::from_secs(secs);
+        let honour = std::env::var("LOAD_RETRY_AFTER").is_ok_and(|v| v == "1");
+        let cap: Option<usize> = std::env::var("LOAD_REQUESTS")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let sent = Arc::new(AtomicUsize::new(0));
+        let started = std::time::Instant::now();
+        let until = started + Duration::from_secs(secs);
         let tasks: Vec<_> = (0..conns)
             .map(|c| {
                 let (addr, head, body) = (addr.clone(), head.clone(), body.to_string());
+                let sent = sent.clone();
                 tokio::spawn(async move {
                     let mut seen: Vec<(u16, Duration)> = Vec::new();
-                    let mut errors = 0usize;
+                    let (mut errors, mut waits) = (0usize, 0usize);
                     let mut conn: Option<BufReader<TcpStream>> = None;
                     let mut n = 0usize;
                     while std::time::Instant::now() < until {
@@ -822,6 +880,9 @@ mod load {
                                 }
                             },
                         };
+                        if cap.is_some_and(|cap| sent.fetch_add(1, Ordering::Relaxed) >= cap) {
+                            break;
+                        }
                         n += 1;
                         let ip = format!(
                             "x-forwarded-for: 10.{}.{}.{}\r\n",
@@ -832,33 +893,46 @@ mod load {
                         let b = body.replace("{n}", &format!("{c}-{n}-{}", std::process::id()));
                         let t0 = std::time::Instant::now();
                         match one(&mut s, &format!("{head}{ip}"), &b).await {
-                            Ok((status, close)) => {
-                                seen.push((status, t0.elapsed()));
-                                if !close {
+                            Ok(a) => {
+                                seen.push((a.status, t0.elapsed()));
+                                if !a.close {
                                     conn = Some(s);
+                                }
+                                if let (true, 503, Some(wait)) = (honour, a.status, a.retry_after) {
+                                    waits += 1;
+                                    let left =
+                                        until.saturating_duration_since(std::time::Instant::now());
+                                    tokio::time::sleep(wait.min(left)).await;
                                 }
                             }
                             Err(_) => errors += 1,
                         }
                     }
-                    (seen, errors)
+                    (seen, errors, waits)
                 })
             })
             .collect();
         let mut by_status: BTreeMap<u16, Vec<Duration>> = BTreeMap::new();
-        let mut errors = 0;
+        let (mut errors, mut waits) = (0, 0);
         for t in tasks {
-            let (seen, e) = t.await.expect("task");
+            let (seen, e, w) = t.await.expect("task");
             errors += e;
+            waits += w;
             for (s, d) in seen {
                 by_status.entry(s).or_default().push(d);
             }
         }
+        // With LOAD_REQUESTS the run may end before `secs`: rates are over
+        // the time the connections ran.
+        let ran = started.elapsed().as_secs_f64().min(secs as f64).max(1e-3);
         let total: usize = by_status.values().map(Vec::len).sum();
         println!(
-            "load {url}: {conns} connections, {secs} s: {total} answers ({:.0}/s), {errors} transport errors",
-            total as f64 / secs as f64
+            "load {url}: {conns} connections, {ran:.1} s: {total} answers ({:.0}/s), {errors} transport errors",
+            total as f64 / ran
         );
+        if honour {
+            println!("load retry-after: honoured ({waits} waits after a 503 with Retry-After)");
+        }
         for (status, v) in &mut by_status {
             v.sort();
             println!(
