@@ -19,8 +19,13 @@
 # caller, vs GET /api/health in the same run)
 #   bash bench/run.sh me
 # Operations (issue 30; not in the default list, run by name): metrics (on vs off on
-# POST /api/contact), shed (1,024 connections on POST /api/waitlist with shedding on)
+# POST /api/contact), shed (1,024 connections on POST /api/waitlist with shedding on,
+# clients ignoring Retry-After, then honouring it)
 #   bash bench/run.sh metrics shed
+# Worker scaling (not in the default list; run it alone: the fake email API then
+# answers in 5 ms for the whole run): drain-scale (DRAIN_JOBS, 100,000, email
+# jobs drained by 1, 2 and 4 worker processes; throughput of each as a ratio of one)
+#   bash bench/run.sh drain-scale
 # BIN (default target/release) picks the binaries; NO_BUILD=1 skips the release
 # build, e.g. a smoke test with debug binaries:
 #   BIN=target/debug NO_BUILD=1 DUR=3s bash bench/run.sh ai-ttfb
@@ -33,7 +38,8 @@
 # one the api, the fake or PostgreSQL holds, as a client on its own machine
 # does; needs root:
 #   CLIENT_RT=50 TTFB_N=1000 bash bench/run.sh ai-ttfb
-# Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS);
+# Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS,
+# drain-scale by DRAIN_FILL_SECS and DRAIN_MAX_SECS, bench_peer load by its seconds);
 # all traffic stays on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,7 +83,10 @@ trap cleanup EXIT
 
 psql -h 127.0.0.1 -U postgres -qc "create database $DB"
 if curl -s -o /dev/null "http://$PEER/count"; then echo "port of $PEER is taken; set PEER_PORT" >&2; exit 1; fi
-"$BIN/examples/bench_peer" "$PEER" > "$OUT/peer.log" 2>&1 & PEER_PID=$!
+# EMAIL_DELAY_MS: how long the fake email API takes to answer; 5 ms when the
+# drain-scale section runs (for the whole run: run it alone), else 0.
+EMAIL_DELAY_MS=${EMAIL_DELAY_MS:-$(want drain-scale && echo 5 || echo 0)}
+EMAIL_DELAY_MS=$EMAIL_DELAY_MS "$BIN/examples/bench_peer" "$PEER" > "$OUT/peer.log" 2>&1 & PEER_PID=$!
 for _ in $(seq 1 50); do curl -s -o /dev/null "http://$PEER/count" && break; sleep 0.1; done
 
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB${PG_PARAMS:-}" REDIS_URL=redis://127.0.0.1:6379 \
@@ -258,6 +267,68 @@ if want drain; then
   kill "$WORKER_PID" 2>/dev/null || true
   wait "$WORKER_PID" 2>/dev/null || true
   WORKER_PID=
+fi
+
+# Drain scaling: DRAIN_JOBS (100,000) email jobs drained by 1, 2 and 4 worker
+# processes (DRAIN_PROCS, default "1 2 4") against the fake email API answering
+# in EMAIL_DELAY_MS (5 ms here, set when bench_peer starts; 0 for every other
+# section). For each count: the queue is filled with no worker running, by
+# POST /api/contact from `bench_peer load` (DRAIN_FILL_CONN, 64, connections;
+# LOAD_REQUESTS=DRAIN_JOBS caps the requests, DRAIN_FILL_SECS, 600, bounds the
+# time), the jobs queued are read from Redis, then the N workers start together
+# (the same environment as the drain section: every queue served, each process
+# with WORKER_CONCURRENCY=64 email jobs in flight, i.e. 4 apalis workers of 16,
+# so 64 x N in all), and the clock stops when the email queue and its in-flight
+# sets are empty and the fake has answered that many more emails (polled every
+# 0.1 s, bounded by DRAIN_MAX_SECS, 600). Throughput is jobs over the time from
+# the workers' start (their start-up included; also given from the first email
+# answered), then each as a ratio of one process's. Not in the default list.
+#   bash bench/run.sh drain-scale
+if want drain-scale; then
+  email_backlog() { echo $(( $(redis-cli llen "$PREFIX:email:active") + $(redis-cli zcard "$PREFIX:email:scheduled") )); }
+  email_inflight() { redis-cli --scan --pattern "$PREFIX:email:inflight*" | xargs -r -n 1 redis-cli scard | awk '{s += $1} END {print s + 0}'; }
+  sent() { curl -s "http://$PEER/count"; }
+  jobs=${DRAIN_JOBS:-100000} procs=${DRAIN_PROCS:-1 2 4}
+  declare -A rate=()
+  summary=()
+  echo "### drain-scale: $jobs email jobs per count, fake email API delay ${EMAIL_DELAY_MS} ms, WORKER_CONCURRENCY=$WORKER_CONCURRENCY per process; $(load)"
+  for n in $procs; do
+    [ "$(email_backlog)" = 0 ] || echo "drain-scale: $(email_backlog) email jobs were already queued; they are drained and counted too"
+    LOAD_REQUESTS=$jobs "$BIN/examples/bench_peer" load "$BASE/api/contact" "${DRAIN_FILL_CONN:-64}" "${DRAIN_FILL_SECS:-600}" \
+      '{"name":"Bench","email":"d{n}@example.com","message":"Hello from bench_peer"}' > "$OUT/drain-scale-fill-$n.txt"
+    queued=$(email_backlog)
+    echo "drain-scale $n: filled: $(grep -E '^load (status|http)' "$OUT/drain-scale-fill-$n.txt" | tr '\n' ' ')"
+    before=$(sent)
+    pids=()
+    start=$(date +%s.%N)
+    for i in $(seq 1 "$n"); do
+      "$BIN/worker" > "$OUT/worker-scale-$n-$i.out" 2> "$OUT/worker-scale-$n-$i.err" & pids+=($!)
+    done
+    EXTRA_PIDS+=("${pids[@]}")
+    deadline=$(( $(date +%s) + ${DRAIN_MAX_SECS:-600} ))
+    first="" first_s=0 done_=0
+    while :; do
+      s=$(( $(sent) - before ))
+      [ -z "$first" ] && [ "$s" -gt 0 ] && first=$(date +%s.%N) first_s=$s
+      if [ "$s" -ge "$queued" ] && [ "$(email_backlog)" = 0 ] && [ "$(email_inflight)" = 0 ]; then done_=1; break; fi
+      [ "$(date +%s)" -ge "$deadline" ] && break
+      sleep 0.1
+    done
+    end=$(date +%s.%N)
+    s=$(( $(sent) - before ))
+    [ "$done_" = 1 ] || echo "drain-scale $n: gave up after ${DRAIN_MAX_SECS:-600} s: $s of $queued answered, $(email_backlog) queued, $(email_inflight) in flight"
+    secs=$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.2f", b - a}')
+    rate[$n]=$(awk -v s="$s" -v a="$start" -v b="$end" 'BEGIN {printf "%.0f", s / (b - a)}')
+    rss_all=$(for p in "${pids[@]}"; do awk '/VmHWM/ {printf "%.0f ", $2 / 1024}' "/proc/$p/status" || true; done)
+    echo "drain-scale $n: $n worker process(es) drained $queued jobs in $secs s: ${rate[$n]} jobs/s from their start ($(awk -v s="$((s - ${first_s:-0}))" -v a="${first:-$start}" -v b="$end" 'BEGIN {printf "%.0f", s / (b - a)}') jobs/s from the first email answered); email API answered $s; worker peak RSS ${rss_all}MiB; dead letters $(redis-cli zcard "$PREFIX:email:dead" 2>/dev/null || echo ?); $(load)"
+    kill "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+  done
+  one=${rate[${procs%% *}]}
+  for n in $procs; do
+    summary+=("$n process(es) ${rate[$n]} jobs/s, x$(awk -v a="${rate[$n]}" -v b="$one" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}')")
+  done
+  echo "drain-scale: $(printf '%s; ' "${summary[@]}")ratios to ${procs%% *} process(es); $(load)" | tee "$OUT/drain-scale.txt"
 fi
 
 # ---- Payments (issue 8) ------------------------------------------------------
@@ -655,7 +726,14 @@ fi
 # Shedding: POST /api/waitlist from SHED_CONN (1,024) connections against an
 # api with the default HTTP_MAX_IN_FLIGHT (or SHED_MAX); as the reference of the
 # same run, 32 connections; and the same 1,024 against an api that does not
-# shed (HTTP_MAX_IN_FLIGHT=0). Each load gets a fresh api (so its peak RSS,
+# shed (HTTP_MAX_IN_FLIGHT=0). These three loads are closed loops whose
+# clients ignore Retry-After: a refused connection sends again at once, so the
+# api is saturated by refusals and, by Little's law, every answer waits about
+# connections / throughput. A fourth load, 1,024 connections against a
+# shedding api again, has clients honouring Retry-After (bench_peer load with
+# LOAD_RETRY_AFTER=1: after a 503 with `Retry-After: 1` a connection waits
+# that second before its next request, as the refusal asks). Each load runs
+# SHED_SECS (15) s and gets a fresh api (so its peak RSS,
 # VmHWM, and its histograms are its own run's), with METRICS_TOKEN set.
 # Latency two ways: by the client (bench_peer load: send to last byte, split by
 # status, including the wait of a request in the socket until the api reads
@@ -680,19 +758,26 @@ PY
 shed_run() { # name, port, connections, extra env...
   local name=$1 port=$2 conns=$3; shift 3
   start_api "$port" METRICS_TOKEN=$METRICS_TOKEN_BENCH "$@"
-  echo "### $name: $conns connections ($*)"
+  echo "### $name: $conns connections ($*), clients $([ "${LOAD_RETRY_AFTER:-}" = 1 ] && echo honouring || echo ignoring) Retry-After"
   "$BIN/examples/bench_peer" load "http://127.0.0.1:$port/api/waitlist" "$conns" "${SHED_SECS:-15}" \
     '{"email":"s{n}@example.com","name":"Bench"}' | tee "$OUT/$name.txt"
   curl -s -H "Authorization: Bearer $METRICS_TOKEN_BENCH" "http://127.0.0.1:$port/metrics" > "$OUT/$name.metrics"
   echo "$name: api's own p99: 200 $(hist_p99 "$OUT/$name.metrics" 200); 503 $(hist_p99 "$OUT/$name.metrics" 503)"
-  echo "$name: api RSS $(rss "$EXTRA_PID"); $(load)"
+  SHED_RSS[$name]=$(rss "$EXTRA_PID")
+  echo "$name: api RSS ${SHED_RSS[$name]}; $(load)"
   stop_api "$EXTRA_PID"
 }
+declare -A SHED_RSS=()
 if want shed; then
   shed_run shed-32 $((API_PORT + 3)) 32 ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
   shed_run shed-1024 $((API_PORT + 4)) "${SHED_CONN:-1024}" ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
   shed_run noshed-1024 $((API_PORT + 5)) "${SHED_CONN:-1024}" HTTP_MAX_IN_FLIGHT=0
+  LOAD_RETRY_AFTER=1 shed_run shed-1024-retry-after $((API_PORT + 6)) "${SHED_CONN:-1024}" ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
   p99() { awk -v s="$2" '$0 ~ "^load status " s ":" {for (i = 1; i <= NF; i++) if ($i == "p99") print $(i + 1)}' "$1"; }
-  ref=$(p99 "$OUT/shed-32.txt" 200); adm=$(p99 "$OUT/shed-1024.txt" 200)
-  echo "shed: client-side admitted p99 $adm ms at ${SHED_CONN:-1024} connections vs $ref ms at 32: $(echo "scale=2; $adm / $ref" | bc) x (goal <= 3); refusals p99 $(p99 "$OUT/shed-1024.txt" 503) ms"
+  ref=$(p99 "$OUT/shed-32.txt" 200)
+  for r in "shed-1024 ignoring" "shed-1024-retry-after honouring"; do
+    read -r nm mode <<< "$r"
+    adm=$(p99 "$OUT/$nm.txt" 200)
+    echo "shed (clients $mode Retry-After): client-side admitted p99 ${adm:-none} ms at ${SHED_CONN:-1024} connections vs $ref ms at 32: $([ -n "$adm" ] && echo "scale=2; $adm / $ref" | bc) x (goal <= 3); refusals p99 $(p99 "$OUT/$nm.txt" 503) ms; api RSS ${SHED_RSS[$nm]}"
+  done
 fi
