@@ -26,6 +26,10 @@
 # answers in 5 ms for the whole run): drain-scale (DRAIN_JOBS, 100,000, email
 # jobs drained by 1, 2 and 4 worker processes; throughput of each as a ratio of one)
 #   bash bench/run.sh drain-scale
+# Two builds compared in turns (bench/compare.sh: run.sh per build and turn,
+# then one table per measured run: req/s, p99, CPU per request):
+#   BEFORE=/work/base/target/release bash bench/compare.sh health waitlist payments-seed webhook \
+#     ai-generate auth-user auth-refresh
 # BIN (default target/release) picks the binaries; NO_BUILD=1 skips the release
 # build, e.g. a smoke test with debug binaries:
 #   BIN=target/debug NO_BUILD=1 DUR=3s bash bench/run.sh ai-ttfb
@@ -61,7 +65,9 @@ SECTIONS=${*:-bare health contact waitlist drain profile jwks upload verify paym
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 # The AI sections use a catalogue whose FREE plan (every new user's) has its
 # AI limits raised (bench/ai_plans.toml); the other plans are unchanged.
-PLANS=config/plans.toml
+# BENCH_PLANS replaces config/plans.toml for the other sections (compare.sh
+# gives an older api the catalogue of its own commit, which it can parse).
+PLANS=${BENCH_PLANS:-config/plans.toml}
 [[ " $SECTIONS " == *" ai-"* ]] && PLANS=bench/ai_plans.toml
 # The auth sections run the api as its own identity provider (AUTH_PROVIDER=
 # builtin), new accounts confirmed at once, the per-IP auth limits out of the way.
