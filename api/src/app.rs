@@ -212,17 +212,22 @@ pub async fn build_state(
     let settings_for_ai = settings.clone();
     let oauth =
         worker::oauth::OAuthClients::new(&settings.oauth).context("OAuth provider client")?;
+    let accounts = crate::account_cache::AccountCache::start(&db, shutdown);
     let idp = if settings.auth_provider == entity::settings::AuthProvider::Builtin
         && settings.toggles.auth
     {
         Some(Arc::new(
-            crate::idp::Idp::new(settings.clone(), db.clone(), queues.clone())
-                .context("the built-in identity provider")?,
+            crate::idp::Idp::new(
+                settings.clone(),
+                db.clone(),
+                queues.clone(),
+                accounts.clone(),
+            )
+            .context("the built-in identity provider")?,
         ))
     } else {
         None
     };
-    let accounts = crate::account_cache::AccountCache::start(&db, shutdown);
     Ok(AppState {
         accounts,
         idp,

@@ -199,7 +199,7 @@ impl AppState {
     ) -> Result<(UserContext, String), ApiError> {
         let (identity, grant) = self.checked_identity(auth, gate).await?;
         let email = identity.email.as_deref();
-        if let Some(hit) = self.accounts.get(identity.user_id, email) {
+        if let Some(hit) = self.accounts.plan(identity.user_id, email) {
             return Ok(hit);
         }
         let ticket = self.accounts.ticket();
@@ -209,7 +209,7 @@ impl AppState {
                 users::ensure_user_with_plan(&self.db, &identity, &grant),
             )
             .await?;
-        self.accounts.put(ticket, email, &found);
+        self.accounts.put_plan(ticket, email, &found);
         Ok(found)
     }
 

@@ -23,5 +23,4 @@ pub mod shed;
 pub mod spec;
 pub mod sse;
 pub mod state;
-pub mod user_cache;
 pub mod verified;

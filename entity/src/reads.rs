@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Utc};
 use sea_orm::{
     sea_query::{Expr, ExprTrait as _, Func, LikeExpr},
     ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -17,34 +16,23 @@ use crate::{
     page::{Cursor, Page},
 };
 
-/// What `GET /api/me` shows beside the session's id, email and role.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Account {
+/// The rows `GET /api/me` shows beside the session's account, plan and AI
+/// usage.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Details {
     /// The profile row, if one was ever saved.
     pub profile: Option<profiles::Model>,
     /// The subscription row, if any.
     pub subscription: Option<subscriptions::Model>,
-    /// The plan in force ([`ai::plan_in_force`]).
-    pub plan: String,
-    /// AI tokens (input + output) recorded this calendar month (UTC).
-    pub ai_tokens_this_month: u64,
 }
 
-/// The account of `user_id` as of `now` (three reads, no write).
-pub async fn account<C: ConnectionTrait>(
-    db: &C,
-    user_id: Uuid,
-    now: DateTime<Utc>,
-) -> Result<Account, DbErr> {
+/// The profile and subscription rows of `user_id` (two reads by key).
+pub async fn details<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<Details, DbErr> {
     let profile = profiles::Entity::find_by_id(user_id).one(db).await?;
     let subscription = subscriptions::Entity::find_by_id(user_id).one(db).await?;
-    let plan = ai::plan_in_force(subscription.as_ref().map(|s| (s.plan.clone(), s.status)));
-    let ai_tokens_this_month = ai::tokens_this_month(db, user_id, now).await?;
-    Ok(Account {
+    Ok(Details {
         profile,
         subscription,
-        plan,
-        ai_tokens_this_month,
     })
 }
 

@@ -111,7 +111,7 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     assert!(b["ai_usage"]["requests_per_5min"].as_u64().unwrap() >= 1);
     assert!(b["ai_usage"]["resets_at"].as_str().unwrap().contains('T'));
 
-    // A saved profile and a PRO subscription show up.
+    // A saved profile shows at once (this process wrote it).
     let r = Reply::send(
         client()
             .post(api.url("/api/profile"))
@@ -120,6 +120,16 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
+    let r = get_auth(&api.url("/api/me"), &t).await;
+    assert_eq!(r.json["profile"]["full_name"], "Me Myself", "{}", r.text);
+
+    // A PRO subscription and recorded AI usage, written by other processes
+    // (the worker's settlement and usage recording; here SQL), show up on
+    // this api and on another one that has the account in memory: each
+    // drops it when PostgreSQL notifies the change.
+    let other = stack.api(&stack.session_env(JWT, SERVICE)).await;
+    let r = get_auth(&other.url("/api/me"), &t).await;
+    assert_eq!(r.json["profile"]["full_name"], "Me Myself", "{}", r.text);
     let pool = stack.db.pool().await;
     let end = Utc::now() + ChronoDuration::days(30);
     sqlx_exec(
@@ -138,17 +148,45 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     .execute(&pool)
     .await
     .expect("insert usage");
-    let r = get_auth(&api.url("/api/me"), &t).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let b = &r.json;
-    assert_eq!(b["profile"]["full_name"], "Me Myself");
-    assert_eq!(b["subscription"]["plan"], "PRO");
-    assert_eq!(b["subscription"]["status"], "cancel_at_period_end");
-    assert_eq!(b["subscription"]["cancel_at_period_end"], true);
-    assert!(b["subscription"]["current_period_end"].is_string(), "{b}");
-    assert_eq!(b["ai_usage"]["tokens_used"], 123);
-    let pro_limit = b["ai_usage"]["tokens_limit"].as_u64().unwrap();
-    assert_eq!(b["ai_usage"]["tokens_remaining"], pro_limit - 123);
+    for a in [&api, &other] {
+        let mut r = get_auth(&a.url("/api/me"), &t).await;
+        let shown = |r: &Reply| {
+            r.json["subscription"]["plan"] == "PRO" && r.json["ai_usage"]["tokens_used"] == 123
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !shown(&r) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            r = get_auth(&a.url("/api/me"), &t).await;
+        }
+        assert_eq!(r.status, 200, "{}", r.text);
+        let b = &r.json;
+        assert_eq!(b["profile"]["full_name"], "Me Myself");
+        assert_eq!(b["subscription"]["plan"], "PRO", "{b}");
+        assert_eq!(b["subscription"]["status"], "cancel_at_period_end");
+        assert_eq!(b["subscription"]["cancel_at_period_end"], true);
+        assert!(b["subscription"]["current_period_end"].is_string(), "{b}");
+        assert_eq!(b["ai_usage"]["tokens_used"], 123, "{b}");
+        let pro_limit = b["ai_usage"]["tokens_limit"].as_u64().unwrap();
+        assert_eq!(b["ai_usage"]["tokens_remaining"], pro_limit - 123);
+    }
+
+    // A second usage row: only the usage moves.
+    sqlx::query(
+        "INSERT INTO ai_usage (id, user_id, provider, model, route, input_tokens, output_tokens, aborted, estimated, created_at) \
+         VALUES ($1, $2, 'openai', 'm', 'chat', 7, 0, false, false, now())",
+    )
+    .bind(Uuid::new_v4())
+    .bind(user)
+    .execute(&pool)
+    .await
+    .expect("insert usage");
+    assert!(
+        tests::wait_until(std::time::Duration::from_secs(5), || async {
+            get_auth(&other.url("/api/me"), &t).await.json["ai_usage"]["tokens_used"] == 130
+        })
+        .await,
+        "the second usage row never showed"
+    );
 
     // No token: 401.
     let r = tests::get(&api.url("/api/me")).await;

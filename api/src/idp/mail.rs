@@ -95,7 +95,7 @@ impl Idp {
                 .await??;
                 self.bounded(account::retake_pending(&self.db, a.user_id, None, meta))
                     .await??;
-                self.user_changed(a.user_id).await;
+                self.user_changed(a.user_id);
                 (a.user_id, MailKind::Confirmation, false)
             }
             None if !req.create_user => {
@@ -262,7 +262,7 @@ impl Idp {
             self.bounded(otp::stamp_mail_sent(&self.db, m.user_id, m.kind))
                 .await??;
         }
-        self.user_changed(m.user_id).await;
+        self.user_changed(m.user_id);
         let flow_id = match m.pkce {
             Some((challenge, method)) => Some(
                 self.bounded(flow::create_flow_state(

@@ -25,7 +25,7 @@ use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 use worker::Queues;
 
-use crate::{user_cache::UserCache, verified::VerifiedTokens};
+use crate::{account_cache::AccountCache, verified::VerifiedTokens};
 
 pub use keys::KeySet;
 
@@ -56,8 +56,9 @@ pub struct Idp {
     verified: VerifiedTokens<AccessClaims>,
     /// One permit per core for password hashing ([`Idp::hashing`]).
     hashing: tokio::sync::Semaphore,
-    /// `GET /user` answers per session, validated in Redis ([`UserCache`]).
-    users: UserCache<UserJson>,
+    /// The api's one cache of accounts: `GET /user` answers per session
+    /// ([`AccountCache::session_user`]).
+    accounts: Arc<AccountCache>,
 }
 
 /// Why an access token was refused.
@@ -95,6 +96,7 @@ impl Idp {
         settings: Arc<Settings>,
         db: DatabaseConnection,
         queues: Queues,
+        accounts: Arc<AccountCache>,
     ) -> anyhow::Result<Self> {
         let keys = keys::load(
             settings.auth_jwt_private_key.as_deref(),
@@ -127,11 +129,7 @@ impl Idp {
             hashing: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, usize::from),
             ),
-            users: UserCache::new(
-                queues.redis(),
-                &settings.queue_prefix,
-                settings.dependency_timeout,
-            ),
+            accounts,
             queues,
             settings,
         })
@@ -156,10 +154,11 @@ impl Idp {
     }
 
     /// Records that `user_id`'s account, identities or sessions changed (after
-    /// the change committed, before answering): `GET /user` answers cached
-    /// for the user, in this process and the others, are no longer used.
-    pub async fn user_changed(&self, user_id: Uuid) {
-        self.users.changed(user_id).await;
+    /// the change committed, before answering): this process drops what it
+    /// kept of the user at once; the others when PostgreSQL's notification
+    /// of the change reaches them ([`crate::account_cache`]).
+    pub fn user_changed(&self, user_id: Uuid) {
+        self.accounts.forget(user_id);
     }
 
     async fn bounded<F: std::future::Future>(&self, f: F) -> Result<F::Output, AuthApiError> {

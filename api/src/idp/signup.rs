@@ -76,7 +76,7 @@ impl Idp {
                             meta.clone(),
                         ))
                         .await??;
-                    self.user_changed(acc.user_id).await;
+                    self.user_changed(acc.user_id);
                     if taken {
                         let mut mail =
                             Outgoing::new(acc.user_id, MailKind::Confirmation, &acc.email, &norm)

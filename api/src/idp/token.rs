@@ -176,7 +176,7 @@ impl Idp {
             .await??;
         self.bounded(account::record_sign_in(&self.db, user_id))
             .await??;
-        self.user_changed(user_id).await;
+        self.user_changed(user_id);
         self.grant_for(issued).await
     }
 
@@ -234,7 +234,7 @@ impl Idp {
             Ok(issued) => issued,
             Err(IdentityError::RefreshTokenAlreadyUsed { user_id }) => {
                 // The session was revoked.
-                self.user_changed(user_id).await;
+                self.user_changed(user_id);
                 return Err(IdentityError::RefreshTokenAlreadyUsed { user_id }.into());
             }
             Err(e) => return Err(e.into()),
@@ -273,7 +273,7 @@ impl Idp {
             scope,
         ))
         .await??;
-        self.user_changed(claims.sub).await;
+        self.user_changed(claims.sub);
         Ok(())
     }
 }

@@ -3,7 +3,6 @@
 use entity::identity::{account, flow, otp, otp::MailKind, password, sessions, IdentityError};
 
 use super::*;
-use crate::user_cache::Lookup;
 
 /// A session signed in longer ago than this needs the reauthentication
 /// nonce to change the password (the platform's 24 h).
@@ -15,10 +14,10 @@ impl Idp {
     pub async fn current_user(&self, bearer: Option<&str>) -> Result<UserJson, AuthApiError> {
         let token = bearer.ok_or_else(AuthApiError::no_authorization)?;
         let claims = self.verify_access(token)?;
-        let generation = match self.users.lookup(claims.sub, claims.session_id).await {
-            Lookup::Hit(user) => return Ok(user),
-            Lookup::Miss(generation) => generation,
-        };
+        if let Some(user) = self.accounts.session_user(claims.sub, claims.session_id) {
+            return Ok(user);
+        }
+        let ticket = self.accounts.ticket();
         let view = self
             .bounded(account::load_for_session(
                 &self.db,
@@ -27,10 +26,8 @@ impl Idp {
             ))
             .await??;
         let user = UserJson::from_view(&view);
-        if let Some(generation) = generation {
-            self.users
-                .store(claims.sub, claims.session_id, generation, &user);
-        }
+        self.accounts
+            .put_session_user(ticket, claims.sub, claims.session_id, &user);
         Ok(user)
     }
 
@@ -74,7 +71,7 @@ impl Idp {
                     Some(claims.session_id),
                 ))
                 .await;
-            self.user_changed(claims.sub).await;
+            self.user_changed(claims.sub);
             revoked??;
         }
         if let Some(data) = req.data {
@@ -82,7 +79,7 @@ impl Idp {
                 serde_json::Value::Object(m) => {
                     self.bounded(account::merge_metadata(&self.db, claims.sub, m))
                         .await??;
-                    self.user_changed(claims.sub).await;
+                    self.user_changed(claims.sub);
                 }
                 serde_json::Value::Null => {}
                 _ => return Err(AuthApiError::validation("data must be an object")),
@@ -96,7 +93,7 @@ impl Idp {
                     &self.db, claims.sub, &new_email, &new_norm,
                 ))
                 .await??;
-                self.user_changed(claims.sub).await;
+                self.user_changed(claims.sub);
                 self.send_email_change(
                     &acc,
                     &new_email,

@@ -98,7 +98,7 @@ impl Idp {
         }
         .await;
         // Also when the second step failed: the first may have committed.
-        self.user_changed(row.user_id).await;
+        self.user_changed(row.user_id);
         applied?;
         Ok((row.user_id, row.flow_state_id))
     }

@@ -135,11 +135,14 @@ async fn set_role_inner(
         ))
         .await?
     {
-        Ok(change) => Ok(RoleResult {
-            success: true,
-            user_id: change.user_id.to_string(),
-            role: change.role.as_str().to_string(),
-        }),
+        Ok(change) => {
+            state.accounts.forget(change.user_id);
+            Ok(RoleResult {
+                success: true,
+                user_id: change.user_id.to_string(),
+                role: change.role.as_str().to_string(),
+            })
+        }
         Err(RoleError::Forbidden) => Err(ApiError::Forbidden(
             "forbidden",
             "the admin role is required".into(),

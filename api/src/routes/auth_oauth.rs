@@ -367,7 +367,7 @@ async fn sign_in(
         ),
     )
     .await?;
-    idp.user_changed(user_id).await;
+    idp.user_changed(user_id);
     match &record.client_pkce {
         Some(pkce) => {
             let flow_id = bounded(

@@ -158,6 +158,7 @@ async fn save_inner(
             .await?;
         (saved, None)
     };
+    state.accounts.forget(user.user_id);
     if let Some(old) = &saved.replaced_object {
         let job = cleanup(&saved, old);
         let outcome = match kept {

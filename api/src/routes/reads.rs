@@ -492,33 +492,33 @@ fn etag_matches(header: &str, etag: &str) -> bool {
 }
 
 async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
-    let user = state.session(auth, Gate::ServerWrites).await?;
+    let (user, _) = state.session_with_plan(auth, Gate::ServerWrites).await?;
     let now = Utc::now();
-    let account = state
-        .bounded_db(
-            "reading the account",
-            reads::account(&state.db, user.user_id, now),
-        )
-        .await?;
+    let (details, used) = account_of(state, user.user_id, now).await?;
+    let plan_id = entity::ai::plan_in_force(
+        details
+            .subscription
+            .as_ref()
+            .map(|s| (s.plan.clone(), s.status)),
+    );
     let plan = state
         .plans
-        .get(&account.plan)
+        .get(&plan_id)
         .or_else(|| state.plans.get(entity::plans::FREE))
         .ok_or_else(|| ApiError::internal("the plan catalogue has no FREE plan"))?;
-    let used = account.ai_tokens_this_month;
-    let profile = profile_view(account.profile);
-    let subscription = match &account.subscription {
+    let profile = profile_view(details.profile);
+    let subscription = match &details.subscription {
         Some(s) => {
             let view = entity::subscription::SubscriptionView::from(s);
             MeSubscription {
-                plan: account.plan.clone(),
+                plan: plan_id.clone(),
                 status: view.status.to_string(),
                 current_period_end: s.current_period_end,
                 cancel_at_period_end: s.cancel_at_period_end,
             }
         }
         _ => MeSubscription {
-            plan: account.plan.clone(),
+            plan: plan_id.clone(),
             status: "active".into(),
             current_period_end: None,
             cancel_at_period_end: false,
@@ -538,6 +538,44 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
             resets_at: entity::ai::next_month_start(now),
         },
     })
+}
+
+/// `user_id`'s profile and subscription rows and AI tokens of the month of
+/// `now`, from [`crate::account_cache`] where it keeps them, else from the
+/// database (then kept).
+async fn account_of(
+    state: &AppState,
+    user_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<(reads::Details, u64), ApiError> {
+    let cache = &state.accounts;
+    let month = entity::ai::month_start(now);
+    let details = match cache.details(user_id) {
+        Some(d) => d,
+        None => {
+            let ticket = cache.ticket();
+            let d = state
+                .bounded_db("reading the account", reads::details(&state.db, user_id))
+                .await?;
+            cache.put_details(ticket, user_id, &d);
+            d
+        }
+    };
+    let used = match cache.usage(user_id, month) {
+        Some(u) => u,
+        None => {
+            let ticket = cache.ticket();
+            let u = state
+                .bounded_db(
+                    "reading the AI usage",
+                    entity::ai::tokens_this_month(&state.db, user_id, now),
+                )
+                .await?;
+            cache.put_usage(ticket, user_id, month, u);
+            u
+        }
+    };
+    Ok((details, used))
 }
 
 fn profile_view(p: Option<entity::entities::profiles::Model>) -> MeProfile {

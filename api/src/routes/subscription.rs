@@ -108,10 +108,13 @@ async fn change_inner(
         .bounded(subscription::change(&state.db, user.user_id, action))
         .await?
     {
-        Ok(view) => Ok(SubscriptionResult {
-            success: true,
-            status: view.status.to_string(),
-        }),
+        Ok(view) => {
+            state.accounts.forget(user.user_id);
+            Ok(SubscriptionResult {
+                success: true,
+                status: view.status.to_string(),
+            })
+        }
         Err(SubscriptionError::FreePlan) => Err(ApiError::Conflict(
             "free_plan",
             "the FREE plan has nothing to cancel or resume".into(),
