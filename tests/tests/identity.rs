@@ -720,6 +720,39 @@ async fn verify_links_redirect_only_to_the_app() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_mail_interval_is_a_setting() {
+    // 2 s: a second recovery mail at once is refused with the seconds left,
+    // and goes once they are over.
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "2")]).await;
+    idp.confirmed_user("una@example.com", 1).await;
+    let body = json!({"email": "una@example.com"});
+    let recover = || idp.post("/recover", &body);
+    assert_eq!(recover().await.status, 200);
+    let r = recover().await;
+    assert_error(&r, 429, "over_email_send_rate_limit");
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(recover().await.status, 200);
+    idp.mail(3).await;
+
+    // 0: no interval; every request mails (the per-IP limits still bound them).
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let session = idp.confirmed_user("una@example.com", 1).await;
+    let token = session["access_token"].as_str().unwrap();
+    for _ in 0..3 {
+        let r = idp.get_auth("/reauthenticate", token).await;
+        assert_eq!(
+            (r.status.as_u16(), r.json.clone()),
+            (200, json!({})),
+            "{}",
+            r.text
+        );
+    }
+    idp.mail(4).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn one_mail_per_kind_per_60_s_and_per_ip_limits_under_concurrency() {
     let idp = Idp::start(&[]).await;
     idp.confirmed_user("ivy@example.com", 1).await;

@@ -502,8 +502,9 @@ impl AuthApi {
     ///
     /// Queues a mail with a link and a 6-digit code (a confirmation mail for a
     /// new or unconfirmed user). `create_user: false` and an unknown email:
-    /// 422 `otp_disabled`. At most one mail of a kind per user per 60 s (429
-    /// `over_email_send_rate_limit`). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// 422 `otp_disabled`. At most one mail of a kind per user per
+    /// `AUTH_MAIL_INTERVAL_SECS` (60 s; 429 `over_email_send_rate_limit`).
+    /// Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/otp", method = "post", operation_id = "authOtp")]
     async fn otp(
         &self,
@@ -539,7 +540,8 @@ impl AuthApi {
     /// Send a password-recovery mail
     ///
     /// Always `{}` (whether the email exists is not revealed), except the
-    /// 60-s mail rule (429 `over_email_send_rate_limit`) and the per-IP limit.
+    /// mail interval rule (`AUTH_MAIL_INTERVAL_SECS`, 429
+    /// `over_email_send_rate_limit`) and the per-IP limit.
     #[oai(path = "/recover", method = "post", operation_id = "authRecover")]
     async fn recover(
         &self,
@@ -651,8 +653,8 @@ impl AuthApi {
     ///
     /// Mails the signed-in user a 6-digit code for `PUT /user {password,
     /// nonce}` (needed when the session signed in more than 24 h ago). One
-    /// mail per 60 s (429 `over_email_send_rate_limit`). Per-IP limit
-    /// `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// mail per `AUTH_MAIL_INTERVAL_SECS` (60 s; 429
+    /// `over_email_send_rate_limit`). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(
         path = "/reauthenticate",
         method = "get",
