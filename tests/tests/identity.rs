@@ -300,6 +300,13 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["id"], s1["user"]["id"]);
     assert_eq!(r.json["app_metadata"]["providers"], json!(["email"]));
+    // A field without a value is absent, as on the platform (the schema says
+    // string): never a JSON null.
+    assert!(r.json.get("new_email").is_none(), "{}", r.text);
+    assert!(r.json.get("recovery_sent_at").is_none(), "{}", r.text);
+    let nulls = |v: &Value| v.as_object().unwrap().values().any(Value::is_null);
+    assert!(!nulls(&r.json), "{}", r.text);
+    assert!(!nulls(&r.json["identities"][0]), "{}", r.text);
     let user = r.json.clone();
 
     // Refresh rotates; the parent within the reuse interval yields the active one.
