@@ -472,6 +472,29 @@ async fn errors_use_the_platform_codes_in_both_formats() {
     assert_error(&r, 400, "validation_failed");
     let r = idp.post("/verify", &json!({"type": "signup"})).await;
     assert_error(&r, 400, "validation_failed");
+    // JSON types are checked (as on the platform): a number is not a
+    // password, even one of 8 digits; `null` is an absent optional field, and
+    // fields the platform's clients add are ignored.
+    let r = idp
+        .post(
+            "/token?grant_type=password",
+            &json!({"email": "bob@example.com", "password": 12345678}),
+        )
+        .await;
+    assert_error(&r, 400, "validation_failed");
+    assert!(r.text.contains("password"), "{}", r.text);
+    let r = idp
+        .post(
+            "/recover",
+            &json!({"email": "bob@example.com", "code_challenge": null, "gotrue_meta_security": {}}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.json.clone()),
+        (200, json!({})),
+        "{}",
+        r.text
+    );
     let r = idp.get_auth("/user", "not-a-jwt").await;
     assert_error(&r, 403, "bad_jwt");
     let r = Reply::send(client().get(idp.url("/user"))).await;
