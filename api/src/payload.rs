@@ -60,6 +60,29 @@ fn reject(code: &str, detail: String, field: Option<&str>) -> poem::Error {
     )
 }
 
+/// Why a body does not fit its schema ([`check_shape`]): a problem `code`,
+/// a message, and the field at fault.
+struct Rejection {
+    code: &'static str,
+    detail: String,
+    field: Option<String>,
+}
+
+impl Rejection {
+    fn new(code: &'static str, detail: String, field: Option<&str>) -> Self {
+        Rejection {
+            code,
+            detail,
+            field: field.map(str::to_string),
+        }
+    }
+
+    /// As problem details ([`JsonBody`]).
+    fn problem(self) -> poem::Error {
+        reject(self.code, self.detail, self.field.as_deref())
+    }
+}
+
 /// JSON type names as OpenAPI writes them.
 fn json_type(v: &Value) -> &'static str {
     match v {
@@ -146,11 +169,11 @@ fn shape<T: Type + 'static>() -> Option<Arc<Shape>> {
 
 /// Checks `value` against `T`'s top-level schema strictly (poem-openapi itself
 /// turns `5` or `true` into `"5"`/`"true"` for a string field): the first
-/// unknown field, missing or null required field, or field of the wrong JSON
-/// type is a 400 naming it.
-fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
+/// unknown field (unless `open`), missing or null required field, or field of
+/// the wrong JSON type is a 400 naming it.
+fn check_shape<T: Type + 'static>(value: &Value, open: bool) -> Result<(), Rejection> {
     let Value::Object(map) = value else {
-        return Err(reject(
+        return Err(Rejection::new(
             "invalid_body",
             format!("the body must be a JSON object, got {}", json_type(value)),
             None,
@@ -160,8 +183,8 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
         return Ok(());
     };
     for key in map.keys() {
-        if !shape.fields.iter().any(|f| f.name == key) {
-            return Err(reject(
+        if !open && !shape.fields.iter().any(|f| f.name == key) {
+            return Err(Rejection::new(
                 "unknown_field",
                 format!("{key} is not a known field"),
                 Some(key),
@@ -172,7 +195,7 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
         let (name, schema) = (field.name, &field.schema);
         match map.get(name) {
             None | Some(Value::Null) if field.required => {
-                return Err(reject(
+                return Err(Rejection::new(
                     "required",
                     format!("{name} is required"),
                     Some(name),
@@ -181,7 +204,7 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
             None => {}
             Some(Value::Null) if schema.nullable => {}
             Some(Value::Null) => {
-                return Err(reject(
+                return Err(Rejection::new(
                     "invalid_type",
                     format!(
                         "{name} must be a {}, got null (leave it out instead)",
@@ -200,20 +223,22 @@ fn check_shape<T: Type + 'static>(value: &Value) -> Result<(), poem::Error> {
 /// `enum`, `minLength`/`maxLength` in characters, `minimum`/`maximum`,
 /// `pattern`, given `compiled`, `format: uuid`), so that the schema and the
 /// server enforce the same rules and a violation is a 400 naming the field.
+/// A schema without a type (any JSON value) admits every type.
 fn check_value(
     name: &str,
     schema: &MetaSchema,
     compiled: Option<&regex::Regex>,
     v: &Value,
-) -> Result<(), poem::Error> {
-    let bad = |code: &str, detail: String| Err(reject(code, detail, Some(name)));
+) -> Result<(), Rejection> {
+    let bad = |code: &'static str, detail: String| Err(Rejection::new(code, detail, Some(name)));
     let (expected, actual) = (schema.ty, json_type(v));
     // Enums carry no `type` of their own: their values say it.
     let expected = match (expected, schema.enum_items.first()) {
         ("", Some(first)) => json_type(first),
         (t, _) => t,
     };
-    if !(expected == actual || (expected == "number" && actual == "integer")) {
+    let any = expected.is_empty();
+    if !(any || expected == actual || (expected == "number" && actual == "integer")) {
         return bad(
             "invalid_type",
             format!("{name} must be a {expected}, got {actual}"),
@@ -300,7 +325,7 @@ impl<T: ParseFromJSON + 'static> ParsePayload for JsonBody<T> {
                 None,
             )
         })?;
-        check_shape::<T>(&value)?;
+        check_shape::<T>(&value, false).map_err(Rejection::problem)?;
         T::parse_from_json(Some(value))
             .map(JsonBody)
             .map_err(|e| reject("invalid_body", e.into_message(), None))
@@ -309,8 +334,57 @@ impl<T: ParseFromJSON + 'static> ParsePayload for JsonBody<T> {
 
 poem_openapi::impl_apirequest_for_payload!(JsonBody<T>, T: ParseFromJSON + 'static);
 
+/// A JSON request body checked like [`JsonBody`] (JSON types, `null` only
+/// where the schema allows it, patterns and formats), but open to fields the
+/// schema does not name, and failing with a plain 400 whose message the route
+/// renders in its own error format. For the built-in identity provider: its
+/// clients send extra fields (`gotrue_meta_security`) and read the
+/// platform's error bodies.
+#[derive(Debug, Clone)]
+pub struct OpenJsonBody<T>(pub T);
+
+impl<T> Deref for OpenJsonBody<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Type> Payload for OpenJsonBody<T> {
+    const CONTENT_TYPE: &'static str = "application/json";
+
+    fn check_content_type(content_type: &str) -> bool {
+        <JsonBody<T> as Payload>::check_content_type(content_type)
+    }
+
+    fn schema_ref() -> MetaSchemaRef {
+        T::schema_ref()
+    }
+
+    fn register(registry: &mut Registry) {
+        T::register(registry);
+    }
+}
+
+impl<T: ParseFromJSON + 'static> ParsePayload for OpenJsonBody<T> {
+    const IS_REQUIRED: bool = true;
+
+    async fn from_request(request: &Request, body: &mut RequestBody) -> Result<Self> {
+        let bad = |m: String| poem::Error::from_string(m, StatusCode::BAD_REQUEST);
+        let data = Vec::<u8>::from_request(request, body).await?;
+        let value: Value = serde_json::from_slice(&data)
+            .map_err(|e| bad(format!("the body is not valid JSON: {e}")))?;
+        check_shape::<T>(&value, true).map_err(|r| bad(r.detail))?;
+        T::parse_from_json(Some(value))
+            .map(OpenJsonBody)
+            .map_err(|e| bad(e.into_message()))
+    }
+}
+
+poem_openapi::impl_apirequest_for_payload!(OpenJsonBody<T>, T: ParseFromJSON + 'static);
+
 /// An email address field (`type: string, format: email`). The value is
-/// kept as sent; [`JsonBody`] checks it, trimmed, with the same rule as the
+/// kept as sent; [`JsonBody`] and [`OpenJsonBody`] check it, trimmed, with the same rule as the
 /// model ([`entity::validate::is_mailbox`]), so surrounding whitespace is
 /// tolerated as the model trims it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,10 +4,13 @@
 //!
 //! * every JSON request body refuses unknown fields ([`crate::payload::JsonBody`]
 //!   does): its schema gets `additionalProperties: false`, except the provider
-//!   notifications (tag `Webhooks`) and the AI chat (`aiChat`), whose senders
-//!   add fields at will;
+//!   notifications (tag `Webhooks`), the AI chat (`aiChat`) and the built-in
+//!   identity provider (tag `Auth`, [`crate::payload::OpenJsonBody`]), whose
+//!   senders add fields at will;
 //! * every operation with a JSON body documents 415 (missing or wrong
-//!   `Content-Type`) and 408 (body deadline) with their problem body;
+//!   `Content-Type`) and 408 (body deadline) with their problem body, but
+//!   the identity provider's (tag `Auth`) answer a wrong `Content-Type` with
+//!   their own 400 `validation_failed`: they document only the 408;
 //! * every operation but the health checks documents the load-shedding 503
 //!   (`overloaded`, with `Retry-After`; [`crate::shed`]);
 //! * `plan` of `POST /api/payments` is the enum of the purchasable plans of
@@ -80,14 +83,19 @@ fn problem_response(description: &str) -> Value {
 }
 
 /// Operations whose JSON body takes extra fields: the provider notifications
-/// (tag `Webhooks`) and the AI chat, whose body is what the AI SDK's
+/// (tag `Webhooks`), the AI chat, whose body is what the AI SDK's
 /// `DefaultChatTransport` sends (`id`, `messages`, `trigger`, `messageId` and
-/// whatever the app adds).
+/// whatever the app adds), and the built-in identity provider (tag `Auth`),
+/// whose clients send the platform's extra fields (`gotrue_meta_security`).
 fn open_body(op: &Value) -> bool {
+    has_tag(op, "Webhooks") || has_tag(op, "Auth") || op["operationId"] == "aiChat"
+}
+
+/// Whether `op` carries `tag`.
+fn has_tag(op: &Value, tag: &str) -> bool {
     op["tags"]
         .as_array()
-        .is_some_and(|t| t.iter().any(|t| t == "Webhooks"))
-        || op["operationId"] == "aiChat"
+        .is_some_and(|t| t.iter().any(|t| t == tag))
 }
 
 /// What the load-shedding 503 adds to an operation's 503 answer.
@@ -133,6 +141,7 @@ pub fn patch(doc: &mut Value) {
                     continue;
                 }
                 let open = open_body(op);
+                let identity = has_tag(op, "Auth");
                 if let Some(name) = body["$ref"]
                     .as_str()
                     .and_then(|r| r.strip_prefix("#/components/schemas/"))
@@ -147,12 +156,14 @@ pub fn patch(doc: &mut Value) {
                              (`body_timeout`); the connection is closed.",
                         )
                     });
-                    responses.entry("415").or_insert_with(|| {
-                        problem_response(
-                            "The body is not JSON: `Content-Type` is missing or not \
-                             `application/json` (`unsupported_media_type`).",
-                        )
-                    });
+                    if !identity {
+                        responses.entry("415").or_insert_with(|| {
+                            problem_response(
+                                "The body is not JSON: `Content-Type` is missing or not \
+                                 `application/json` (`unsupported_media_type`).",
+                            )
+                        });
+                    }
                     let mut sorted: Vec<_> = std::mem::take(responses).into_iter().collect();
                     sorted.sort_by(|a, b| a.0.cmp(&b.0));
                     responses.extend(sorted);
@@ -315,7 +326,7 @@ mod tests {
     }
 
     #[test]
-    fn json_bodies_but_webhooks_are_closed_and_all_document_415() {
+    fn json_bodies_but_open_ones_are_closed_and_document_408_and_415() {
         let doc: Value = serde_json::from_str(document()).unwrap();
         for (path, ops) in doc["paths"].as_object().unwrap() {
             for (method, op) in ops.as_object().unwrap() {
@@ -323,11 +334,17 @@ mod tests {
                 if schema.is_null() {
                     continue;
                 }
-                assert!(op["responses"].get("415").is_some(), "{method} {path}");
+                // The identity provider answers a wrong `Content-Type` with its 400.
+                let identity = path.starts_with("/auth/");
+                assert_eq!(
+                    op["responses"].get("415").is_some(),
+                    !identity,
+                    "{method} {path}"
+                );
                 assert!(op["responses"].get("408").is_some(), "{method} {path}");
                 let name = schema["$ref"].as_str().unwrap().rsplit('/').next().unwrap();
-                // Provider notifications and the AI SDK's chat body stay open:
-                // senders add fields at will.
+                // Provider notifications, the AI SDK's chat body and the
+                // identity provider's bodies stay open: senders add fields at will.
                 let expected = if open_body(op) {
                     Value::Null
                 } else {

@@ -462,6 +462,9 @@ pub struct Settings {
     pub auth_rate_limit_per_5min: u32,
     /// `AUTH_RATE_LIMIT_REFRESH_PER_5MIN`: per-IP refreshes per 5 minutes (default 150).
     pub auth_rate_limit_refresh_per_5min: u32,
+    /// `AUTH_MAIL_INTERVAL_SECS`: seconds between two mails of one kind to one
+    /// user (default 60, 0–86400; 0 turns the rule off, leaving the per-IP limits).
+    pub auth_mail_interval_secs: i64,
 }
 
 /// Who issues sessions (`AUTH_PROVIDER`).
@@ -1213,6 +1216,12 @@ impl Settings {
                 1,
                 100_000_000,
             )?,
+            auth_mail_interval_secs: r.num_or(
+                "AUTH_MAIL_INTERVAL_SECS",
+                crate::identity::otp::DEFAULT_MAIL_INTERVAL_SECS,
+                0,
+                86_400,
+            )?,
         };
         if settings.email_from.is_none() && settings.email_transport() == EmailTransport::Outbox {
             settings.email_from = Some(OUTBOX_DEFAULT_FROM.to_string());
@@ -1389,6 +1398,23 @@ mod tests {
             with(&[("WORKER_CONCURRENCY", "0")]).unwrap_err().var,
             "WORKER_CONCURRENCY"
         );
+    }
+
+    #[test]
+    fn mail_interval_defaults_to_60_s_and_may_be_off() {
+        assert_eq!(with(&[]).unwrap().auth_mail_interval_secs, 60);
+        assert_eq!(
+            with(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
+                .unwrap()
+                .auth_mail_interval_secs,
+            0
+        );
+        for bad in ["-1", "86401", "soon"] {
+            assert_eq!(
+                with(&[("AUTH_MAIL_INTERVAL_SECS", bad)]).unwrap_err().var,
+                "AUTH_MAIL_INTERVAL_SECS"
+            );
+        }
     }
 
     #[test]

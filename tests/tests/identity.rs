@@ -300,6 +300,13 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["id"], s1["user"]["id"]);
     assert_eq!(r.json["app_metadata"]["providers"], json!(["email"]));
+    // A field without a value is absent, as on the platform (the schema says
+    // string): never a JSON null.
+    assert!(r.json.get("new_email").is_none(), "{}", r.text);
+    assert!(r.json.get("recovery_sent_at").is_none(), "{}", r.text);
+    let nulls = |v: &Value| v.as_object().unwrap().values().any(Value::is_null);
+    assert!(!nulls(&r.json), "{}", r.text);
+    assert!(!nulls(&r.json["identities"][0]), "{}", r.text);
     let user = r.json.clone();
 
     // Refresh rotates; the parent within the reuse interval yields the active one.
@@ -465,6 +472,29 @@ async fn errors_use_the_platform_codes_in_both_formats() {
     assert_error(&r, 400, "validation_failed");
     let r = idp.post("/verify", &json!({"type": "signup"})).await;
     assert_error(&r, 400, "validation_failed");
+    // JSON types are checked (as on the platform): a number is not a
+    // password, even one of 8 digits; `null` is an absent optional field, and
+    // fields the platform's clients add are ignored.
+    let r = idp
+        .post(
+            "/token?grant_type=password",
+            &json!({"email": "bob@example.com", "password": 12345678}),
+        )
+        .await;
+    assert_error(&r, 400, "validation_failed");
+    assert!(r.text.contains("password"), "{}", r.text);
+    let r = idp
+        .post(
+            "/recover",
+            &json!({"email": "bob@example.com", "code_challenge": null, "gotrue_meta_security": {}}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.json.clone()),
+        (200, json!({})),
+        "{}",
+        r.text
+    );
     let r = idp.get_auth("/user", "not-a-jwt").await;
     assert_error(&r, 403, "bad_jwt");
     let r = Reply::send(client().get(idp.url("/user"))).await;
@@ -717,6 +747,39 @@ async fn verify_links_redirect_only_to_the_app() {
         .header("location")
         .unwrap()
         .starts_with("https://shop.partner.example/back#error="));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mail_interval_is_a_setting() {
+    // 2 s: a second recovery mail at once is refused with the seconds left,
+    // and goes once they are over.
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "2")]).await;
+    idp.confirmed_user("una@example.com", 1).await;
+    let body = json!({"email": "una@example.com"});
+    let recover = || idp.post("/recover", &body);
+    assert_eq!(recover().await.status, 200);
+    let r = recover().await;
+    assert_error(&r, 429, "over_email_send_rate_limit");
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(recover().await.status, 200);
+    idp.mail(3).await;
+
+    // 0: no interval; every request mails (the per-IP limits still bound them).
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let session = idp.confirmed_user("una@example.com", 1).await;
+    let token = session["access_token"].as_str().unwrap();
+    for _ in 0..3 {
+        let r = idp.get_auth("/reauthenticate", token).await;
+        assert_eq!(
+            (r.status.as_u16(), r.json.clone()),
+            (200, json!({})),
+            "{}",
+            r.text
+        );
+    }
+    idp.mail(4).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -200,7 +200,7 @@ const ERROR_STATUSES: &[(u16, &str)] = &[
     (403, "`bad_jwt`, `session_not_found`, `otp_expired` (unknown, used or expired token)."),
     (404, "`flow_state_not_found`, `user_not_found`."),
     (422, "`user_already_exists`, `email_exists`, `weak_password` (with `weak_password.reasons`), `same_password`, `flow_state_expired`, `otp_disabled`, `reauthentication_not_valid`."),
-    (429, "`over_request_rate_limit` (per-IP limit) or `over_email_send_rate_limit` (one mail of a kind per user per 60 s); `Retry-After` in seconds."),
+    (429, "`over_request_rate_limit` (per-IP limit) or `over_email_send_rate_limit` (one mail of a kind per user per `AUTH_MAIL_INTERVAL_SECS`, default 60 s); `Retry-After` in seconds."),
     (500, "`unexpected_failure`."),
     (503, "`database_unavailable`: a dependency did not answer in time."),
 ];

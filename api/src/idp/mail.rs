@@ -1,6 +1,6 @@
 //! The mails: magic link / code (`/otp`), recovery, resend, the
-//! reauthentication nonce, and the shared sender (60-s slot, one-time token,
-//! PKCE flow, queued job).
+//! reauthentication nonce, and the shared sender (mail interval slot,
+//! one-time token, PKCE flow, queued job).
 
 use entity::identity::{
     account::{self, Created, NewAccount},
@@ -29,8 +29,9 @@ pub(super) struct Outgoing<'a> {
     pub pkce: Option<&'a (String, flow::ChallengeMethod)>,
     /// Request id for the job's log line.
     pub request_id: Option<String>,
-    /// Claim the one-mail-per-60-s slot (`false`: stamp it only; the caller
-    /// claimed it or the per-IP limits bound this mail).
+    /// Claim the one-mail-per-interval slot (`AUTH_MAIL_INTERVAL_SECS`;
+    /// `false`: stamp it only, the caller claimed it or the per-IP limits
+    /// bound this mail).
     pub throttle: bool,
     /// Replace the outstanding token of this kind (`false`: the second mail
     /// of an email change).
@@ -73,7 +74,7 @@ impl Idp {
     /// `POST /otp`: a magic link / code mail (creating the user when allowed).
     /// For an account not confirmed yet this is its newest sign-up: the
     /// pending credentials and every earlier link and code are voided
-    /// ([`account::retake_pending`]) once the 60-s slot is claimed.
+    /// ([`account::retake_pending`]) once the interval slot is claimed.
     pub async fn send_otp(&self, req: OtpRequest<'_>) -> Result<(), AuthApiError> {
         let (email, norm) = account::normalize_email(req.email)?;
         let pkce = flow::pkce_params(req.code_challenge, req.code_challenge_method)?;
@@ -91,6 +92,7 @@ impl Idp {
                     &self.db,
                     a.user_id,
                     MailKind::Confirmation,
+                    self.settings.auth_mail_interval_secs,
                 ))
                 .await??;
                 self.bounded(account::retake_pending(&self.db, a.user_id, None, meta))
@@ -135,7 +137,7 @@ impl Idp {
     }
 
     /// `POST /recover`: a recovery mail when the account exists; `Ok` either way
-    /// (except the 60-s rule).
+    /// (except the mail interval rule).
     pub async fn recover(&self, req: OtpRequest<'_>) -> Result<(), AuthApiError> {
         let (_, norm) = account::normalize_email(req.email)?;
         let pkce = flow::pkce_params(req.code_challenge, req.code_challenge_method)?;
@@ -194,7 +196,8 @@ impl Idp {
 
     /// `GET /reauthenticate`: mails the signed-in user a 6-digit nonce that a
     /// password change from a session signed in more than 24 h ago needs
-    /// (`PUT /user {password, nonce}`). One mail per 60 s.
+    /// (`PUT /user {password, nonce}`). One mail per
+    /// `AUTH_MAIL_INTERVAL_SECS` (60 s).
     pub async fn reauthenticate(&self, claims: &AccessClaims) -> Result<(), AuthApiError> {
         let view = self.bounded(account::load(&self.db, claims.sub)).await??;
         let Some(acc) = view.account else {
@@ -245,7 +248,7 @@ impl Idp {
         self.send_mail(current).await
     }
 
-    /// Claims (or stamps) the 60-s slot, issues the token and queues the mail.
+    /// Claims (or stamps) the interval slot, issues the token and queues the mail.
     pub(super) async fn send_mail(&self, m: Outgoing<'_>) -> Result<(), AuthApiError> {
         let Some(from) = self.settings.email_from.clone() else {
             return Err(AuthApiError::new(
@@ -256,8 +259,13 @@ impl Idp {
         };
         let verify_type = m.kind.verify_type();
         if m.throttle {
-            self.bounded(otp::claim_mail_slot(&self.db, m.user_id, m.kind))
-                .await??;
+            self.bounded(otp::claim_mail_slot(
+                &self.db,
+                m.user_id,
+                m.kind,
+                self.settings.auth_mail_interval_secs,
+            ))
+            .await??;
         } else {
             self.bounded(otp::stamp_mail_sent(&self.db, m.user_id, m.kind))
                 .await??;

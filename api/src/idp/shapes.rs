@@ -17,7 +17,8 @@ pub struct AppMetadata {
     pub providers: Vec<String>,
 }
 
-/// A linked identity, as the platform shows it.
+/// A linked identity, as the platform shows it. Fields without a value are
+/// absent (as on the platform), never `null`.
 #[derive(Debug, Clone, Object, Serialize)]
 pub struct IdentityJson {
     /// Identity row id.
@@ -31,8 +32,12 @@ pub struct IdentityJson {
     /// `email`, `github`, `google`.
     pub provider: String,
     /// The identity's email.
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub email: Option<String>,
     /// Last sign-in through it (RFC 3339).
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_sign_in_at: Option<String>,
     /// Created (RFC 3339).
     pub created_at: String,
@@ -40,7 +45,8 @@ pub struct IdentityJson {
     pub updated_at: String,
 }
 
-/// A user, as the platform shows it.
+/// A user, as the platform shows it. Fields without a value are absent (as
+/// on the platform), never `null`.
 #[derive(Debug, Clone, Object, Serialize)]
 pub struct UserJson {
     /// User id (the JWT `sub`).
@@ -52,20 +58,34 @@ pub struct UserJson {
     /// Email address.
     pub email: String,
     /// When the email was confirmed (RFC 3339), or absent.
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub email_confirmed_at: Option<String>,
     /// Phone (always empty: no phone sign-in).
     pub phone: String,
     /// Same as `email_confirmed_at`.
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmed_at: Option<String>,
     /// When the last confirmation mail was sent.
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmation_sent_at: Option<String>,
     /// When the last recovery mail was sent.
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery_sent_at: Option<String>,
     /// A pending new email (email change).
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub new_email: Option<String>,
     /// When the email-change mail was sent.
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub email_change_sent_at: Option<String>,
     /// Last sign-in (RFC 3339).
+    #[oai(skip_serializing_if_is_none)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_sign_in_at: Option<String>,
     /// `{provider, providers}`.
     pub app_metadata: AppMetadata,

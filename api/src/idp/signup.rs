@@ -65,7 +65,7 @@ impl Idp {
                 // Until the email is confirmed the newest sign-up wins: its
                 // password replaces the pending one, every earlier link and
                 // code is void, and its own confirmation is mailed (not held
-                // back by the 60-s rule; the per-IP limits bound it). A
+                // back by the mail interval rule; the per-IP limits bound it). A
                 // confirmed account changes and sends nothing.
                 if acc.email_confirmed_at.is_none() {
                     let taken = self

@@ -1,6 +1,6 @@
 //! The built-in identity provider's rules (issue 10): accounts with argon2id
 //! passwords, linked identities, sessions with rotating refresh tokens,
-//! one-time mail tokens, PKCE flow states and the one-mail-per-60-s rule.
+//! one-time mail tokens, PKCE flow states and the one-mail-per-interval rule.
 //!
 //! Everything time-based is decided against the database's clock
 //! ([`crate::db::now`]) and with conditional writes, so concurrent requests
@@ -44,7 +44,7 @@ pub enum IdentityError {
     /// The one-time token is unknown, used or expired.
     #[error("Token has expired or is invalid")]
     OtpExpired,
-    /// A mail of this kind went to this user less than 60 s ago.
+    /// A mail of this kind went to this user less than `AUTH_MAIL_INTERVAL_SECS` ago.
     #[error("For security purposes, you can only request this after {0} seconds.")]
     OverEmailSendRateLimit(i64),
     /// No PKCE flow state for this auth code.

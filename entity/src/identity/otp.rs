@@ -1,4 +1,5 @@
-//! One-time mail tokens and the one-mail-of-a-kind-per-user-per-60-s rule.
+//! One-time mail tokens and the one-mail-of-a-kind-per-user rule (one per
+//! `AUTH_MAIL_INTERVAL_SECS`, default 60 s).
 //!
 //! Each mail carries two secrets for the same row: a 6-digit code
 //! (`{{ .Token }}`, for `verifyOtp({email, token})`) and a long random
@@ -23,8 +24,9 @@ use uuid::Uuid;
 use super::{tokens, IdentityError};
 use crate::entities::{auth_accounts as acc, auth_one_time_tokens as ott};
 
-/// Seconds between two mails of one kind to one user.
-pub const MAIL_INTERVAL_SECS: i64 = 60;
+/// Default seconds between two mails of one kind to one user
+/// (`AUTH_MAIL_INTERVAL_SECS`).
+pub const DEFAULT_MAIL_INTERVAL_SECS: i64 = 60;
 
 /// Wrong codes for an email after which the tokens mailed to it are void.
 pub const MAX_FAILED_ATTEMPTS: i32 = 5;
@@ -101,18 +103,20 @@ pub fn kinds_for_type(verify_type: &str) -> Result<&'static [MailKind], Identity
 
 /// Claims the right to send a `kind` mail to `user_id` now: a conditional
 /// UPDATE of the account's `*_sent_at` column that succeeds only when the
-/// previous mail of that kind is at least [`MAIL_INTERVAL_SECS`] old by the
-/// database's clock. Of 20 concurrent claims exactly one succeeds.
+/// previous mail of that kind is at least `interval_secs` old by the
+/// database's clock (`0`: always). Of 20 concurrent claims exactly one succeeds.
 ///
 /// # Errors
-/// [`IdentityError::OverEmailSendRateLimit`] with the seconds to wait.
+/// [`IdentityError::OverEmailSendRateLimit`] with the seconds to wait;
+/// [`IdentityError::UserNotFound`] when the account is gone.
 pub async fn claim_mail_slot<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
     kind: MailKind,
+    interval_secs: i64,
 ) -> Result<(), IdentityError> {
     let now = crate::db::now(db).await?;
-    let cutoff = now - chrono::Duration::seconds(MAIL_INTERVAL_SECS);
+    let cutoff = now - chrono::Duration::seconds(interval_secs);
     let col = kind.sent_at();
     let res = acc::Entity::update_many()
         .col_expr(col, Expr::value(now))
@@ -132,16 +136,17 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
                 MailKind::EmailChange => a.email_change_sent_at,
                 MailKind::Reauthentication => a.reauthentication_sent_at,
             };
-            sent.map(|s| MAIL_INTERVAL_SECS - (now - s).num_seconds())
-                .unwrap_or(MAIL_INTERVAL_SECS)
-                .clamp(1, MAIL_INTERVAL_SECS)
+            let max = interval_secs.max(1);
+            sent.map(|s| interval_secs - (now - s).num_seconds())
+                .unwrap_or(max)
+                .clamp(1, max)
         }
         None => return Err(IdentityError::UserNotFound),
     };
     Err(IdentityError::OverEmailSendRateLimit(wait))
 }
 
-/// Stamps the `kind` mail of `user_id` as sent now without the 60-s rule:
+/// Stamps the `kind` mail of `user_id` as sent now without the interval rule:
 /// for a repeated sign-up of an unconfirmed account, whose mail the per-IP
 /// limits bound instead.
 pub async fn stamp_mail_sent<C: ConnectionTrait>(

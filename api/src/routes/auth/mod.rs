@@ -21,6 +21,7 @@ use crate::{
         UpdateUser, UserJson,
     },
     middleware::RequestId,
+    payload::{Mailbox, OpenJsonBody},
     problem::RateInfo,
     rate_limit::Limit,
     state::AppState,
@@ -30,15 +31,18 @@ use crate::{
 #[derive(Debug, Clone, Object)]
 pub struct SignUpBody {
     /// Email address.
-    pub email: String,
+    pub email: Mailbox,
     /// Password (at least `AUTH_PASSWORD_MIN_LENGTH` characters, default 8).
     pub password: String,
     /// Becomes `user_metadata`.
+    #[oai(nullable)]
     pub data: Option<serde_json::Value>,
     /// PKCE code challenge (with `code_challenge_method`); the confirmation
     /// link then redirects with `?code=`.
+    #[oai(nullable)]
     pub code_challenge: Option<String>,
     /// `s256` or `plain`.
+    #[oai(nullable)]
     pub code_challenge_method: Option<String>,
 }
 
@@ -46,14 +50,19 @@ pub struct SignUpBody {
 #[derive(Debug, Clone, Object)]
 pub struct TokenBody {
     /// `password`: email.
-    pub email: Option<String>,
+    #[oai(nullable)]
+    pub email: Option<Mailbox>,
     /// `password`: password.
+    #[oai(nullable)]
     pub password: Option<String>,
     /// `refresh_token`: the refresh token.
+    #[oai(nullable)]
     pub refresh_token: Option<String>,
     /// `pkce`: the auth code from `?code=`.
+    #[oai(nullable)]
     pub auth_code: Option<String>,
     /// `pkce`: the code verifier.
+    #[oai(nullable)]
     pub code_verifier: Option<String>,
 }
 
@@ -61,28 +70,39 @@ pub struct TokenBody {
 #[derive(Debug, Clone, Object)]
 pub struct VerifyBody {
     /// `signup`, `invite`, `magiclink`, `recovery`, `email_change`, `email`.
-    #[oai(rename = "type")]
+    #[oai(
+        rename = "type",
+        validator(pattern = "^(signup|invite|magiclink|recovery|email_change|email)$")
+    )]
     pub kind: String,
     /// The mail's `{{ .TokenHash }}`.
+    #[oai(nullable)]
     pub token_hash: Option<String>,
     /// The mail's 6-digit `{{ .Token }}` (with `email`).
+    #[oai(nullable)]
     pub token: Option<String>,
     /// Email (with `token`).
-    pub email: Option<String>,
+    #[oai(nullable)]
+    pub email: Option<Mailbox>,
 }
 
 /// `POST /otp` body.
 #[derive(Debug, Clone, Object)]
 pub struct OtpBody {
-    /// Email address.
-    pub email: Option<String>,
+    /// Email address (required).
+    #[oai(nullable)]
+    pub email: Option<Mailbox>,
     /// Create the user when unknown (default `true`).
+    #[oai(nullable)]
     pub create_user: Option<bool>,
     /// `user_metadata` of a created user.
+    #[oai(nullable)]
     pub data: Option<serde_json::Value>,
     /// PKCE code challenge.
+    #[oai(nullable)]
     pub code_challenge: Option<String>,
     /// `s256` or `plain`.
+    #[oai(nullable)]
     pub code_challenge_method: Option<String>,
 }
 
@@ -90,10 +110,12 @@ pub struct OtpBody {
 #[derive(Debug, Clone, Object)]
 pub struct RecoverBody {
     /// Email address.
-    pub email: String,
+    pub email: Mailbox,
     /// PKCE code challenge.
+    #[oai(nullable)]
     pub code_challenge: Option<String>,
     /// `s256` or `plain`.
+    #[oai(nullable)]
     pub code_challenge_method: Option<String>,
 }
 
@@ -101,10 +123,10 @@ pub struct RecoverBody {
 #[derive(Debug, Clone, Object)]
 pub struct ResendBody {
     /// `signup` or `email_change`.
-    #[oai(rename = "type")]
+    #[oai(rename = "type", validator(pattern = "^(signup|email_change)$"))]
     pub kind: String,
     /// Email address.
-    pub email: String,
+    pub email: Mailbox,
 }
 
 /// `PUT /user` body.
@@ -113,17 +135,23 @@ pub struct UpdateUserBody {
     /// New password (`weak_password`, `same_password`); ends every other
     /// session of the account. From a session signed in more than 24 h ago it
     /// needs `nonce` (400 `reauthentication_needed`).
+    #[oai(nullable)]
     pub password: Option<String>,
     /// The code mailed by `GET /reauthenticate` (422
     /// `reauthentication_not_valid` when wrong, used or expired).
+    #[oai(nullable)]
     pub nonce: Option<String>,
     /// New email: a confirmation mail goes to it and one to the current address; the change applies when both are verified (`type=email_change`).
-    pub email: Option<String>,
+    #[oai(nullable)]
+    pub email: Option<Mailbox>,
     /// Merged into `user_metadata` (a `null` value removes the key).
+    #[oai(nullable)]
     pub data: Option<serde_json::Value>,
     /// PKCE code challenge for the email-change link.
+    #[oai(nullable)]
     pub code_challenge: Option<String>,
     /// `s256` or `plain`.
+    #[oai(nullable)]
     pub code_challenge_method: Option<String>,
 }
 
@@ -305,7 +333,7 @@ impl AuthApi {
         state: Data<&AppState>,
         req: &Request,
         redirect_to: Query<Option<String>>,
-        body: Json<SignUpBody>,
+        body: OpenJsonBody<SignUpBody>,
     ) -> AuthResult<Json<SignUpAnswer>> {
         AuthResult::from(
             async {
@@ -314,7 +342,7 @@ impl AuthApi {
                 let rid = request_id(req);
                 let out = idp
                     .sign_up(SignUp {
-                        email: &body.email,
+                        email: &body.email.0,
                         password: &body.password,
                         data: body.data.as_ref(),
                         redirect_to: redirect_to.0.as_deref(),
@@ -351,8 +379,10 @@ impl AuthApi {
         &self,
         state: Data<&AppState>,
         req: &Request,
+        /// `password`, `refresh_token` or `pkce`.
+        #[oai(validator(pattern = "^(password|refresh_token|pkce)$"))]
         grant_type: Query<String>,
-        body: Json<TokenBody>,
+        body: OpenJsonBody<TokenBody>,
     ) -> AuthResult<Json<SessionGrant>> {
         AuthResult::from(
             async {
@@ -361,7 +391,11 @@ impl AuthApi {
                 match grant_type.0.as_str() {
                     "password" => {
                         let rate = limit(&state, req, "auth_token", general(&state)).await?;
-                        let email = body.email.as_deref().ok_or_else(|| missing("email"))?;
+                        let email = body
+                            .email
+                            .as_ref()
+                            .map(|e| e.0.as_str())
+                            .ok_or_else(|| missing("email"))?;
                         let pw = body
                             .password
                             .as_deref()
@@ -414,7 +448,7 @@ impl AuthApi {
         &self,
         state: Data<&AppState>,
         req: &Request,
-        body: Json<VerifyBody>,
+        body: OpenJsonBody<VerifyBody>,
     ) -> AuthResult<Json<SessionGrant>> {
         AuthResult::from(
             async {
@@ -424,7 +458,7 @@ impl AuthApi {
                     (Some(h), _, _) if !h.is_empty() => {
                         idp.verify_token_hash(&body.kind, h).await?
                     }
-                    (_, Some(e), Some(t)) => idp.verify_code(&body.kind, e, t).await?,
+                    (_, Some(e), Some(t)) => idp.verify_code(&body.kind, &e.0, t).await?,
                     _ => {
                         return Err(AuthApiError::validation(
                             "verify requires token_hash, or email and token",
@@ -502,15 +536,16 @@ impl AuthApi {
     ///
     /// Queues a mail with a link and a 6-digit code (a confirmation mail for a
     /// new or unconfirmed user). `create_user: false` and an unknown email:
-    /// 422 `otp_disabled`. At most one mail of a kind per user per 60 s (429
-    /// `over_email_send_rate_limit`). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// 422 `otp_disabled`. At most one mail of a kind per user per
+    /// `AUTH_MAIL_INTERVAL_SECS` (60 s; 429 `over_email_send_rate_limit`).
+    /// Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/otp", method = "post", operation_id = "authOtp")]
     async fn otp(
         &self,
         state: Data<&AppState>,
         req: &Request,
         redirect_to: Query<Option<String>>,
-        body: Json<OtpBody>,
+        body: OpenJsonBody<OtpBody>,
     ) -> AuthResult<Json<Empty>> {
         AuthResult::from(
             async {
@@ -518,7 +553,8 @@ impl AuthApi {
                 let rate = limit(&state, req, "auth_otp", general(&state)).await?;
                 let email = body
                     .email
-                    .as_deref()
+                    .as_ref()
+                    .map(|e| e.0.as_str())
                     .ok_or_else(|| AuthApiError::validation("email is required"))?;
                 idp.send_otp(OtpRequest {
                     email,
@@ -539,21 +575,22 @@ impl AuthApi {
     /// Send a password-recovery mail
     ///
     /// Always `{}` (whether the email exists is not revealed), except the
-    /// 60-s mail rule (429 `over_email_send_rate_limit`) and the per-IP limit.
+    /// mail interval rule (`AUTH_MAIL_INTERVAL_SECS`, 429
+    /// `over_email_send_rate_limit`) and the per-IP limit.
     #[oai(path = "/recover", method = "post", operation_id = "authRecover")]
     async fn recover(
         &self,
         state: Data<&AppState>,
         req: &Request,
         redirect_to: Query<Option<String>>,
-        body: Json<RecoverBody>,
+        body: OpenJsonBody<RecoverBody>,
     ) -> AuthResult<Json<Empty>> {
         AuthResult::from(
             async {
                 let idp = idp(&state)?;
                 let rate = limit(&state, req, "auth_recover", general(&state)).await?;
                 idp.recover(OtpRequest {
-                    email: &body.email,
+                    email: &body.email.0,
                     create_user: false,
                     data: None,
                     redirect_to: redirect_to.0.as_deref(),
@@ -575,7 +612,7 @@ impl AuthApi {
         state: Data<&AppState>,
         req: &Request,
         redirect_to: Query<Option<String>>,
-        body: Json<ResendBody>,
+        body: OpenJsonBody<ResendBody>,
     ) -> AuthResult<Json<Empty>> {
         AuthResult::from(
             async {
@@ -583,7 +620,7 @@ impl AuthApi {
                 let rate = limit(&state, req, "auth_otp", general(&state)).await?;
                 idp.resend(
                     &body.kind,
-                    &body.email,
+                    &body.email.0,
                     redirect_to.0.as_deref(),
                     request_id(req),
                 )
@@ -620,7 +657,7 @@ impl AuthApi {
         state: Data<&AppState>,
         req: &Request,
         redirect_to: Query<Option<String>>,
-        body: Json<UpdateUserBody>,
+        body: OpenJsonBody<UpdateUserBody>,
     ) -> AuthResult<Json<UserJson>> {
         AuthResult::from(
             async {
@@ -632,7 +669,7 @@ impl AuthApi {
                         UpdateUser {
                             password: body.password.as_deref(),
                             nonce: body.nonce.as_deref(),
-                            email: body.email.as_deref(),
+                            email: body.email.as_ref().map(|e| e.0.as_str()),
                             data: body.data.as_ref(),
                             redirect_to: redirect_to.0.as_deref(),
                             code_challenge: body.code_challenge.as_deref(),
@@ -651,8 +688,8 @@ impl AuthApi {
     ///
     /// Mails the signed-in user a 6-digit code for `PUT /user {password,
     /// nonce}` (needed when the session signed in more than 24 h ago). One
-    /// mail per 60 s (429 `over_email_send_rate_limit`). Per-IP limit
-    /// `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// mail per `AUTH_MAIL_INTERVAL_SECS` (60 s; 429
+    /// `over_email_send_rate_limit`). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(
         path = "/reauthenticate",
         method = "get",
