@@ -738,7 +738,10 @@ fi
 # connections / throughput. A fourth load, 1,024 connections against a
 # shedding api again, has clients honouring Retry-After (bench_peer load with
 # LOAD_RETRY_AFTER=1: after a 503 with `Retry-After: 1` a connection waits
-# that second before its next request, as the refusal asks). Each load runs
+# that second before its next request, as the refusal asks), and a fifth the
+# same with jitter (LOAD_JITTER=1: a wait between 1 and 2 s, so the
+# connections refused together do not all return in the same instant, as
+# clients that back off with jitter behave). Each load runs
 # SHED_SECS (15) s and gets a fresh api (so its peak RSS,
 # VmHWM, and its histograms are its own run's), with METRICS_TOKEN set.
 # Latency two ways: by the client (bench_peer load: send to last byte, split by
@@ -764,7 +767,7 @@ PY
 shed_run() { # name, port, connections, extra env...
   local name=$1 port=$2 conns=$3; shift 3
   start_api "$port" METRICS_TOKEN=$METRICS_TOKEN_BENCH "$@"
-  echo "### $name: $conns connections ($*), clients $([ "${LOAD_RETRY_AFTER:-}" = 1 ] && echo honouring || echo ignoring) Retry-After"
+  echo "### $name: $conns connections ($*), clients $([ "${LOAD_RETRY_AFTER:-}" = 1 ] && echo honouring || echo ignoring) Retry-After$([ "${LOAD_JITTER:-}" = 1 ] && echo " with jitter")"
   "$BIN/examples/bench_peer" load "http://127.0.0.1:$port/api/waitlist" "$conns" "${SHED_SECS:-15}" \
     '{"email":"s{n}@example.com","name":"Bench"}' | tee "$OUT/$name.txt"
   curl -s -H "Authorization: Bearer $METRICS_TOKEN_BENCH" "http://127.0.0.1:$port/metrics" > "$OUT/$name.metrics"
@@ -775,15 +778,23 @@ shed_run() { # name, port, connections, extra env...
 }
 declare -A SHED_RSS=()
 if want shed; then
-  shed_run shed-32 $((API_PORT + 3)) 32 ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
-  shed_run shed-1024 $((API_PORT + 4)) "${SHED_CONN:-1024}" ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
-  shed_run noshed-1024 $((API_PORT + 5)) "${SHED_CONN:-1024}" HTTP_MAX_IN_FLIGHT=0
-  LOAD_RETRY_AFTER=1 shed_run shed-1024-retry-after $((API_PORT + 6)) "${SHED_CONN:-1024}" ${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
+  # SHED_RUNS picks runs; SHED_ENV adds variables to each shedding api
+  # (e.g. SHED_ENV=MALLOC_ARENA_MAX=2); SHED_WARMUP (2) s at the start of
+  # every run are not counted (bench_peer's LOAD_WARMUP_SECS).
+  export LOAD_WARMUP_SECS=${SHED_WARMUP:-2}
+  runs=" ${SHED_RUNS:-shed-32 shed-1024 noshed-1024 shed-1024-retry-after shed-1024-jitter} "
+  max=${SHED_MAX:+HTTP_MAX_IN_FLIGHT=$SHED_MAX}
+  [[ $runs == *" shed-32 "* ]] && shed_run shed-32 $((API_PORT + 3)) 32 $max ${SHED_ENV:-}
+  [[ $runs == *" shed-1024 "* ]] && shed_run shed-1024 $((API_PORT + 4)) "${SHED_CONN:-1024}" $max ${SHED_ENV:-}
+  [[ $runs == *" noshed-1024 "* ]] && shed_run noshed-1024 $((API_PORT + 5)) "${SHED_CONN:-1024}" HTTP_MAX_IN_FLIGHT=0 ${SHED_ENV:-}
+  [[ $runs == *" shed-1024-retry-after "* ]] && LOAD_RETRY_AFTER=1 shed_run shed-1024-retry-after $((API_PORT + 6)) "${SHED_CONN:-1024}" $max ${SHED_ENV:-}
+  [[ $runs == *" shed-1024-jitter "* ]] && LOAD_RETRY_AFTER=1 LOAD_JITTER=1 shed_run shed-1024-jitter $((API_PORT + 7)) "${SHED_CONN:-1024}" $max ${SHED_ENV:-}
   p99() { awk -v s="$2" '$0 ~ "^load status " s ":" {for (i = 1; i <= NF; i++) if ($i == "p99") print $(i + 1)}' "$1"; }
   ref=$(p99 "$OUT/shed-32.txt" 200)
-  for r in "shed-1024 ignoring" "shed-1024-retry-after honouring"; do
+  for r in "shed-1024 ignoring" "shed-1024-retry-after honouring" "shed-1024-jitter honouring-with-jitter"; do
     read -r nm mode <<< "$r"
+    [[ $runs == *" $nm "* ]] || continue
     adm=$(p99 "$OUT/$nm.txt" 200)
-    echo "shed (clients $mode Retry-After): client-side admitted p99 ${adm:-none} ms at ${SHED_CONN:-1024} connections vs $ref ms at 32: $([ -n "$adm" ] && echo "scale=2; $adm / $ref" | bc) x (goal <= 3); refusals p99 $(p99 "$OUT/$nm.txt" 503) ms; api RSS ${SHED_RSS[$nm]}"
+    echo "shed (clients $mode Retry-After): client-side admitted p99 ${adm:-none} ms at ${SHED_CONN:-1024} connections vs $ref ms at 32: $([ -n "$adm" ] && [ -n "$ref" ] && echo "scale=2; $adm / $ref" | bc) x (goal <= 3); refusals p99 $(p99 "$OUT/$nm.txt" 503) ms (goal < 5); api RSS ${SHED_RSS[$nm]} (goal <= 64 MiB)"
   done
 fi

@@ -773,6 +773,13 @@ async fn main() -> std::io::Result<()> {
 ///   request, as the refusal asks of a client (the wait is cut short at the
 ///   run's end, and is not part of any latency); the connection stays open.
 ///   Unset: the next request goes at once, as wrk's would.
+/// * `LOAD_JITTER=1` (with `LOAD_RETRY_AFTER=1`): the wait is `Retry-After`
+///   plus a uniformly random part of it (between 1 and 2 × `Retry-After`),
+///   as clients that back off with jitter do, so that the connections
+///   refused together do not all come back in the same instant.
+/// * `LOAD_WARMUP_SECS=<s>`: answers to requests sent in the first `s`
+///   seconds are not counted (the start, when every connection sends at
+///   once); counts and rates are over the rest of the run.
 /// * `LOAD_REQUESTS=<n>`: at most `n` requests in all, then the connections
 ///   stop (the run also ends at `<seconds>`); used to queue a known number
 ///   of jobs.
@@ -850,12 +857,21 @@ mod load {
             u.path()
         );
         let honour = std::env::var("LOAD_RETRY_AFTER").is_ok_and(|v| v == "1");
+        let jitter = std::env::var("LOAD_JITTER").is_ok_and(|v| v == "1");
+        let warmup = Duration::from_secs(
+            std::env::var("LOAD_WARMUP_SECS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+                .min(secs),
+        );
         let cap: Option<usize> = std::env::var("LOAD_REQUESTS")
             .ok()
             .and_then(|v| v.parse().ok());
         let sent = Arc::new(AtomicUsize::new(0));
         let started = std::time::Instant::now();
         let until = started + Duration::from_secs(secs);
+        let counted_from = started + warmup;
         let tasks: Vec<_> = (0..conns)
             .map(|c| {
                 let (addr, head, body) = (addr.clone(), head.clone(), body.to_string());
@@ -894,12 +910,19 @@ mod load {
                         let t0 = std::time::Instant::now();
                         match one(&mut s, &format!("{head}{ip}"), &b).await {
                             Ok(a) => {
-                                seen.push((a.status, t0.elapsed()));
+                                if t0 >= counted_from {
+                                    seen.push((a.status, t0.elapsed()));
+                                }
                                 if !a.close {
                                     conn = Some(s);
                                 }
                                 if let (true, 503, Some(wait)) = (honour, a.status, a.retry_after) {
                                     waits += 1;
+                                    let wait = if jitter {
+                                        wait.mul_f64(1.0 + rand::random::<f64>())
+                                    } else {
+                                        wait
+                                    };
                                     let left =
                                         until.saturating_duration_since(std::time::Instant::now());
                                     tokio::time::sleep(wait.min(left)).await;
@@ -924,14 +947,21 @@ mod load {
         }
         // With LOAD_REQUESTS the run may end before `secs`: rates are over
         // the time the connections ran.
-        let ran = started.elapsed().as_secs_f64().min(secs as f64).max(1e-3);
+        let ran =
+            (started.elapsed().as_secs_f64().min(secs as f64) - warmup.as_secs_f64()).max(1e-3);
         let total: usize = by_status.values().map(Vec::len).sum();
         println!(
             "load {url}: {conns} connections, {ran:.1} s: {total} answers ({:.0}/s), {errors} transport errors",
             total as f64 / ran
         );
         if honour {
-            println!("load retry-after: honoured ({waits} waits after a 503 with Retry-After)");
+            println!(
+                "load retry-after: honoured{} ({waits} waits after a 503 with Retry-After)",
+                if jitter { " with jitter" } else { "" }
+            );
+        }
+        if !warmup.is_zero() {
+            println!("load warm-up: the first {} s not counted", warmup.as_secs());
         }
         for (status, v) in &mut by_status {
             v.sort();

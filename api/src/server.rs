@@ -172,7 +172,10 @@ async fn serve_connection<E>(
                 poem::http::uri::Scheme::HTTP,
             )
                 .into();
-            let resp: hyper::Response<HyperBody> = ep.get_response(req).await.into();
+            // Boxed: hyper keeps room for this future for the connection's
+            // whole life; the endpoint's own (the middleware chain) then
+            // takes memory only while a request is being handled.
+            let resp: hyper::Response<HyperBody> = Box::pin(ep.get_response(req)).await.into();
             Ok::<_, Infallible>(resp)
         }
     });

@@ -5,6 +5,12 @@
 //! router until its response head is ready; a streamed body does not hold
 //! the slot.
 //!
+//! Over HTTP/1 a shed request's answer also closes its connection
+//! (`Connection: close`): a client told to come back later holds no socket,
+//! buffers or task of an overloaded process meanwhile (~20 KiB each), and a
+//! request body left unread needs no draining. Over HTTP/2 the connection
+//! carries other streams and stays open.
+//!
 //! Never shed: `GET /api/health`, `GET /auth/v1/health` and `/metrics` (the
 //! platform's probes and Prometheus must see an overloaded process), and the
 //! AI routes (the chat stream and one-shot generation), which wait on the AI
@@ -19,7 +25,7 @@ use std::sync::{
 
 use futures::StreamExt as _;
 use poem::{
-    http::{header, HeaderValue, Method, StatusCode},
+    http::{header, HeaderValue, Method, StatusCode, Version},
     Body, Endpoint, IntoResponse, Middleware, Request, Response, Result,
 };
 
@@ -103,11 +109,18 @@ pub fn overloaded(detail: &str) -> Response {
     resp
 }
 
-fn shed(reason: &'static str, detail: &str) -> Response {
+/// [`overloaded`], counted, closing an HTTP/1 connection (see the module
+/// documentation).
+fn shed(req: &Request, reason: &'static str, detail: &str) -> Response {
     if worker::metrics::enabled() {
         metrics::counter!(worker::metrics::HTTP_SHED, "reason" => reason).increment(1);
     }
-    overloaded(detail)
+    let mut resp = overloaded(detail);
+    if req.version() < Version::HTTP_2 {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 /// The shedding gate (see the module documentation).
@@ -140,6 +153,7 @@ impl<E: Endpoint> Endpoint for ShedEndpoint<E> {
         if (path == AI_CHAT || path == AI_GENERATE) && req.method() == Method::POST {
             let Some(slot) = Slot::take(&self.load, streams, self.load.max_streams) else {
                 return Ok(shed(
+                    &req,
                     "ai_streams",
                     "too many AI requests are open on this server (AI_MAX_OPEN_STREAMS); retry shortly",
                 ));
@@ -160,6 +174,7 @@ impl<E: Endpoint> Endpoint for ShedEndpoint<E> {
         }
         let Some(_slot) = Slot::take(&self.load, in_flight, self.load.max_in_flight) else {
             return Ok(shed(
+                &req,
                 "in_flight",
                 "the server is handling as many requests as it can (HTTP_MAX_IN_FLIGHT); retry shortly",
             ));
@@ -203,6 +218,11 @@ mod tests {
         let third = call("/api/contact").await.expect("task");
         assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(third.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            third.headers()[header::CONNECTION],
+            "close",
+            "a refused HTTP/1 client holds no connection"
+        );
         // Health is never shed (it waits for the gate like any request).
         let health = call("/api/health");
         gate.add_permits(3);

@@ -63,6 +63,8 @@ async fn past_the_bound_requests_get_503_at_once_and_health_still_answers() {
     let r = refused.expect("no request was shed with two held open");
     r.assert_problem(503, Some("overloaded"), None);
     assert_eq!(r.header("retry-after"), Some("1"), "{:?}", r.headers);
+    // A refused HTTP/1 client holds no connection of the overloaded process.
+    assert_eq!(r.header("connection"), Some("close"), "{:?}", r.headers);
 
     // Refused at once, every time, while the two are held.
     for _ in 0..5 {
