@@ -55,6 +55,15 @@ impl Idp {
         }
     }
 
+    /// `POST /token?grant_type=password` with [`PASSWORD`].
+    async fn sign_in(&self, email: &str) -> Reply {
+        self.post(
+            "/token?grant_type=password",
+            &json!({"email": email, "password": PASSWORD}),
+        )
+        .await
+    }
+
     /// Another api process on the same database, Redis prefix and keys.
     async fn another_api(&self) -> tests::Proc {
         let (stack, env) = (self.stack.as_ref().unwrap(), self.env.as_ref().unwrap());
@@ -213,12 +222,7 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
     assert_eq!(r.json["user_metadata"]["name"], "Ann");
 
     // Unconfirmed: 400 email_not_confirmed.
-    let r = idp
-        .post(
-            "/token?grant_type=password",
-            &json!({"email": "ann@example.com", "password": PASSWORD}),
-        )
-        .await;
+    let r = idp.sign_in("ann@example.com").await;
     assert_error(&r, 400, "email_not_confirmed");
 
     let (to, text) = idp.mail(1).await;
@@ -360,12 +364,7 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
     assert_error(&r, 403, "session_not_found");
 
     // A new session; logout (global) ends it.
-    let r = idp
-        .post(
-            "/token?grant_type=password",
-            &json!({"email": "ann@example.com", "password": PASSWORD}),
-        )
-        .await;
+    let r = idp.sign_in("ann@example.com").await;
     let s2 = r.json.clone();
     let access2 = s2["access_token"].as_str().unwrap();
     let r = Reply::send(
@@ -531,12 +530,7 @@ async fn repeated_sign_up_does_not_reveal_the_account() {
     );
     assert_eq!(again.json["identities"].as_array().unwrap().len(), 1);
     // The real password still works; the new one does not.
-    let r = idp
-        .post(
-            "/token?grant_type=password",
-            &json!({"email": "dora@example.com", "password": PASSWORD}),
-        )
-        .await;
+    let r = idp.sign_in("dora@example.com").await;
     assert_eq!(r.status, 200, "{}", r.text);
 
     // With autoconfirm the platform says so: 422 user_already_exists.
@@ -1086,12 +1080,7 @@ async fn user_answers_follow_changes_made_through_another_api_process() {
     // A second session (password sign-in through A) moves last_sign_in_at.
     let before = r.json["last_sign_in_at"].clone();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let r = idp
-        .post(
-            "/token?grant_type=password",
-            &json!({"email": "cache@example.com", "password": PASSWORD}),
-        )
-        .await;
+    let r = idp.sign_in("cache@example.com").await;
     assert_eq!(r.status, 200, "{}", r.text);
     let s2 = r.json.clone();
     let access2 = s2["access_token"].as_str().unwrap().to_string();
@@ -1141,12 +1130,7 @@ async fn user_answers_follow_changes_made_through_another_api_process() {
 
     // Writers that are not an api: an operator's SQL on the account, and the
     // deletion of a session (as the worker's clean-ups do).
-    let r = idp
-        .post(
-            "/token?grant_type=password",
-            &json!({"email": "cache@example.com", "password": PASSWORD}),
-        )
-        .await;
+    let r = idp.sign_in("cache@example.com").await;
     assert_eq!(r.status, 200, "{}", r.text);
     let access3 = r.json["access_token"].as_str().unwrap().to_string();
     let user_id: uuid::Uuid = r.json["user"]["id"].as_str().unwrap().parse().unwrap();

@@ -139,15 +139,7 @@ async fn me_shows_plan_subscription_and_ai_usage() {
         end,
     )
     .await;
-    sqlx::query(
-        "INSERT INTO ai_usage (id, user_id, provider, model, route, input_tokens, output_tokens, aborted, estimated, created_at) \
-         VALUES ($1, $2, 'openai', 'm', 'chat', 100, 23, false, false, now())",
-    )
-    .bind(Uuid::new_v4())
-    .bind(user)
-    .execute(&pool)
-    .await
-    .expect("insert usage");
+    insert_usage(&pool, user, 100, 23).await;
     for a in [&api, &other] {
         let mut r = get_auth(&a.url("/api/me"), &t).await;
         let shown = |r: &Reply| {
@@ -171,15 +163,7 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     }
 
     // A second usage row: only the usage moves.
-    sqlx::query(
-        "INSERT INTO ai_usage (id, user_id, provider, model, route, input_tokens, output_tokens, aborted, estimated, created_at) \
-         VALUES ($1, $2, 'openai', 'm', 'chat', 7, 0, false, false, now())",
-    )
-    .bind(Uuid::new_v4())
-    .bind(user)
-    .execute(&pool)
-    .await
-    .expect("insert usage");
+    insert_usage(&pool, user, 7, 0).await;
     assert!(
         tests::wait_until(std::time::Duration::from_secs(5), || async {
             get_auth(&other.url("/api/me"), &t).await.json["ai_usage"]["tokens_used"] == 130
@@ -191,6 +175,21 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     // No token: 401.
     let r = tests::get(&api.url("/api/me")).await;
     r.assert_problem(401, None, None);
+}
+
+/// Records AI usage of `user` now, as the worker's usage job does.
+async fn insert_usage(pool: &sqlx::PgPool, user: Uuid, input: i32, output: i32) {
+    sqlx::query(
+        "INSERT INTO ai_usage (id, user_id, provider, model, route, input_tokens, output_tokens, aborted, estimated, created_at) \
+         VALUES ($1, $2, 'openai', 'm', 'chat', $3, $4, false, false, now())",
+    )
+    .bind(Uuid::new_v4())
+    .bind(user)
+    .bind(input)
+    .bind(output)
+    .execute(pool)
+    .await
+    .expect("insert usage");
 }
 
 async fn sqlx_exec(pool: &sqlx::PgPool, sql: &'static str, user: Uuid, at: chrono::DateTime<Utc>) {
