@@ -60,6 +60,22 @@ fn assert_sql_err(result: Result<impl std::fmt::Debug, DbErr>, unique: bool) {
     }
 }
 
+/// How many row triggers whose name ends in `suffix` exist (0 on SQLite).
+async fn triggers_named(db: &DatabaseConnection, suffix: &str) -> Result<i64, DbErr> {
+    if db.get_database_backend() != DbBackend::Postgres {
+        return Ok(0);
+    }
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT count(*) AS n FROM pg_trigger WHERE right(tgname, length($1)) = $1 AND NOT tgisinternal",
+            [suffix.into()],
+        ))
+        .await?
+        .expect("a count");
+    row.try_get::<i64>("", "n")
+}
+
 async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
     let manager = SchemaManager::new(db);
 
@@ -73,8 +89,14 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The newest migrations, newest first: the AI quota counters, then the
-    // identity provider's trust columns, then the job outbox.
+    // The newest migrations, newest first: the account cache's triggers
+    // (PostgreSQL only), the AI quota counters, then the identity provider's
+    // trust columns, then the job outbox.
+    let on_pg = db.get_database_backend() == DbBackend::Postgres;
+    let cache_triggers = || triggers_named(db, "_notify_user_changed");
+    assert_eq!(cache_triggers().await?, if on_pg { 5 } else { 0 });
+    Migrator::down(db, Some(1)).await?;
+    assert_eq!(cache_triggers().await?, 0, "notify triggers after down");
     assert!(manager.has_table("ai_quota_counters").await?);
     Migrator::down(db, Some(1)).await?;
     assert!(
@@ -104,26 +126,12 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("job_outbox").await?,
         "job_outbox after down"
     );
-    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 3);
-    const OUTBOX_STEPS: usize = 3;
+    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 4);
+    const OUTBOX_STEPS: usize = 4;
 
     // Then, on PostgreSQL, one account-change trigger on each of users,
     // user_roles and subscriptions; on SQLite, nothing.
-    let triggers = || async {
-        if db.get_database_backend() != DbBackend::Postgres {
-            return Ok::<_, DbErr>(0);
-        }
-        let row = db
-            .query_one_raw(Statement::from_string(
-                DbBackend::Postgres,
-                "SELECT count(*) AS n FROM pg_trigger \
-                 WHERE tgname LIKE '%_notify_account_changed' AND NOT tgisinternal",
-            ))
-            .await?
-            .expect("a count");
-        row.try_get::<i64>("", "n")
-    };
-    let on_pg = db.get_database_backend() == DbBackend::Postgres;
+    let triggers = || triggers_named(db, "_notify_account_changed");
     assert_eq!(triggers().await?, if on_pg { 3 } else { 0 });
     Migrator::down(db, Some(1)).await?;
     assert_eq!(triggers().await?, 0, "account-change triggers after down");
