@@ -42,6 +42,26 @@ ensure_postgres() {
   fi
 }
 
+# The suite runs TEST_THREADS (8) tests at once, each with its own apis,
+# workers and pools on one PostgreSQL; at PostgreSQL's default of 100
+# connections a busy moment runs out ("too many clients") and a process
+# starting then fails to migrate. Raise it (a restart) when we may.
+ensure_postgres_connections() {
+  local want=300 have ver
+  have=$(psql -h 127.0.0.1 -U postgres -Atc 'show max_connections' 2>/dev/null || echo 0)
+  [ "${have:-0}" -ge "$want" ] && return 0
+  if [ "$(id -u)" = 0 ] && have pg_ctlcluster && ls /etc/postgresql/*/main >/dev/null 2>&1; then
+    ver=$(ls /etc/postgresql | sort -V | tail -n 1)
+    log "raising PostgreSQL max_connections from $have to $want (restart)"
+    psql -h 127.0.0.1 -U postgres -qc "ALTER SYSTEM SET max_connections = $want"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main restart
+    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+    pg_isready -h 127.0.0.1 -p 5432
+  else
+    echo "PostgreSQL max_connections is $have (< $want) and cannot be raised here; busy moments may fail" >&2
+  fi
+}
+
 ensure_redis() {
   # The TLS tests start their own redis-server (Debian's is built with TLS),
   # even when a Redis already answers on 6379.
@@ -87,6 +107,7 @@ ensure_chromium() {
 }
 
 ensure_postgres
+ensure_postgres_connections
 ensure_redis
 ensure_s3s_fs
 ensure_chromium
