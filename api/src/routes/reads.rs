@@ -492,15 +492,11 @@ fn etag_matches(header: &str, etag: &str) -> bool {
 }
 
 async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
-    let (user, _) = state.session_with_plan(auth, Gate::ServerWrites).await?;
+    // The plan in force comes with the session (the same subscription row
+    // the details show, kept and dropped with them).
+    let (user, plan_id) = state.session_with_plan(auth, Gate::ServerWrites).await?;
     let now = Utc::now();
     let (details, used) = account_of(state, user.user_id, now).await?;
-    let plan_id = entity::ai::plan_in_force(
-        details
-            .subscription
-            .as_ref()
-            .map(|s| (s.plan.clone(), s.status)),
-    );
     let plan = state
         .plans
         .get(&plan_id)
