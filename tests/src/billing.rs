@@ -22,6 +22,21 @@ pub async fn connect_db(stack: &Stack) -> DatabaseConnection {
         .unwrap_or_else(|e| panic!("connect {}: {e}", stack.db.url))
 }
 
+/// The FREE subscription row first sight gives `user` at `now`.
+fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveModel {
+    subscriptions::ActiveModel {
+        user_id: Set(user),
+        plan: Set("FREE".into()),
+        status: Set(SubscriptionStatus::Active),
+        cancel_at_period_end: Set(false),
+        current_period_start: Set(None),
+        current_period_end: Set(None),
+        canceled_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+    }
+}
+
 /// A new user with the FREE subscription first sight gives; answers its id.
 pub async fn free_user(db: &DatabaseConnection) -> Uuid {
     let user = Uuid::new_v4();
@@ -34,20 +49,10 @@ pub async fn free_user(db: &DatabaseConnection) -> Uuid {
     .insert(db)
     .await
     .expect("insert user");
-    subscriptions::ActiveModel {
-        user_id: Set(user),
-        plan: Set("FREE".into()),
-        status: Set(SubscriptionStatus::Active),
-        cancel_at_period_end: Set(false),
-        current_period_start: Set(None),
-        current_period_end: Set(None),
-        canceled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }
-    .insert(db)
-    .await
-    .expect("insert subscription");
+    free_subscription(user, now)
+        .insert(db)
+        .await
+        .expect("insert subscription");
     user
 }
 
@@ -223,20 +228,10 @@ pub async fn pending_pro_payments(db: &DatabaseConnection, n: usize) -> Vec<Stri
     .exec(db)
     .await
     .expect("insert users");
-    subscriptions::Entity::insert_many(ids.iter().map(|&id| subscriptions::ActiveModel {
-        user_id: Set(id),
-        plan: Set("FREE".into()),
-        status: Set(SubscriptionStatus::Active),
-        cancel_at_period_end: Set(false),
-        current_period_start: Set(None),
-        current_period_end: Set(None),
-        canceled_at: Set(None),
-        created_at: Set(now),
-        updated_at: Set(now),
-    }))
-    .exec(db)
-    .await
-    .expect("insert subscriptions");
+    subscriptions::Entity::insert_many(ids.iter().map(|&id| free_subscription(id, now)))
+        .exec(db)
+        .await
+        .expect("insert subscriptions");
     payments::Entity::insert_many(ids.iter().zip(&orders).map(|(&user, order)| {
         payments::ActiveModel {
             id: Set(Uuid::new_v4()),

@@ -29,6 +29,23 @@ where
     }
 }
 
+/// Calls `f` every 20 ms until `done` holds for its answer or `timeout`
+/// passes; the last answer either way (the caller asserts on it).
+pub async fn poll_until<T, F, Fut>(timeout: Duration, mut f: F, done: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let v = f().await;
+        if done(&v) || Instant::now() >= deadline {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Prints a line on the real stderr, bypassing libtest's output capture, so
 /// timings of heavy tests show in every run (not only with `--nocapture`).
 pub fn report(line: &str) {

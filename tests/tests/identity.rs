@@ -1164,18 +1164,12 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Reply>,
 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let r = get(token.to_string()).await;
-        if done(&r) {
-            return r;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the other api process still answers {} {} after 5 s",
-            r.status,
-            r.text
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let r = tests::poll_until(Duration::from_secs(5), || get(token.to_string()), &done).await;
+    assert!(
+        done(&r),
+        "the other api process still answers {} {} after 5 s",
+        r.status,
+        r.text
+    );
+    r
 }

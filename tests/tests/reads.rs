@@ -141,15 +141,15 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     .await;
     insert_usage(&pool, user, 100, 23).await;
     for a in [&api, &other] {
-        let mut r = get_auth(&a.url("/api/me"), &t).await;
-        let shown = |r: &Reply| {
-            r.json["subscription"]["plan"] == "PRO" && r.json["ai_usage"]["tokens_used"] == 123
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !shown(&r) && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            r = get_auth(&a.url("/api/me"), &t).await;
-        }
+        let url = a.url("/api/me");
+        let r = tests::poll_until(
+            std::time::Duration::from_secs(5),
+            || get_auth(&url, &t),
+            |r: &Reply| {
+                r.json["subscription"]["plan"] == "PRO" && r.json["ai_usage"]["tokens_used"] == 123
+            },
+        )
+        .await;
         assert_eq!(r.status, 200, "{}", r.text);
         let b = &r.json;
         assert_eq!(b["profile"]["full_name"], "Me Myself");
