@@ -4,12 +4,12 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use entity::{plans::Catalogue, Features, Settings};
-use poem::{middleware::CatchPanic, EndpointExt, IntoEndpoint, Route};
+use poem::{EndpointExt, IntoEndpoint, Route};
 use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    middleware::{BodyDeadline, BodyLimit, DrainBody, Observe},
+    middleware::{BodyDeadline, BodyLimit, CatchPanics, DrainBody, Observe, Provide},
     rate_limit::RateLimiter,
     routes::auth_oauth::AuthOAuthApi,
     routes::confirm::ConfirmApi,
@@ -171,14 +171,9 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         .nest("/api/docs", docs)
         .nest("/api/swagger", swagger)
         .with(BodyDeadline(state.settings.http_body_timeout))
-        .data(state)
+        .with(Provide(state))
         .with(crate::spec::AllowHeader(allowed))
-        .with(CatchPanic::new().with_handler(|_| {
-            tracing::error!("handler panicked");
-            crate::problem::ApiError::internal("handler panicked")
-                .problem()
-                .into_response()
-        }))
+        .with(CatchPanics)
         .with(crate::shed::Shed(load))
         // Outside the shedding gate: a preflight costs nothing and is never
         // shed, and a shed 503 still carries the CORS headers a page needs
@@ -228,7 +223,7 @@ pub async fn build_state(
     } else {
         None
     };
-    Ok(AppState {
+    Ok(AppState::new(crate::state::Shared {
         accounts,
         idp,
         oauth,
@@ -243,7 +238,7 @@ pub async fn build_state(
         probes: Default::default(),
         storage,
         ai: worker::ai::AiClients::new(settings_for_ai)?,
-    })
+    }))
 }
 
 /// Serves HTTP until SIGTERM/SIGINT; with `with_worker` also runs the worker

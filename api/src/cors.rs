@@ -20,7 +20,9 @@
 //! another origin sends `Authorization: Bearer` (auth-js keeps its session
 //! itself).
 
-use std::collections::HashSet;
+use std::{collections::HashSet, future::Future};
+
+use futures::{future::Either, FutureExt as _};
 
 use poem::{
     http::{header, HeaderValue, Method},
@@ -129,36 +131,50 @@ fn add_vary_origin(resp: &mut Response) {
     }
 }
 
+/// The answer (an error as its response), with `Vary: Origin`.
+fn with_vary_origin(result: Result<impl IntoResponse>) -> Result<Response> {
+    let mut resp = result
+        .map(IntoResponse::into_response)
+        .unwrap_or_else(|e| e.into_response());
+    add_vary_origin(&mut resp);
+    Ok(resp)
+}
+
 impl<E: Endpoint> Endpoint for CorsLayerEndpoint<E> {
     type Output = Response;
 
-    async fn call(&self, req: Request) -> Result<Self::Output> {
+    fn call(&self, req: Request) -> impl Future<Output = Result<Self::Output>> + Send {
+        // (Combinators, not an `async fn`: see `crate::middleware`.)
+        let direct = |req| {
+            Either::Left(
+                self.inner
+                    .call(req)
+                    .map(|r| r.map(IntoResponse::into_response)),
+            )
+        };
         let Some(cors) = &self.cors else {
-            return self.inner.call(req).await.map(IntoResponse::into_response);
+            return direct(req);
         };
         if !in_scope(req.uri().path()) {
-            return self.inner.call(req).await.map(IntoResponse::into_response);
+            return direct(req);
         }
-        let Some(origin) = req.headers().get(header::ORIGIN).cloned() else {
+        let Some(origin) = req.headers().get(header::ORIGIN) else {
             // Not a cross-origin request, but the answer would differ with `Origin`.
-            let mut resp = self.inner.get_response(req).await;
-            add_vary_origin(&mut resp);
-            return Ok(resp);
+            return Either::Right(Either::Left(self.inner.call(req).map(with_vary_origin)));
         };
         let listed = origin.to_str().is_ok_and(|o| self.origins.contains(o));
         let preflight = req.method() == Method::OPTIONS
             && req
                 .headers()
                 .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-        let mut resp = if listed && (preflight || req.method() != Method::OPTIONS) {
+        let resp = if listed && (preflight || req.method() != Method::OPTIONS) {
             // A preflight asking for a method or headers not allowed gets
             // poem's 403: the browser refuses the request either way.
-            cors.get_response(req).await
+            Either::Left(cors.call(req).map(with_vary_origin))
         } else {
-            self.inner.get_response(req).await
+            Either::Right(self.inner.call(req).map(with_vary_origin))
         };
-        add_vary_origin(&mut resp);
-        Ok(resp)
+        Either::Right(Either::Right(resp))
     }
 }
 

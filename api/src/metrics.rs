@@ -13,10 +13,12 @@
 
 use std::{
     collections::HashMap,
+    future::Future,
     sync::{Arc, LazyLock},
     time::Instant,
 };
 
+use futures::{future::Either, FutureExt as _};
 use poem::{
     http::{header, HeaderValue, Method, StatusCode},
     Endpoint, IntoResponse, Middleware, Request, Response, Result,
@@ -124,35 +126,50 @@ pub struct HttpMetricsEndpoint<E>(E);
 impl<E: Endpoint> Endpoint for HttpMetricsEndpoint<E> {
     type Output = Response;
 
-    async fn call(&self, req: Request) -> Result<Self::Output> {
+    fn call(&self, req: Request) -> impl Future<Output = Result<Self::Output>> + Send {
+        // (A combinator, not an `async fn`: see `crate::middleware`.)
         if !m::enabled() {
-            return self.0.call(req).await.map(IntoResponse::into_response);
+            return Either::Left(self.0.call(req).map(|r| r.map(IntoResponse::into_response)));
         }
         let started = Instant::now();
         let method = method_label(req.method());
         let path = req.uri().path().to_string();
-        // Errors become their answer here (as the outer middleware would), so
-        // the status counted is the status sent.
-        let resp = match self.0.call(req).await {
-            Ok(r) => r.into_response(),
-            Err(e) if e.is_from_response() => e.into_response(),
-            Err(e) => {
-                let op = e.data::<OperationId>().copied();
-                let mut r = crate::problem::from_poem_error(e);
-                if let Some(op) = op {
-                    r.set_data(op);
-                }
-                r
-            }
-        };
-        let route = route_label(resp.data::<OperationId>(), &path);
-        let status = status_label(resp.status());
-        metrics::counter!(m::HTTP_REQUESTS, "route" => route, "method" => method, "status" => status)
-            .increment(1);
-        metrics::histogram!(m::HTTP_DURATION, "route" => route, "method" => method, "status" => status)
-            .record(started.elapsed().as_secs_f64());
-        Ok(resp)
+        Either::Right(
+            self.0
+                .call(req)
+                .map(move |result| Ok(counted(result, started, method, &path))),
+        )
     }
+}
+
+/// The answer of a request to `path` started at `started`, counted in the
+/// request metrics. Errors become their answer here (as the outer middleware
+/// would), so the status counted is the status sent.
+fn counted(
+    result: Result<impl IntoResponse>,
+    started: Instant,
+    method: &'static str,
+    path: &str,
+) -> Response {
+    let resp = match result {
+        Ok(r) => r.into_response(),
+        Err(e) if e.is_from_response() => e.into_response(),
+        Err(e) => {
+            let op = e.data::<OperationId>().copied();
+            let mut r = crate::problem::from_poem_error(e);
+            if let Some(op) = op {
+                r.set_data(op);
+            }
+            r
+        }
+    };
+    let route = route_label(resp.data::<OperationId>(), path);
+    let status = status_label(resp.status());
+    metrics::counter!(m::HTTP_REQUESTS, "route" => route, "method" => method, "status" => status)
+        .increment(1);
+    metrics::histogram!(m::HTTP_DURATION, "route" => route, "method" => method, "status" => status)
+        .record(started.elapsed().as_secs_f64());
+    resp
 }
 
 /// Installs the recorder when `METRICS_TOKEN` is set (see [`worker::metrics::install`]).

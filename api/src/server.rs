@@ -24,6 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::FutureExt as _;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
@@ -175,7 +176,10 @@ async fn serve_connection<E>(
             // Boxed: hyper keeps room for this future for the connection's
             // whole life; the endpoint's own (the middleware chain) then
             // takes memory only while a request is being handled.
-            let resp: hyper::Response<HyperBody> = Box::pin(ep.get_response(req)).await.into();
+            // `E::call`, not `Arc`'s (an `async fn` level of its own).
+            let answer =
+                E::call(&ep, req).map(|result| result.unwrap_or_else(|e| e.into_response()));
+            let resp: hyper::Response<HyperBody> = Box::pin(answer).await.into();
             Ok::<_, Infallible>(resp)
         }
     });

@@ -18,12 +18,18 @@
 //! instead, at most `AI_MAX_OPEN_STREAMS` at once per process, a slot held
 //! until the answer's last byte is written or the client goes away.
 
-use std::sync::{
-    atomic::{AtomicUsize, Ordering},
-    Arc,
+use std::{
+    future::Future,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
 };
 
-use futures::StreamExt as _;
+use futures::{
+    future::{ready, Either},
+    FutureExt as _, StreamExt as _,
+};
 use poem::{
     http::{header, HeaderValue, Method, StatusCode, Version},
     Body, Endpoint, IntoResponse, Middleware, Request, Response, Result,
@@ -145,41 +151,53 @@ pub struct ShedEndpoint<E> {
 impl<E: Endpoint> Endpoint for ShedEndpoint<E> {
     type Output = Response;
 
-    async fn call(&self, req: Request) -> Result<Self::Output> {
+    fn call(&self, req: Request) -> impl Future<Output = Result<Self::Output>> + Send {
+        // (Combinators, not an `async fn`: see `crate::middleware`.)
+        let refuse =
+            |req: &Request, reason, detail| Either::Left(ready(Ok(shed(req, reason, detail))));
+        // `slot` is held until the answer is ready, or with `for_body` until
+        // the body's end.
+        let admit = |req, slot: Option<Slot>, for_body: bool| {
+            Either::Right(self.inner.call(req).map(move |r| {
+                let mut resp = r?.into_response();
+                if let Some(slot) = slot.filter(|_| for_body) {
+                    // The slot lives as long as the body: the stream's end, or
+                    // the client going away (hyper drops the body), gives it back.
+                    let body = resp.take_body().into_bytes_stream();
+                    let held = body.map(move |chunk| {
+                        let _ = &slot;
+                        chunk
+                    });
+                    resp.set_body(Body::from_bytes_stream(held));
+                }
+                Ok(resp)
+            }))
+        };
         let path = req.uri().path();
         if NEVER_SHED.contains(&path) {
-            return Ok(self.inner.call(req).await?.into_response());
+            return admit(req, None, false);
         }
         if (path == AI_CHAT || path == AI_GENERATE) && req.method() == Method::POST {
-            let Some(slot) = Slot::take(&self.load, streams, self.load.max_streams) else {
-                return Ok(shed(
+            return match Slot::take(&self.load, streams, self.load.max_streams) {
+                Some(slot) => admit(req, Some(slot), true),
+                None => refuse(
                     &req,
                     "ai_streams",
                     "too many AI requests are open on this server (AI_MAX_OPEN_STREAMS); retry shortly",
-                ));
+                ),
             };
-            let mut resp = self.inner.call(req).await?.into_response();
-            // The slot lives as long as the body: the stream's end, or the
-            // client going away (hyper drops the body), gives it back.
-            let body = resp.take_body().into_bytes_stream();
-            let held = body.map(move |chunk| {
-                let _ = &slot;
-                chunk
-            });
-            resp.set_body(Body::from_bytes_stream(held));
-            return Ok(resp);
         }
         if self.load.max_in_flight == 0 {
-            return Ok(self.inner.call(req).await?.into_response());
+            return admit(req, None, false);
         }
-        let Some(_slot) = Slot::take(&self.load, in_flight, self.load.max_in_flight) else {
-            return Ok(shed(
+        match Slot::take(&self.load, in_flight, self.load.max_in_flight) {
+            Some(slot) => admit(req, Some(slot), false),
+            None => refuse(
                 &req,
                 "in_flight",
                 "the server is handling as many requests as it can (HTTP_MAX_IN_FLIGHT); retry shortly",
-            ));
-        };
-        Ok(self.inner.call(req).await?.into_response())
+            ),
+        }
     }
 }
 

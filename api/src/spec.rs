@@ -22,7 +22,12 @@
 //! [`AllowHeader`] middleware puts in the `Allow` header of every 405
 //! (RFC 9110 §15.5.6).
 
-use std::sync::{Arc, LazyLock};
+use std::{
+    future::Future,
+    sync::{Arc, LazyLock},
+};
+
+use futures::FutureExt as _;
 
 use poem::{
     http::{header, HeaderValue, StatusCode},
@@ -265,25 +270,28 @@ pub struct AllowHeaderEndpoint<E> {
 impl<E: Endpoint> Endpoint for AllowHeaderEndpoint<E> {
     type Output = Response;
 
-    async fn call(&self, req: Request) -> Result<Self::Output> {
+    fn call(&self, req: Request) -> impl Future<Output = Result<Self::Output>> + Send {
+        // (A combinator, not an `async fn`: see `crate::middleware`.)
         let path = req.uri().path().to_string();
-        let mut resp = match self.inner.call(req).await {
-            Ok(r) => r.into_response(),
-            Err(e) if e.status() == StatusCode::METHOD_NOT_ALLOWED && !e.is_from_response() => {
-                crate::problem::from_poem_error(e)
+        self.inner.call(req).map(move |result| {
+            let mut resp = match result {
+                Ok(r) => r.into_response(),
+                Err(e) if e.status() == StatusCode::METHOD_NOT_ALLOWED && !e.is_from_response() => {
+                    crate::problem::from_poem_error(e)
+                }
+                Err(e) => return Err(e),
+            };
+            if resp.status() == StatusCode::METHOD_NOT_ALLOWED {
+                if let Some(v) = self
+                    .methods
+                    .allow(&path)
+                    .and_then(|a| HeaderValue::from_str(a).ok())
+                {
+                    resp.headers_mut().insert(header::ALLOW, v);
+                }
             }
-            Err(e) => return Err(e),
-        };
-        if resp.status() == StatusCode::METHOD_NOT_ALLOWED {
-            if let Some(v) = self
-                .methods
-                .allow(&path)
-                .and_then(|a| HeaderValue::from_str(a).ok())
-            {
-                resp.headers_mut().insert(header::ALLOW, v);
-            }
-        }
-        Ok(resp)
+            Ok(resp)
+        })
     }
 }
 

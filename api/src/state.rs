@@ -12,9 +12,29 @@ use crate::{
     rate_limit::{Limit, RateLimiter},
 };
 
-/// Shared application state (cheap to clone).
+/// Shared application state: one reference-counted [`Shared`], which it
+/// dereferences to. Every request carries a clone in its extensions (for
+/// `Data<&AppState>`), so a clone must cost one count, not a copy of every
+/// client, pool handle and map below.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    /// The state of a server built from `shared`.
+    pub fn new(shared: Shared) -> Self {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] holds.
+pub struct Shared {
     /// Validated settings.
     pub settings: Arc<Settings>,
     /// Readiness of every feature, computed once from the settings.
