@@ -401,3 +401,50 @@ impl<E: Endpoint> Endpoint for CatchPanicsEndpoint<E> {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use poem::{endpoint::make, http::StatusCode, EndpointExt as _};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_a_500_problem_and_the_next_request_is_served() {
+        let ep = make(|req: Request| async move {
+            if req.uri().path() == "/boom" {
+                panic!("handler bug");
+            }
+            "fine"
+        })
+        .with(CatchPanics);
+        let resp = ep
+            .call(Request::builder().uri_str("/boom").finish())
+            .await
+            .expect("an answer, not an error");
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            resp.headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Some("application/problem+json")
+        );
+        let body = resp.into_body().into_string().await.expect("body");
+        assert!(body.contains("\"status\":500"), "{body}");
+        let resp = ep
+            .call(Request::builder().uri_str("/ok").finish())
+            .await
+            .expect("served");
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn provide_puts_the_value_in_every_request() {
+        let ep = make(|req: Request| async move {
+            req.extensions()
+                .get::<u32>()
+                .map_or("missing".to_string(), u32::to_string)
+        })
+        .with(Provide(7_u32));
+        assert_eq!(ep.call(Request::default()).await.expect("served"), "7");
+    }
+}
