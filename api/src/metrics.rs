@@ -151,18 +151,7 @@ fn counted(
     method: &'static str,
     path: &str,
 ) -> Response {
-    let resp = match result {
-        Ok(r) => r.into_response(),
-        Err(e) if e.is_from_response() => e.into_response(),
-        Err(e) => {
-            let op = e.data::<OperationId>().copied();
-            let mut r = crate::problem::from_poem_error(e);
-            if let Some(op) = op {
-                r.set_data(op);
-            }
-            r
-        }
-    };
+    let resp = crate::problem::answer(result);
     let route = route_label(resp.data::<OperationId>(), path);
     let status = status_label(resp.status());
     metrics::counter!(m::HTTP_REQUESTS, "route" => route, "method" => method, "status" => status)

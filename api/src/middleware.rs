@@ -75,23 +75,19 @@ impl<E: Endpoint> Endpoint for ObserveEndpoint<E> {
         if let Some(c) = &client {
             req.extensions_mut().insert(ClientRequestId(c.clone()));
         }
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
+        // Fields are formatted only when the span is enabled (not at the
+        // default `RUST_LOG=warn`).
         let span = tracing::info_span!(
             "request",
             request_id = %id,
             client_request_id = client.as_deref().unwrap_or(""),
-            %method,
-            %path
+            method = %req.method(),
+            path = %req.uri().path()
         );
         let started = Instant::now();
         let inner = self.0.call(req).instrument(span.clone());
         inner.map(move |result| {
-            let mut resp = match result {
-                Ok(r) => r.into_response(),
-                Err(e) if e.is_from_response() => e.into_response(),
-                Err(e) => crate::problem::from_poem_error(e),
-            };
+            let mut resp = crate::problem::answer(result);
             if let Ok(v) = HeaderValue::from_str(&id) {
                 resp.headers_mut().insert(REQUEST_ID, v);
             }
@@ -310,11 +306,7 @@ impl<E: Endpoint> Endpoint for DrainBodyEndpoint<E> {
             req.take_body().into_bytes_stream().boxed(),
         ));
         req.set_body(Body::from_bytes_stream(SharedBodyStream(shared.clone())));
-        let mut resp = match self.inner.call(req).await {
-            Ok(r) => r.into_response(),
-            Err(e) if e.is_from_response() => e.into_response(),
-            Err(e) => crate::problem::from_poem_error(e),
-        };
+        let mut resp = crate::problem::answer(self.inner.call(req).await);
         if !resp.status().is_success() {
             let mut rest = SharedBodyStream(shared);
             let mut read: u64 = 0;

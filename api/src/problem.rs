@@ -9,7 +9,7 @@
 //! what [`ApiError::problem`] renders; internal causes (SQL, upstream bodies)
 //! are logged with the request id and never sent (the 5xx detail is generic).
 
-use poem::{http::StatusCode, Response};
+use poem::{http::StatusCode, IntoResponse, Response};
 use poem_openapi::{payload::Json, Object};
 
 use entity::validate::FieldError;
@@ -270,6 +270,25 @@ pub enum TooManyRequests {
         #[oai(header = "Retry-After")]
         u64,
     ),
+}
+
+/// An endpoint's result as the response sent: an error that carries its
+/// response gives that, any other becomes problem details
+/// ([`from_poem_error`]), keeping the operation id (for the metrics' route
+/// label).
+pub fn answer(result: poem::Result<impl IntoResponse>) -> Response {
+    match result {
+        Ok(r) => r.into_response(),
+        Err(e) if e.is_from_response() => e.into_response(),
+        Err(e) => {
+            let op = e.data::<poem_openapi::OperationId>().copied();
+            let mut r = from_poem_error(e);
+            if let Some(op) = op {
+                r.set_data(op);
+            }
+            r
+        }
+    }
 }
 
 /// Converts any error poem or poem-openapi raises outside our handlers (body

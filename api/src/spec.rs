@@ -272,7 +272,8 @@ impl<E: Endpoint> Endpoint for AllowHeaderEndpoint<E> {
 
     fn call(&self, req: Request) -> impl Future<Output = Result<Self::Output>> + Send {
         // (A combinator, not an `async fn`: see `crate::middleware`.)
-        let path = req.uri().path().to_string();
+        // (The `Uri` shares the request's bytes: no copy of the path.)
+        let uri = req.uri().clone();
         self.inner.call(req).map(move |result| {
             let mut resp = match result {
                 Ok(r) => r.into_response(),
@@ -284,7 +285,7 @@ impl<E: Endpoint> Endpoint for AllowHeaderEndpoint<E> {
             if resp.status() == StatusCode::METHOD_NOT_ALLOWED {
                 if let Some(v) = self
                     .methods
-                    .allow(&path)
+                    .allow(uri.path())
                     .and_then(|a| HeaderValue::from_str(a).ok())
                 {
                     resp.headers_mut().insert(header::ALLOW, v);

@@ -12,26 +12,31 @@ pub fn rand_hex(len: usize) -> String {
 
 /// Polls `f` every 100 ms until it returns true or `timeout` passes.
 /// Returns whether it became true.
-pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F) -> bool
+pub async fn wait_until<F, Fut>(timeout: Duration, f: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_every(Duration::from_millis(100), timeout, f, |done| *done).await
 }
 
 /// Calls `f` every 20 ms until `done` holds for its answer or `timeout`
 /// passes; the last answer either way (the caller asserts on it).
-pub async fn poll_until<T, F, Fut>(timeout: Duration, mut f: F, done: impl Fn(&T) -> bool) -> T
+pub async fn poll_until<T, F, Fut>(timeout: Duration, f: F, done: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    poll_every(Duration::from_millis(20), timeout, f, done).await
+}
+
+/// The loop of [`wait_until`] and [`poll_until`]: `f` every `interval`.
+async fn poll_every<T, F, Fut>(
+    interval: Duration,
+    timeout: Duration,
+    mut f: F,
+    done: impl Fn(&T) -> bool,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = T>,
@@ -42,7 +47,7 @@ where
         if done(&v) || Instant::now() >= deadline {
             return v;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(interval).await;
     }
 }
 
