@@ -87,7 +87,8 @@ the health checks are never shed, and AI chats and generations are bounded by \
 `CORS_ALLOWED_ORIGINS` may call `/api` (but the webhooks), `/auth/v1` and `/storage/v1` \
 with `Authorization: Bearer` (CORS; any other origin gets no CORS headers). Lists answer \
 `{items, next_cursor}` newest first (`limit` 1–100, default 20; `next_cursor` null on the \
-last page; a cursor not given by a page is 400 naming `cursor`); personal reads answer \
+last page; an empty `cursor` is the first page, one that does not match its `pattern` is 400 \
+naming `cursor`); personal reads answer \
 `Cache-Control: private, no-store`. New fields are snake_case. Prometheus metrics are served at `GET /metrics` (text format, \
 `Authorization: Bearer $METRICS_TOKEN`; 404 while `METRICS_TOKEN` is unset).";
 

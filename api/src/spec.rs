@@ -13,6 +13,11 @@
 //!   their own 400 `validation_failed`: they document only the 408;
 //! * every operation but the health checks documents the load-shedding 503
 //!   (`overloaded`, with `Retry-After`; [`crate::shed`]);
+//! * bodies whose shapes poem-openapi cannot state: the dead-letter redrive
+//!   is a `oneOf` of `{queue, all: true}` and `{queue, ids}` (1–100 ids),
+//!   and the chat needs a message that holds text (`content` of at least one
+//!   character, or no `content` and a `text` part with text), as
+//!   [`crate::routes::dead_letters`] and the chat's parser refuse the rest;
 //! * `plan` of `POST /api/payments` is the enum of the purchasable plans of
 //!   the catalogue in force: the committed document ([`document`]) has the
 //!   compiled-in catalogue's, the served one ([`document_for`]) the
@@ -206,6 +211,107 @@ pub fn patch(doc: &mut Value) {
             schema.insert("additionalProperties".into(), Value::Bool(false));
         }
     }
+    document_redrive(doc);
+    document_chat_text(doc);
+}
+
+/// `RedriveRequest` as the `oneOf` it is: `{queue, all: true}` or `{queue,
+/// ids}` with 1–100 ids, each closed (poem-openapi can only say "both
+/// optional"). Anything else is a 400 naming `ids` or `all`.
+fn document_redrive(doc: &mut Value) {
+    let Some(schema) = doc.pointer_mut("/components/schemas/RedriveRequest") else {
+        return;
+    };
+    let queue = schema["properties"]["queue"].clone();
+    let ids = schema["properties"]["ids"].clone();
+    let mut ids = ids;
+    ids["minItems"] = json!(1);
+    ids["maxItems"] = json!(crate::routes::dead_letters::MAX_LIMIT);
+    let mut all = schema["properties"]["all"].clone();
+    all["enum"] = json!([true]);
+    *schema = json!({
+        "title": "RedriveRequest",
+        "description": "What to redrive: `{queue, all: true}` (every dead letter of the queue) or \
+            `{queue, ids}` (1–100 dead-letter ids of the queue); exactly one of `all` and `ids`.",
+        "example": {"queue": "email", "ids": ["01JD5X9Q6Z8K4M2N7P3R5T1V9W"]},
+        "oneOf": [
+            {
+                "title": "RedriveAll",
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["queue", "all"],
+                "properties": {"queue": queue, "all": all},
+            },
+            {
+                "title": "RedriveIds",
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["queue", "ids"],
+                "properties": {"queue": queue, "ids": ids},
+            },
+        ],
+    });
+}
+
+/// The chat's rule that some message holds text, in the schema: `messages`
+/// must not consist only of messages without text (`not` + `items`, the
+/// OpenAPI 3.0 spelling of `contains`). A message holds text when its
+/// `content` has at least one character, or it has no `content` and one of
+/// its `parts` is a `text` part with text (`content` wins over `parts`).
+fn document_chat_text(doc: &mut Value) {
+    let Some(schemas) = doc["components"]["schemas"].as_object_mut() else {
+        return;
+    };
+    if !schemas.contains_key("ChatRequest") {
+        return;
+    }
+    schemas.insert(
+        "ChatTextPart".into(),
+        json!({
+            "title": "ChatTextPart",
+            "description": "A `text` part with text.",
+            "type": "object",
+            "required": ["type", "text"],
+            "properties": {
+                "type": {"type": "string", "enum": ["text"]},
+                "text": {"type": "string", "minLength": 1},
+            },
+        }),
+    );
+    schemas.insert(
+        "ChatMessageWithText".into(),
+        json!({
+            "title": "ChatMessageWithText",
+            "description": "A message that holds text: `content` of at least one character, or \
+                no `content` and a `text` part with text.",
+            "anyOf": [
+                {
+                    "type": "object",
+                    "required": ["content"],
+                    "properties": {"content": {"type": "string", "minLength": 1}},
+                },
+                {
+                    "type": "object",
+                    "required": ["parts"],
+                    "not": {"required": ["content"]},
+                    "properties": {
+                        "parts": {
+                            "type": "array",
+                            "not": {"items": {"not": {"$ref": "#/components/schemas/ChatTextPart"}}},
+                        },
+                    },
+                },
+            ],
+        }),
+    );
+    if let Some(messages) = doc.pointer_mut("/components/schemas/ChatRequest/properties/messages") {
+        messages["description"] = json!(
+            "The conversation, oldest first; at least one message holds text \
+             (`ChatMessageWithText`); messages without text are skipped."
+        );
+        messages["not"] =
+            json!({"items": {"not": {"$ref": "#/components/schemas/ChatMessageWithText"}}});
+    }
 }
 
 /// Methods of each path template of the document.
@@ -335,6 +441,42 @@ mod tests {
     }
 
     #[test]
+    fn the_redrive_body_is_one_of_two_closed_shapes() {
+        let doc: Value = serde_json::from_str(document()).unwrap();
+        let schema = &doc["components"]["schemas"]["RedriveRequest"];
+        let shapes = schema["oneOf"].as_array().expect("oneOf");
+        assert_eq!(shapes.len(), 2);
+        assert_eq!(shapes[0]["required"], json!(["queue", "all"]));
+        assert_eq!(shapes[0]["properties"]["all"]["enum"], json!([true]));
+        assert_eq!(shapes[1]["required"], json!(["queue", "ids"]));
+        assert_eq!(shapes[1]["properties"]["ids"]["minItems"], json!(1));
+        assert_eq!(shapes[1]["properties"]["ids"]["maxItems"], json!(100));
+        assert!(schema.get("properties").is_none(), "{schema}");
+    }
+
+    #[test]
+    fn the_chat_needs_a_message_with_text() {
+        let doc: Value = serde_json::from_str(document()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let messages = &schemas["ChatRequest"]["properties"]["messages"];
+        assert_eq!(
+            messages["not"]["items"]["not"]["$ref"],
+            "#/components/schemas/ChatMessageWithText"
+        );
+        let with_text = &schemas["ChatMessageWithText"]["anyOf"];
+        assert_eq!(with_text[0]["properties"]["content"]["minLength"], json!(1));
+        assert_eq!(with_text[1]["not"], json!({"required": ["content"]}));
+        assert_eq!(
+            with_text[1]["properties"]["parts"]["not"]["items"]["not"]["$ref"],
+            "#/components/schemas/ChatTextPart"
+        );
+        assert_eq!(
+            schemas["ChatTextPart"]["properties"]["text"]["minLength"],
+            json!(1)
+        );
+    }
+
+    #[test]
     fn json_bodies_but_open_ones_are_closed_and_document_408_and_415() {
         let doc: Value = serde_json::from_str(document()).unwrap();
         for (path, ops) in doc["paths"].as_object().unwrap() {
@@ -359,10 +501,16 @@ mod tests {
                 } else {
                     json!(false)
                 };
-                assert_eq!(
-                    doc["components"]["schemas"][name]["additionalProperties"], expected,
-                    "{name}"
-                );
+                let schema = &doc["components"]["schemas"][name];
+                match schema["oneOf"].as_array() {
+                    // Each shape of a `oneOf` body is closed on its own.
+                    Some(shapes) => {
+                        for shape in shapes {
+                            assert_eq!(shape["additionalProperties"], expected, "{name}");
+                        }
+                    }
+                    None => assert_eq!(schema["additionalProperties"], expected, "{name}"),
+                }
             }
         }
     }

@@ -1,12 +1,13 @@
 //! Keyset pagination of the read API's lists: newest first by
 //! `(created_at, id)`, and one opaque cursor for every list.
 //!
-//! A cursor is the position of the last row of a page, base64url (no
-//! padding) of `<created_at as Unix microseconds>.<id as 32 hex digits>`. The
-//! next page holds the rows strictly after it in the order `created_at DESC,
-//! id DESC`, so rows inserted meanwhile never shift a page nor repeat a row.
+//! A cursor is the position of the last row of a page,
+//! `<created_at as Unix microseconds>.<id as 32 lower-case hex digits>`
+//! ([`CURSOR_PATTERN`], which the OpenAPI schema states, so every string it
+//! admits is a position). The next page holds the rows strictly after it in
+//! the order `created_at DESC, id DESC`, so rows inserted meanwhile never
+//! shift a page nor repeat a row. An empty cursor is the first page.
 
-use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use sea_orm::{ColumnTrait, Condition};
 use uuid::Uuid;
@@ -18,6 +19,11 @@ pub const DEFAULT_LIMIT: u64 = 20;
 /// Largest page size.
 pub const MAX_LIMIT: u64 = 100;
 
+/// What a `cursor` query parameter may be: empty (the first page) or a
+/// position, `<Unix microseconds, at most 16 digits>.<32 lower-case hex
+/// digits>`. Every match decodes ([`Cursor::decode`]).
+pub const CURSOR_PATTERN: &str = r"^(?:-?[0-9]{1,16}\.[0-9a-f]{32})?$";
+
 /// A position in a list: the last row of a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
@@ -28,17 +34,14 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    /// The opaque text of this cursor (`next_cursor`).
+    /// The text of this cursor (`next_cursor`).
     pub fn encode(&self) -> String {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!(
-            "{}.{}",
-            self.at.timestamp_micros(),
-            self.id.simple()
-        ))
+        format!("{}.{}", self.at.timestamp_micros(), self.id.simple())
     }
 
-    /// Parses a `next_cursor`; anything else is 400 naming `cursor`.
-    pub fn decode(text: &str) -> Result<Self, FieldError> {
+    /// Parses a `next_cursor`: `None` for an empty one (the first page); a
+    /// text [`CURSOR_PATTERN`] does not admit is 400 naming `cursor`.
+    pub fn decode(text: &str) -> Result<Option<Self>, FieldError> {
         let bad = || {
             FieldError::new(
                 "cursor",
@@ -46,18 +49,23 @@ impl Cursor {
                 "cursor is not a `next_cursor` of this list",
             )
         };
-        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(text.trim())
-            .map_err(|_| bad())?;
-        let raw = String::from_utf8(raw).map_err(|_| bad())?;
-        let (micros, id) = raw.split_once('.').ok_or_else(bad)?;
-        let micros: i64 = micros.parse().map_err(|_| bad())?;
-        let at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(bad)?;
-        if id.len() != 32 {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let (micros, id) = text.split_once('.').ok_or_else(bad)?;
+        let digits = micros.strip_prefix('-').unwrap_or(micros);
+        let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+        if !(1..=16).contains(&digits.len())
+            || !digits.chars().all(|c| c.is_ascii_digit())
+            || id.len() != 32
+            || !id.chars().all(hex)
+        {
             return Err(bad());
         }
+        let micros: i64 = micros.parse().map_err(|_| bad())?;
+        let at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(bad)?;
         let id = Uuid::try_parse(id).map_err(|_| bad())?;
-        Ok(Cursor { at, id })
+        Ok(Some(Cursor { at, id }))
     }
 
     /// The condition "after this cursor" in `created_at DESC, id DESC` order.
@@ -122,8 +130,30 @@ mod tests {
             at: DateTime::<Utc>::from_timestamp_micros(1_764_000_000_123_456).unwrap(),
             id: Uuid::now_v7(),
         };
-        assert_eq!(Cursor::decode(&c.encode()).unwrap(), c);
-        for junk in ["", "x", "!!!", "MTIz", "01JD5X9Q6Z8K4M2N7P3R5T1V9W"] {
+        assert_eq!(Cursor::decode(&c.encode()).unwrap(), Some(c));
+        assert_eq!(Cursor::decode("").unwrap(), None, "empty: the first page");
+        let re = regex::Regex::new(CURSOR_PATTERN).unwrap();
+        assert!(re.is_match(&c.encode()));
+        for edge in [
+            format!("9999999999999999.{}", "f".repeat(32)),
+            format!("-9999999999999999.{}", "0".repeat(32)),
+            format!("0.{}", "a".repeat(32)),
+        ] {
+            assert!(re.is_match(&edge), "{edge}");
+            assert!(Cursor::decode(&edge).unwrap().is_some(), "{edge}");
+        }
+        for junk in [
+            "x",
+            "!!!",
+            "MTIz",
+            "01JD5X9Q6Z8K4M2N7P3R5T1V9W",
+            " 1.00000000000000000000000000000000",
+            "1.0000000000000000000000000000000A",
+            "12345678901234567.00000000000000000000000000000000",
+            "+1.00000000000000000000000000000000",
+            "1.0000000000000000000000000000000",
+        ] {
+            assert!(!re.is_match(junk), "{junk}");
             assert_eq!(Cursor::decode(junk).unwrap_err().field, "cursor", "{junk}");
         }
     }

@@ -364,7 +364,24 @@ async fn admin_lists_redacted_dead_letters_and_redrives_one_delivered_once() {
     )
     .await;
     assert_eq!(second.status, 200, "{}", second.text);
-    assert!(second.json.get("next_cursor").is_none(), "{}", second.text);
+    assert_eq!(
+        second.json.get("next_cursor"),
+        Some(&Value::Null),
+        "the last page says `null`, as every list does: {}",
+        second.text
+    );
+    // An empty cursor is the first page; a cursor that is not a job id, in
+    // upper-case Crockford base32 as ids are given, is 400.
+    let empty = admin_get(&api, &format!("{list}&limit=1&cursor="), Some(&admin_tok)).await;
+    assert_eq!(empty.status, 200, "{}", empty.text);
+    assert_eq!(empty.json["items"], first.json["items"], "{}", empty.text);
+    admin_get(
+        &api,
+        &format!("{list}&cursor={}", cursor.to_lowercase()),
+        Some(&admin_tok),
+    )
+    .await
+    .assert_problem(400, None, Some("cursor"));
     let all = admin_get(&api, list, Some(&admin_tok)).await;
     assert_eq!(all.status, 200, "{}", all.text);
     let items = all.json["items"].as_array().expect("items").clone();
@@ -408,6 +425,20 @@ async fn admin_lists_redacted_dead_letters_and_redrives_one_delivered_once() {
     admin_post(&api, redrive, &admin_tok, &json!({"queue": "email"}))
         .await
         .assert_problem(400, None, Some("ids"));
+    // Exactly one of `{all: true}` and `{ids}` (the schema's `oneOf`).
+    for body in [
+        json!({"queue": "email", "all": false}),
+        json!({"queue": "email", "ids": [contact_id], "all": false}),
+        json!({"queue": "email", "ids": [contact_id], "all": true}),
+    ] {
+        admin_post(&api, redrive, &admin_tok, &body)
+            .await
+            .assert_problem(400, None, Some("all"));
+    }
+    admin_post(&api, redrive, &admin_tok, &json!({"queue": "email", "ids": []}))
+        .await
+        .assert_problem(400, None, Some("ids"));
+    assert_eq!(stack.redis.count("SCARD", "email:dead").await, 2);
     admin_post(
         &api,
         redrive,

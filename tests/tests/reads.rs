@@ -143,7 +143,7 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     for a in [&api, &other] {
         let url = a.url("/api/me");
         let r = tests::poll_until(
-            std::time::Duration::from_secs(5),
+            std::time::Duration::from_secs(30),
             || get_auth(&url, &t),
             |r: &Reply| {
                 r.json["subscription"]["plan"] == "PRO" && r.json["ai_usage"]["tokens_used"] == 123
@@ -165,7 +165,7 @@ async fn me_shows_plan_subscription_and_ai_usage() {
     // A second usage row: only the usage moves.
     insert_usage(&pool, user, 7, 0).await;
     assert!(
-        tests::wait_until(std::time::Duration::from_secs(5), || async {
+        tests::wait_until(std::time::Duration::from_secs(30), || async {
             get_auth(&other.url("/api/me"), &t).await.json["ai_usage"]["tokens_used"] == 130
         })
         .await,
@@ -287,8 +287,19 @@ async fn payments_are_own_newest_first_and_paged() {
     let r = get_auth(&api.url("/api/payments/ORD-0-NOPE"), &t).await;
     r.assert_problem(404, Some("unknown_order"), None);
 
+    // An empty cursor is the first page.
+    let first = get_auth(&api.url("/api/payments?limit=2"), &t).await;
+    let empty = get_auth(&api.url("/api/payments?limit=2&cursor="), &t).await;
+    assert_eq!(empty.status, 200, "{}", empty.text);
+    assert_eq!(empty.json, first.json);
+
     // Malformed cursor and limits: 400 naming them.
-    for bad in ["nope", "MTIz", "01JD5X9Q6Z8K4M2N7P3R5T1V9W"] {
+    for bad in [
+        "nope",
+        "MTIz",
+        "01JD5X9Q6Z8K4M2N7P3R5T1V9W",
+        "1.0000000000000000000000000000000A",
+    ] {
         let r = get_auth(&api.url(&format!("/api/payments?cursor={bad}")), &t).await;
         r.assert_problem(400, None, Some("cursor"));
     }
@@ -415,6 +426,31 @@ async fn admin_lists_users_and_audit_logs() {
     r.assert_problem(400, None, Some("cursor"));
     let r = get_auth(&api.url("/api/admin/users?cursor=x"), &boss_t).await;
     r.assert_problem(400, None, Some("cursor"));
+
+    // The grant by ADMIN_USER_IDS at first sight is audited: one
+    // `role.grant` row by the system, naming the setting.
+    let r = get_auth(
+        &api.url("/api/admin/audit-logs?action=role.grant"),
+        &boss_t,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let items = r.json["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{}", r.text);
+    assert_eq!(items[0]["target_type"], "user", "{}", r.text);
+    assert_eq!(items[0]["target_id"], boss.to_string(), "{}", r.text);
+    assert_eq!(items[0]["actor_id"], Value::Null, "{}", r.text);
+    assert_eq!(items[0]["new_value"]["role"], "admin", "{}", r.text);
+    assert_eq!(items[0]["new_value"]["by"], "admin_user_ids", "{}", r.text);
+    // Seen again, the admin is not granted (nor audited) twice.
+    let r = get_auth(&api.url("/api/me"), &boss_t).await;
+    assert_eq!(r.json["role"], "admin", "{}", r.text);
+    let r = get_auth(
+        &api.url("/api/admin/audit-logs?action=role.grant&cursor="),
+        &boss_t,
+    )
+    .await;
+    assert_eq!(r.json["items"].as_array().map(Vec::len), Some(1), "{}", r.text);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -9,9 +9,13 @@ use poem_openapi::{param::Query, types::Example, Object, OpenApi};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{reads::page_params, ApiTags};
+use super::{
+    reads::{page_params, ListCursor},
+    ApiTags,
+};
 use crate::{
     auth::{BearerAuth, Gate},
+    pattern::Matching,
     problem::ApiError,
     state::AppState,
 };
@@ -189,8 +193,9 @@ impl AdminReadApi {
         auth: BearerAuth,
         /// Part of an email (ignoring case).
         query: Query<Option<String>>,
-        /// `next_cursor` of the previous page.
-        cursor: Query<Option<String>>,
+        /// `next_cursor` of the previous page; absent or empty: the first
+        /// page.
+        cursor: Query<Option<Matching<ListCursor>>>,
         /// Page size, 1–100 (default 20).
         #[oai(validator(minimum(value = "1"), maximum(value = "100")))]
         limit: Query<Option<u64>>,
@@ -225,8 +230,9 @@ impl AdminReadApi {
         actor: Query<Option<Uuid>>,
         /// The action, e.g. `role.change`.
         action: Query<Option<String>>,
-        /// `next_cursor` of the previous page.
-        cursor: Query<Option<String>>,
+        /// `next_cursor` of the previous page; absent or empty: the first
+        /// page.
+        cursor: Query<Option<Matching<ListCursor>>>,
         /// Page size, 1–100 (default 20).
         #[oai(validator(minimum(value = "1"), maximum(value = "100")))]
         limit: Query<Option<u64>>,

@@ -16,6 +16,7 @@ use super::ApiTags;
 use crate::{
     auth::{BearerAuth, Gate},
     middleware::RequestId,
+    pattern::Matching,
     payload::JsonBody,
     problem::ApiError,
     state::AppState,
@@ -94,12 +95,20 @@ pub struct DeadLetterItem {
 pub struct DeadLetterPage {
     /// In the order they were queued (ids are ULIDs).
     pub items: Vec<DeadLetterItem>,
-    /// Pass as `cursor` for the next page; absent on the last page.
-    #[oai(skip_serializing_if_is_none)]
+    /// Pass as `cursor` for the next page; `null` on the last page.
     pub next_cursor: Option<String>,
 }
 
-/// What to redrive: `ids` or `all: true` (exactly one of them).
+crate::string_pattern!(
+    /// A dead-letter cursor: a job id (a ULID in canonical upper-case
+    /// Crockford base32), or empty for the first page.
+    pub CursorPattern = r"^(?:[0-7][0-9A-HJKMNP-TV-Z]{25})?$"
+);
+
+/// What to redrive: `ids` or `all: true` (exactly one of them). The schema
+/// states it as a `oneOf` of `{queue, all: true}` and `{queue, ids}`
+/// ([`crate::spec`]); this type reads both and [`redrive_inner`] refuses
+/// what neither shape admits.
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct RedriveRequest {
@@ -140,7 +149,7 @@ pub struct RedriveResult {
 crate::problem_responses!(
     /// Errors of `GET /api/admin/dead-letters`.
     ListErrorResponse {
-        BadRequest = 400: "`queue` is missing or unknown, `limit` is not 1–100, or `cursor` is not an id from a page (`field` names it).",
+        BadRequest = 400: "`queue` is missing or unknown, `limit` is not 1–100, or `cursor` is neither empty nor a job id (`field` names it).",
         Unauthorized = 401: "No valid session token.",
         Forbidden = 403: "Logged in, but not an admin (`forbidden`).",
         InternalServerError = 500: "The queue could not be read.",
@@ -151,7 +160,7 @@ crate::problem_responses!(
 crate::problem_responses!(
     /// Errors of `POST /api/admin/dead-letters/redrive`.
     RedriveErrorResponse {
-        BadRequest = 400: "Neither or both of `ids` and `all: true`, more than 100 ids, or an unknown `queue` (`field` names it).",
+        BadRequest = 400: "Neither or both of `ids` and `all`, `all` not `true`, no ids or more than 100, or an unknown `queue` (`field` names it).",
         Unauthorized = 401: "No valid session token.",
         Forbidden = 403: "Logged in, but not an admin (`forbidden`).",
         NotFound = 404: "An id is not a dead letter of the queue (`unknown_dead_letter`); nothing was redriven.",
@@ -184,15 +193,20 @@ impl DeadLetterApi {
         auth: BearerAuth,
         /// The queue: `email`, `storage`, `settlement` or `ai_usage`.
         queue: Query<QueueParam>,
-        /// `next_cursor` of the previous page.
-        cursor: Query<Option<String>>,
+        /// `next_cursor` of the previous page; absent or empty: the first
+        /// page.
+        cursor: Query<Option<Matching<CursorPattern>>>,
         /// Page size, 1–100 (default 20).
         #[oai(validator(minimum(value = "1"), maximum(value = "100")))]
         limit: Query<Option<u32>>,
     ) -> Result<Json<DeadLetterPage>, ListErrorResponse> {
         let limit = limit.0.unwrap_or(DEFAULT_LIMIT);
+        let cursor = cursor
+            .0
+            .map(Matching::into_string)
+            .filter(|c| !c.is_empty());
         Ok(Json(
-            list_inner(&state, &auth, queue.0.into(), cursor.0, limit).await?,
+            list_inner(&state, &auth, queue.0.into(), cursor, limit).await?,
         ))
     }
 
@@ -252,16 +266,6 @@ async fn list_inner(
     cursor: Option<String>,
     limit: u32,
 ) -> Result<DeadLetterPage, ApiError> {
-    if let Some(c) = &cursor {
-        if c.parse::<ulid::Ulid>().is_err() {
-            return Err(entity::validate::FieldError::new(
-                "cursor",
-                "invalid_parameter",
-                "cursor is not a `next_cursor` of this listing".to_string(),
-            )
-            .into());
-        }
-    }
     admin(state, auth).await?;
     let limit = limit.clamp(1, MAX_LIMIT) as usize;
     let mut page = state
@@ -326,7 +330,7 @@ async fn redrive_inner(
 ) -> Result<RedriveResult, ApiError> {
     use entity::validate::FieldError;
     let selection = match (body.ids, body.all) {
-        (Some(_), Some(true)) => {
+        (Some(_), Some(_)) => {
             return Err(FieldError::new(
                 "all",
                 "conflict",
@@ -334,10 +338,19 @@ async fn redrive_inner(
             )
             .into())
         }
-        (Some(ids), _) if ids.is_empty() => {
+        (None, Some(false)) => {
+            return Err(FieldError::new(
+                "all",
+                "invalid_value",
+                "all must be `true` (or give `ids`)".to_string(),
+            )
+            .into())
+        }
+        (None, Some(true)) => Selection::All,
+        (Some(ids), None) if ids.is_empty() => {
             return Err(FieldError::new("ids", "required", "ids is empty".to_string()).into())
         }
-        (Some(ids), _) if ids.len() > MAX_LIMIT as usize => {
+        (Some(ids), None) if ids.len() > MAX_LIMIT as usize => {
             return Err(FieldError::new(
                 "ids",
                 "too_many",
@@ -345,9 +358,8 @@ async fn redrive_inner(
             )
             .into())
         }
-        (Some(ids), _) => Selection::Ids(ids),
-        (None, Some(true)) => Selection::All,
-        (None, _) => {
+        (Some(ids), None) => Selection::Ids(ids),
+        (None, None) => {
             return Err(
                 FieldError::new("ids", "required", "give `ids` or `all: true`".to_string()).into(),
             )

@@ -23,6 +23,7 @@ use uuid::Uuid;
 use super::ApiTags;
 use crate::{
     auth::{BearerAuth, Gate},
+    pattern::Matching,
     problem::ApiError,
     state::AppState,
 };
@@ -421,8 +422,9 @@ impl ReadApi {
         &self,
         state: Data<&AppState>,
         auth: BearerAuth,
-        /// `next_cursor` of the previous page.
-        cursor: Query<Option<String>>,
+        /// `next_cursor` of the previous page; absent or empty: the first
+        /// page.
+        cursor: Query<Option<Matching<ListCursor>>>,
         /// Page size, 1–100 (default 20).
         #[oai(validator(minimum(value = "1"), maximum(value = "100")))]
         limit: Query<Option<u64>>,
@@ -589,12 +591,29 @@ fn profile_view(p: Option<entity::entities::profiles::Model>) -> MeProfile {
     }
 }
 
-/// Parses the `cursor` and `limit` of a list (400 naming the one at fault).
+/// The `cursor` of the read API's lists: [`page::CURSOR_PATTERN`] in the
+/// schema, so a cursor the schema admits is a position (or empty: the first
+/// page); another is 400 naming `cursor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListCursor;
+
+impl crate::pattern::Pattern for ListCursor {
+    const PATTERN: &'static str = page::CURSOR_PATTERN;
+    fn regex() -> &'static regex::Regex {
+        static RE: std::sync::LazyLock<&'static regex::Regex> = std::sync::LazyLock::new(|| {
+            crate::pattern::compiled(page::CURSOR_PATTERN).expect("the cursor pattern compiles")
+        });
+        *RE
+    }
+}
+
+/// Parses the `cursor` and `limit` of a list (400 naming the one at fault);
+/// an empty cursor is the first page.
 pub fn page_params(
     cursor: Option<&str>,
     limit: Option<u64>,
 ) -> Result<(Option<Cursor>, u64), ApiError> {
-    let cursor = cursor.map(Cursor::decode).transpose()?;
+    let cursor = cursor.map(Cursor::decode).transpose()?.flatten();
     Ok((cursor, page::limit(limit)?))
 }
 
