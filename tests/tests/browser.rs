@@ -10,7 +10,10 @@
 //! signed notification) → the page polls `GET /api/payments/{order_id}` to
 //! PAID → `GET /api/me` PRO → an AI chat streamed through the `ai` package's
 //! `DefaultChatTransport` and `readUIMessageStream` (fake upstream) → sign
-//! out. The same page from an origin that is not allowed gets nothing.
+//! out. Then the same calls (plans, health, a sign-in) from the allowed page
+//! are read, and from an origin that is not allowed are blocked by CORS: the
+//! page cannot read them while the API does answer them (a `no-cors` fetch of
+//! the same URL gets an opaque response), so "blocked" is never "unreachable".
 //! `tests/node/browser/flow.mjs` holds the steps and their assertions.
 
 use std::{

@@ -186,22 +186,39 @@ window.app = {
     return { error: error?.message ?? null, session: Boolean(data.session), me_status: me.status };
   },
 
-  /** From an origin that is not allowed: every call must fail in the browser. */
+  /**
+   * What became of this origin's calls to the API, each one of:
+   * `status N` (the browser let the page read the answer), `session …` /
+   * `error (…)` for the sign-in (auth-js read an answer), `blocked by CORS`
+   * (the page could not read the answer, yet the API did answer: the same URL
+   * fetched `no-cors` gives an opaque response), or `unreachable` (no answer
+   * at all, `no-cors` fails too). Only `blocked by CORS` proves the CORS rule.
+   */
   async probe(email, password) {
     const out = {};
+    const unread = async (url, e) => {
+      try {
+        const r = await fetch(url, { mode: 'no-cors', cache: 'no-store' });
+        return `blocked by CORS (${e.name}; no-cors answer: ${r.type})`;
+      } catch (e2) {
+        return `unreachable (${e.name}; no-cors: ${e2.name})`;
+      }
+    };
     for (const [name, path] of [['plans', '/api/plans'], ['health', '/api/health']]) {
       try {
-        const r = await fetch(`${API}${path}`);
+        const r = await fetch(`${API}${path}`, { cache: 'no-store' });
         out[name] = `status ${r.status}`;
       } catch (e) {
-        out[name] = `blocked (${e.name})`;
+        out[name] = await unread(`${API}${path}`, e);
       }
     }
+    const token = `${API}/auth/v1/token?grant_type=password`;
     try {
       const { data, error } = await auth.signInWithPassword({ email, password });
-      out.sign_in = error ? `error (${error.name})` : `session ${Boolean(data.session)}`;
+      if (error?.name === 'AuthRetryableFetchError') out.sign_in = await unread(token, error);
+      else out.sign_in = error ? `error (${error.name})` : `session ${Boolean(data.session)}`;
     } catch (e) {
-      out.sign_in = `blocked (${e.name})`;
+      out.sign_in = await unread(token, e);
     }
     return out;
   },
