@@ -799,7 +799,9 @@ async fn deltas_are_relayed_as_they_come_and_a_client_hanging_up_cancels_upstrea
     );
 
     // 2. The client hangs up after the first delta: the api drops the upstream
-    //    request within a second and records an aborted, estimated row.
+    //    request (at once; the deadline is generous for a loaded machine, and
+    //    far below the 60-s idle timeout, the only other thing that would end
+    //    it) and records an aborted, estimated row.
     let resp = client()
         .post(api.url("/api/ai/chat"))
         .bearer_auth(&t)
@@ -811,16 +813,16 @@ async fn deltas_are_relayed_as_they_come_and_a_client_hanging_up_cancels_upstrea
     read_until(&mut s, "\"delta\":\"first\"").await;
     let gone = Instant::now();
     drop(s);
-    let cancelled = wait_until(Duration::from_secs(1), || async {
+    let cancelled = wait_until(Duration::from_secs(20), || async {
         slow.hung_up.load(Ordering::SeqCst)
     })
     .await;
     assert!(
         cancelled,
-        "the upstream request was not cancelled within 1 s"
+        "the upstream request was not cancelled within 20 s"
     );
     let at = slow.hung_up_at.lock().unwrap().unwrap();
-    assert!(at.duration_since(gone) < Duration::from_secs(1));
+    assert!(at.duration_since(gone) < Duration::from_secs(20));
     let rows = wait_usage(&db, user, 2).await;
     let aborted = rows.iter().find(|r| r.aborted).expect("an aborted row");
     assert!(aborted.estimated);

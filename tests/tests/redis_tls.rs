@@ -129,7 +129,7 @@ async fn rediss_refuses_a_server_certificate_it_cannot_verify() {
         assert_eq!(h.json["queue"]["ok"], json!(false), "{label}: {}", h.text);
         let r = post_json(&api.url("/api/contact"), &random_ip(), &contact_body(0)).await;
         r.assert_problem(503, Some("queue_unavailable"), None);
-        let why = tests::wait_until(Duration::from_secs(5), || async {
+        let why = tests::wait_until(Duration::from_secs(30), || async {
             api.stderr().contains("UnknownIssuer")
         })
         .await;

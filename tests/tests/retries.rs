@@ -112,7 +112,7 @@ async fn a_spent_retry_horizon_dead_letters_with_the_last_error() {
         .with("EMAIL_PROVIDER_API_KEY", "re_retry")
         .with("EMAIL_PROVIDER_BASE_URL", server.uri())
         .with("JOB_RETRY_BASE_SECS", "1")
-        .with("JOB_RETRY_HORIZON_SECS", "2");
+        .with("JOB_RETRY_HORIZON_SECS", "8");
     let api = stack.api(&env).await;
     let worker = stack.worker(&env).await;
     let body = json!({"name": "Horizon Hana", "email": "hana@example.org", "message": "too late"});
