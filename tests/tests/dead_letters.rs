@@ -435,9 +435,14 @@ async fn admin_lists_redacted_dead_letters_and_redrives_one_delivered_once() {
             .await
             .assert_problem(400, None, Some("all"));
     }
-    admin_post(&api, redrive, &admin_tok, &json!({"queue": "email", "ids": []}))
-        .await
-        .assert_problem(400, None, Some("ids"));
+    admin_post(
+        &api,
+        redrive,
+        &admin_tok,
+        &json!({"queue": "email", "ids": []}),
+    )
+    .await
+    .assert_problem(400, None, Some("ids"));
     assert_eq!(stack.redis.count("SCARD", "email:dead").await, 2);
     admin_post(
         &api,

@@ -144,7 +144,13 @@ impl Idp {
     /// Runs `sql` on the provider's database: how a test moves a row past an
     /// interval on the database's clock instead of sleeping through it.
     async fn sql(&self, sql: &str) {
-        let pool = self.stack.as_ref().expect("a PostgreSQL stack").db.pool().await;
+        let pool = self
+            .stack
+            .as_ref()
+            .expect("a PostgreSQL stack")
+            .db
+            .pool()
+            .await;
         sea_orm::sqlx::query(sql)
             .execute(&pool)
             .await

@@ -429,11 +429,7 @@ async fn admin_lists_users_and_audit_logs() {
 
     // The grant by ADMIN_USER_IDS at first sight is audited: one
     // `role.grant` row by the system, naming the setting.
-    let r = get_auth(
-        &api.url("/api/admin/audit-logs?action=role.grant"),
-        &boss_t,
-    )
-    .await;
+    let r = get_auth(&api.url("/api/admin/audit-logs?action=role.grant"), &boss_t).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let items = r.json["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{}", r.text);
@@ -450,7 +446,12 @@ async fn admin_lists_users_and_audit_logs() {
         &boss_t,
     )
     .await;
-    assert_eq!(r.json["items"].as_array().map(Vec::len), Some(1), "{}", r.text);
+    assert_eq!(
+        r.json["items"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        r.text
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
