@@ -5,11 +5,13 @@
 pub mod ai;
 pub mod drain;
 pub mod http;
+pub mod listener;
 pub mod jobs;
 pub mod mailer;
 pub mod metrics;
 pub mod oauth;
 pub mod outbox;
+pub mod probes;
 pub mod providers;
 pub mod queue;
 pub mod queue_stats;
@@ -17,6 +19,7 @@ pub mod redis_client;
 pub mod retry;
 pub mod runtime;
 pub mod scheduler;
+pub mod server;
 pub mod storage;
 
 pub use jobs::{Job, QueueName};
