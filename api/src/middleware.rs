@@ -549,7 +549,14 @@ mod tests {
 
     type Chunks = futures::channel::mpsc::UnboundedSender<std::io::Result<bytes::Bytes>>;
 
-    fn paced(min_rate: u64, grace_ms: u64, limit_ms: u64) -> (Chunks, impl futures::Stream<Item = std::io::Result<bytes::Bytes>>) {
+    fn paced(
+        min_rate: u64,
+        grace_ms: u64,
+        limit_ms: u64,
+    ) -> (
+        Chunks,
+        impl futures::Stream<Item = std::io::Result<bytes::Bytes>>,
+    ) {
         let (tx, rx) = futures::channel::mpsc::unbounded();
         let pace = BodyPace {
             limit: Duration::from_millis(limit_ms),
@@ -572,7 +579,11 @@ mod tests {
         let err = body.next().await.expect("an error").expect_err("too slow");
         assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
         assert!(err.to_string().contains("1000 bytes per second"), "{err}");
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
         assert!(body.next().await.is_none(), "ended after the timeout");
         drop(tx);
     }

@@ -58,7 +58,10 @@ async fn slow_h1(addr: String, path: &'static str) -> (String, Duration) {
             Err(_) => {}
         }
     }
-    (String::from_utf8_lossy(&answer).into_owned(), started.elapsed())
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
 }
 
 /// One stream of `client`: `POST /api/waitlist` declaring [`DECLARED`] body
@@ -79,9 +82,7 @@ async fn slow_h2(
         .header("x-forwarded-for", random_ip())
         .body(())
         .expect("request");
-    let (answer, mut body) = client
-        .send_request(req, false)
-        .map_err(|e| e.to_string())?;
+    let (answer, mut body) = client.send_request(req, false).map_err(|e| e.to_string())?;
     tokio::pin!(answer);
     loop {
         tokio::select! {
@@ -165,7 +166,11 @@ async fn slow_bodies_over_http1_and_h2c_take_no_slot_and_get_408() {
             &json!({"email": format!("normal{n}@example.com"), "name": "Normal"}),
         )
         .await;
-        assert_eq!(r.status, 200, "a normal request beside slow bodies: {}", r.text);
+        assert_eq!(
+            r.status, 200,
+            "a normal request beside slow bodies: {}",
+            r.text
+        );
     }
     let spec = tests::get(&api.url("/api/openapi.json")).await;
     assert_eq!(spec.status, 200);

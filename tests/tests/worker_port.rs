@@ -113,9 +113,7 @@ async fn the_worker_port_disconnects_a_client_trickling_its_headers() {
         )
         .await;
     let base = worker_http(&worker).await;
-    let mut s = TcpStream::connect(host_port(&base))
-        .await
-        .expect("connect");
+    let mut s = TcpStream::connect(host_port(&base)).await.expect("connect");
     let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     let mut closed_after = None;
     for (i, b) in request.iter().enumerate() {

@@ -20,8 +20,7 @@ use std::sync::Arc;
 use entity::Settings;
 use metrics_exporter_prometheus::PrometheusHandle;
 use poem::{
-    get, handler, http::StatusCode, web::Data, EndpointExt, IntoResponse, Request, Response,
-    Route,
+    get, handler, http::StatusCode, web::Data, EndpointExt, IntoResponse, Request, Response, Route,
 };
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;

@@ -5,8 +5,8 @@
 pub mod ai;
 pub mod drain;
 pub mod http;
-pub mod listener;
 pub mod jobs;
+pub mod listener;
 pub mod mailer;
 pub mod metrics;
 pub mod oauth;
