@@ -9,7 +9,7 @@ use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    middleware::{BodyDeadline, BodyLimit, CatchPanics, DrainBody, Observe, Provide},
+    middleware::{BodyDeadline, BodyLimit, BodyPace, CatchPanics, DrainBody, Observe, Provide},
     rate_limit::RateLimiter,
     routes::auth_oauth::AuthOAuthApi,
     routes::confirm::ConfirmApi,
@@ -71,7 +71,8 @@ notifications (`/api/webhooks/*`), which take extra fields and no session: they 
 the provider's signature over the body as sent, and in the AI chat body (`/api/ai/chat`), which \
 is what the AI SDK's `DefaultChatTransport` sends. A JSON body without \
 `Content-Type: application/json` gets 415; a body that does not arrive within \
-`HTTP_BODY_TIMEOUT_SECS` gets 408 `body_timeout`; a method a path does not serve gets 405 \
+`HTTP_BODY_TIMEOUT_SECS`, or arrives slower than `HTTP_BODY_MIN_RATE` bytes per second \
+once `HTTP_BODY_RATE_GRACE_SECS` have passed, gets 408 `body_timeout`; a method a path does not serve gets 405 \
 with `Allow`. Rate-limited routes answer with \
 `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch seconds), \
 and `Retry-After` (seconds) on 429. The limit is per client IP: the socket peer, or, behind \
@@ -81,7 +82,9 @@ answer, each process limits on its own. A feature switched \
 off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 \
 (`feature_disabled` / `not_configured`), as `GET /api/health` reports. \
 Overload is shed, not queued: past `HTTP_MAX_IN_FLIGHT` requests being handled by one server \
-process, a request is answered at once with 503 `overloaded` and `Retry-After` (seconds); \
+process (counted once a request's body is in memory), or past `HTTP_BODY_BUDGET_BYTES` of \
+request bodies arriving at once, a request is answered at once with 503 `overloaded` and \
+`Retry-After` (seconds); \
 the health checks are never shed, and AI chats and generations are bounded by \
 `AI_MAX_OPEN_STREAMS` open at once instead. Pages on the origins listed in \
 `CORS_ALLOWED_ORIGINS` may call `/api` (but the webhooks), `/auth/v1` and `/storage/v1` \
@@ -145,40 +148,52 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let load = crate::shed::Load::new(
         state.settings.http_max_in_flight,
         state.settings.ai_max_open_streams,
+        state.settings.http_body_budget,
     );
+    // The shedding gate stands behind the body buffer (`BodyLimit`): a slot
+    // is taken once the body is in memory, so clients sending theirs slowly
+    // hold none (crate::shed).
+    let shed = || crate::shed::Shed(load.clone());
+    let limit = || BodyLimit {
+        max: BODY_LIMIT,
+        load: load.clone(),
+    };
     Route::new()
         // One service, two mounts: JSON routes under /api with the body
         // limit, the storage routes (uploads stream and bound their own size)
         // under /storage.
-        .nest_no_strip("/api", endpoint.clone().with(BodyLimit(BODY_LIMIT)))
+        .nest_no_strip("/api", endpoint.clone().with(shed()).with(limit()))
         // The identity provider (`/auth/v1`) and `/auth/confirm`: same service,
         // same body limit, the platform's error formats.
         .nest_no_strip(
             "/auth",
             endpoint
                 .clone()
-                .with(BodyLimit(BODY_LIMIT))
+                .with(shed())
+                .with(limit())
                 .with(crate::idp::AuthVersion),
         )
+        // An upload streams through its route, holding its slot while it
+        // arrives; a refused one gives the slot back before its rest is
+        // drained (at most a second of it).
         .nest_no_strip(
             "/storage",
-            endpoint.with(DrainBody {
+            endpoint.with(shed()).with(DrainBody {
                 max_bytes: entity::avatar::MAX_BYTES + crate::routes::storage::MULTIPART_OVERHEAD,
-                max_time: Duration::from_secs(10),
+                max_time: Duration::from_secs(1),
             }),
         )
-        .at("/api/openapi.json", spec)
+        .at("/api/openapi.json", spec.with(shed()))
         .at("/metrics", crate::metrics::endpoint(load.clone()))
-        .nest("/api/docs", docs)
-        .nest("/api/swagger", swagger)
-        .with(BodyDeadline(state.settings.http_body_timeout))
+        .nest("/api/docs", docs.with(shed()))
+        .nest("/api/swagger", swagger.with(shed()))
+        .with(BodyDeadline(BodyPace::from_settings(&state.settings)))
         .with(Provide(state))
         .with(crate::spec::AllowHeader(allowed))
         .with(CatchPanics)
-        .with(crate::shed::Shed(load))
-        // Outside the shedding gate: a preflight costs nothing and is never
-        // shed, and a shed 503 still carries the CORS headers a page needs
-        // to read its `Retry-After`.
+        // Outermost but for the request id and the metrics: a preflight
+        // costs nothing and is never shed, and a shed 503 carries the CORS
+        // headers a page needs to read its `Retry-After`.
         .with(cors)
         .with(crate::metrics::HttpMetrics)
         .with(Observe)
@@ -269,7 +284,7 @@ pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result
         tokio::spawn(async move { worker::runtime::run(s, t).await })
     });
 
-    let listener = crate::server::bind(&settings.host, settings.port)
+    let listener = worker::server::bind(&settings.host, settings.port)
         .await
         .with_context(|| format!("cannot listen on {}:{}", settings.host, settings.port))?;
     let addr = listener.local_addr().context("no local address")?;
@@ -277,10 +292,10 @@ pub async fn serve(settings: Arc<Settings>, with_worker: bool) -> anyhow::Result
     // A plain line on stdout for scripts and tests that start the server on port 0.
     println!("api listening on http://{addr}");
 
-    crate::server::run(
+    worker::server::run(
         listener,
         app(state),
-        crate::server::Limits::from_settings(&settings),
+        worker::server::Limits::from_settings(&settings),
         shutdown.clone(),
         Duration::from_secs(10),
     )

@@ -7,7 +7,14 @@
 //! `Request` beside the inner future, and the chain's future, boxed and
 //! copied for every request, grew to 13 KiB (4.3 KiB now, BENCHMARKS.md).
 
-use std::{future::Future, panic::AssertUnwindSafe, time::Instant};
+use std::{
+    future::Future,
+    panic::AssertUnwindSafe,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
 
 use futures::{FutureExt as _, StreamExt as _};
 use poem::{
@@ -106,15 +113,26 @@ impl<E: Endpoint> Endpoint for ObserveEndpoint<E> {
 }
 
 /// Refuses bodies above `max` bytes with 413 problem details, checking both the
-/// declared `Content-Length` and the bytes actually received (chunked bodies).
-pub struct BodyLimit(pub usize);
+/// declared `Content-Length` and the bytes actually received (chunked bodies),
+/// and buffers the body before the route (and the shedding gate behind it)
+/// runs. While a body arrives its bytes (the declared length, else what has
+/// arrived) are held in the process's body budget
+/// ([`crate::shed::Load::reserve_body`], `HTTP_BODY_BUDGET_BYTES`); a body
+/// the budget cannot hold is answered 503 `overloaded`.
+pub struct BodyLimit {
+    /// Largest body accepted, in bytes.
+    pub max: usize,
+    /// The process's counters (the body budget).
+    pub load: Arc<crate::shed::Load>,
+}
 
 impl<E: Endpoint> Middleware<E> for BodyLimit {
     type Output = BodyLimitEndpoint<E>;
     fn transform(&self, ep: E) -> Self::Output {
         BodyLimitEndpoint {
             inner: ep,
-            max: self.0,
+            max: self.max,
+            load: self.load.clone(),
         }
     }
 }
@@ -123,6 +141,7 @@ impl<E: Endpoint> Middleware<E> for BodyLimit {
 pub struct BodyLimitEndpoint<E> {
     inner: E,
     max: usize,
+    load: Arc<crate::shed::Load>,
 }
 
 fn too_large(max: usize) -> Response {
@@ -134,6 +153,9 @@ fn too_large(max: usize) -> Response {
     )
     .into_response()
 }
+
+const OVER_BUDGET: &str = "the server is receiving as many request bodies as it can hold \
+     (HTTP_BODY_BUDGET_BYTES); retry shortly";
 
 impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
     type Output = Response;
@@ -150,6 +172,10 @@ impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
         if req.method() != poem::http::Method::GET && req.method() != poem::http::Method::HEAD {
             // Read the whole body (at most `max` bytes) before the route runs,
             // so a slow or broken body is answered here.
+            let reserve = declared.unwrap_or(0) as usize;
+            let Some(mut held) = self.load.reserve_body(reserve) else {
+                return Ok(crate::shed::shed(&req, "body_budget", OVER_BUDGET));
+            };
             let mut stream = req.take_body().into_bytes_stream();
             let mut buf = Vec::new();
             while let Some(chunk) = stream.next().await {
@@ -171,8 +197,13 @@ impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
                 if buf.len() + chunk.len() > self.max {
                     return Ok(too_large(self.max));
                 }
+                if !held.grow((buf.len() + chunk.len()).saturating_sub(held.held())) {
+                    return Ok(crate::shed::shed(&req, "body_budget", OVER_BUDGET));
+                }
                 buf.extend_from_slice(&chunk);
             }
+            // In memory now: no longer in transit.
+            drop(held);
             req.set_body(Body::from(buf));
         }
         Ok(self.inner.call(req).await?.into_response())
@@ -192,18 +223,47 @@ fn body_timeout(e: &std::io::Error) -> Response {
     resp
 }
 
-/// Gives every request body a deadline: when it has not arrived in full
-/// that long after the request's headers, reading it fails with
-/// [`std::io::ErrorKind::TimedOut`] (`HTTP_BODY_TIMEOUT_SECS`; JSON routes
-/// answer 408 `body_timeout`).
-pub struct BodyDeadline(pub std::time::Duration);
+/// How fast a request body must arrive ([`BodyDeadline`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyPace {
+    /// The whole body within this time of the request's headers
+    /// (`HTTP_BODY_TIMEOUT_SECS`).
+    pub limit: Duration,
+    /// Bytes per second the body must average since the headers once
+    /// `grace` has passed (`HTTP_BODY_MIN_RATE`; 0: no minimum).
+    pub min_rate: u64,
+    /// How long the body may arrive slower (`HTTP_BODY_RATE_GRACE_SECS`).
+    pub grace: Duration,
+}
+
+impl BodyPace {
+    /// From the `HTTP_BODY_*` settings.
+    pub fn from_settings(s: &entity::Settings) -> Self {
+        BodyPace {
+            limit: s.http_body_timeout,
+            min_rate: s.http_body_min_rate,
+            grace: s.http_body_rate_grace,
+        }
+    }
+}
+
+/// Gives every request body a deadline and a minimum data rate: when it has
+/// not arrived in full `limit` after the request's headers, or has averaged
+/// fewer than `min_rate` bytes per second since them once `grace` has
+/// passed, reading it fails with [`std::io::ErrorKind::TimedOut`] (JSON
+/// routes answer 408 `body_timeout` and close the connection). The rate is
+/// what Kestrel's `MinRequestBodyDataRate` checks (240 B/s after 5 s there):
+/// a client trickling its body holds a connection, a task and its buffered
+/// bytes for seconds, not for the whole deadline. An empty body (a `GET`)
+/// passes as it is.
+pub struct BodyDeadline(pub BodyPace);
 
 impl<E: Endpoint> Middleware<E> for BodyDeadline {
     type Output = BodyDeadlineEndpoint<E>;
     fn transform(&self, ep: E) -> Self::Output {
         BodyDeadlineEndpoint {
             inner: ep,
-            limit: self.0,
+            pace: self.0,
         }
     }
 }
@@ -211,37 +271,124 @@ impl<E: Endpoint> Middleware<E> for BodyDeadline {
 /// See [`BodyDeadline`].
 pub struct BodyDeadlineEndpoint<E> {
     inner: E,
-    limit: std::time::Duration,
+    pace: BodyPace,
 }
 
 impl<E: Endpoint> Endpoint for BodyDeadlineEndpoint<E> {
     type Output = E::Output;
 
     fn call(&self, mut req: Request) -> impl Future<Output = Result<Self::Output>> + Send {
-        let secs = self.limit.as_secs();
-        let deadline = tokio::time::sleep(self.limit);
-        let body = req.take_body().into_bytes_stream();
-        let stream = futures::stream::unfold(
-            (Box::pin(body), Box::pin(deadline), false),
-            move |(mut body, mut deadline, done)| async move {
-                if done {
-                    return None;
-                }
-                tokio::select! {
-                    chunk = body.next() => chunk.map(|c| (c, (body, deadline, false))),
-                    _ = deadline.as_mut() => Some((
-                        Err(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("the request body did not arrive within {secs} s"),
-                        )),
-                        (body, deadline, true),
-                    )),
-                }
-            },
-        );
-        // Fused: readers (multer, the drain) may poll again after the end.
-        req.set_body(Body::from_bytes_stream(stream.fuse()));
+        let body = req.take_body();
+        if body.is_empty() {
+            req.set_body(body);
+        } else {
+            req.set_body(Body::from_bytes_stream(PacedBody::new(
+                body.into_bytes_stream(),
+                self.pace,
+            )));
+        }
         self.inner.call(req)
+    }
+}
+
+/// A request body read under a [`BodyPace`].
+struct PacedBody<S> {
+    body: S,
+    pace: BodyPace,
+    started: tokio::time::Instant,
+    /// Wakes at the next deadline or rate check.
+    timer: Pin<Box<tokio::time::Sleep>>,
+    received: u64,
+    /// The end, a timeout included, was returned: `None` from now on
+    /// (readers such as multer and the drain may poll again).
+    done: bool,
+}
+
+impl<S> PacedBody<S> {
+    fn new(body: S, pace: BodyPace) -> Self {
+        let started = tokio::time::Instant::now();
+        let mut paced = PacedBody {
+            body,
+            pace,
+            started,
+            timer: Box::pin(tokio::time::sleep_until(started)),
+            received: 0,
+            done: false,
+        };
+        let first = paced.next_check();
+        paced.timer.as_mut().reset(first);
+        paced
+    }
+
+    /// The next instant the body could fail: its deadline, or the time at
+    /// which what has arrived falls below the minimum average rate (never
+    /// before the grace period ends).
+    fn next_check(&self) -> tokio::time::Instant {
+        let deadline = self.started + self.pace.limit;
+        if self.pace.min_rate == 0 {
+            return deadline;
+        }
+        let covered = Duration::from_secs_f64(self.received as f64 / self.pace.min_rate as f64);
+        let at = self.started + covered.max(self.pace.grace) + Duration::from_millis(10);
+        at.min(deadline)
+    }
+
+    /// Why the body fails at `now`, if it does.
+    fn failure(&self, now: tokio::time::Instant) -> Option<String> {
+        let elapsed = now - self.started;
+        if elapsed >= self.pace.limit {
+            return Some(format!(
+                "the request body did not arrive within {} s",
+                self.pace.limit.as_secs()
+            ));
+        }
+        let owed = self.pace.min_rate as f64 * elapsed.as_secs_f64();
+        (self.pace.min_rate > 0 && elapsed >= self.pace.grace && (self.received as f64) < owed)
+            .then(|| {
+                format!(
+                    "the request body arrived slower than {} bytes per second",
+                    self.pace.min_rate
+                )
+            })
+    }
+}
+
+impl<S> futures::Stream for PacedBody<S>
+where
+    S: futures::Stream<Item = std::io::Result<bytes::Bytes>> + Unpin,
+{
+    type Item = std::io::Result<bytes::Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match this.body.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                this.received += chunk.len() as u64;
+                return Poll::Ready(Some(Ok(chunk)));
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                return Poll::Ready(None);
+            }
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+            Poll::Pending => {}
+        }
+        // Waiting for data: check the pace whenever the timer fires.
+        while this.timer.as_mut().poll(cx).is_ready() {
+            if let Some(why) = this.failure(tokio::time::Instant::now()) {
+                this.done = true;
+                return Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    why,
+                ))));
+            }
+            let next = this.next_check();
+            this.timer.as_mut().reset(next);
+        }
+        Poll::Pending
     }
 }
 
@@ -399,6 +546,72 @@ mod tests {
     use poem::{endpoint::make, http::StatusCode, EndpointExt as _};
 
     use super::*;
+
+    type Chunks = futures::channel::mpsc::UnboundedSender<std::io::Result<bytes::Bytes>>;
+
+    fn paced(
+        min_rate: u64,
+        grace_ms: u64,
+        limit_ms: u64,
+    ) -> (
+        Chunks,
+        impl futures::Stream<Item = std::io::Result<bytes::Bytes>>,
+    ) {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let pace = BodyPace {
+            limit: Duration::from_millis(limit_ms),
+            min_rate,
+            grace: Duration::from_millis(grace_ms),
+        };
+        (tx, PacedBody::new(rx, pace))
+    }
+
+    #[tokio::test]
+    async fn a_body_below_the_minimum_rate_fails_once_the_grace_is_over() {
+        // 100 bytes at 1000 B/s cover 100 ms: the body fails at the end of
+        // the 300 ms grace, long before its 60 s deadline.
+        let (tx, body) = paced(1000, 300, 60_000);
+        let mut body = std::pin::pin!(body);
+        tx.unbounded_send(Ok(bytes::Bytes::from(vec![b' '; 100])))
+            .expect("send");
+        assert_eq!(body.next().await.expect("a chunk").expect("ok").len(), 100);
+        let started = Instant::now();
+        let err = body.next().await.expect("an error").expect_err("too slow");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("1000 bytes per second"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(body.next().await.is_none(), "ended after the timeout");
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn a_body_at_the_minimum_rate_arrives_and_a_late_one_hits_the_deadline() {
+        // 1000 bytes at once cover a second at 1000 B/s: past the 100 ms
+        // grace the body is still on pace for that second.
+        let (tx, body) = paced(1000, 100, 60_000);
+        let mut body = std::pin::pin!(body);
+        tx.unbounded_send(Ok(bytes::Bytes::from(vec![b' '; 1000])))
+            .expect("send");
+        assert!(body.next().await.expect("a chunk").is_ok());
+        let waiting = tokio::time::timeout(Duration::from_millis(400), body.next()).await;
+        assert!(waiting.is_err(), "failed while on pace: {waiting:?}");
+        tx.unbounded_send(Ok(bytes::Bytes::from_static(b"{}")))
+            .expect("send");
+        drop(tx);
+        assert!(body.next().await.expect("a chunk").is_ok());
+        assert!(body.next().await.is_none(), "the end");
+
+        // No minimum: only the deadline.
+        let (tx, body) = paced(0, 100, 300);
+        let mut body = std::pin::pin!(body);
+        let err = body.next().await.expect("an error").expect_err("late");
+        assert!(err.to_string().contains("did not arrive within"), "{err}");
+        drop(tx);
+    }
 
     #[tokio::test]
     async fn a_panicking_handler_is_a_500_problem_and_the_next_request_is_served() {

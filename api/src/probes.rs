@@ -1,11 +1,10 @@
-//! Probes of the database and the queue for `GET /api/health`, shared by
-//! concurrent health requests. Depends on neither the routes nor the state.
-
-use std::time::{Duration, Instant};
+//! The shapes `GET /api/health` reports its probes in; the probing and its
+//! cache are the worker crate's ([`worker::probes::ProbeCache`], shared with
+//! the worker's `/readyz`).
 
 use poem_openapi::Object;
-use sea_orm::DatabaseConnection;
-use worker::Queues;
+
+pub use worker::probes::ProbeCache;
 
 /// Result of one dependency probe.
 #[derive(Debug, Clone, Object)]
@@ -14,6 +13,15 @@ pub struct Probe {
     pub ok: bool,
     /// Round-trip time in milliseconds.
     pub latency_ms: f64,
+}
+
+impl From<worker::probes::Probe> for Probe {
+    fn from(p: worker::probes::Probe) -> Self {
+        Probe {
+            ok: p.ok,
+            latency_ms: p.latency_ms,
+        }
+    }
 }
 
 /// Queue probe.
@@ -27,58 +35,13 @@ pub struct QueueProbe {
     pub backend: String,
 }
 
-fn ms(since: Instant) -> f64 {
-    (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
-}
-
-/// How long one pair of probe results answers health requests. Under a
-/// load-balancer or monitoring storm this keeps the probes at ≤ 4 per second
-/// per process while every answer is at most this old.
-pub const PROBE_TTL: Duration = Duration::from_millis(250);
-
-/// Last probe results, shared by concurrent health requests (single flight:
-/// while one request probes, the others wait for its result).
-#[derive(Default)]
-pub struct ProbeCache(tokio::sync::Mutex<Option<(Instant, Probe, QueueProbe)>>);
-
-impl ProbeCache {
-    /// Probes the database (`SELECT 1`) and the queue (`PING`), each bounded
-    /// by `timeout`, or answers the results of a probe younger than
-    /// [`PROBE_TTL`].
-    pub async fn probe(
-        &self,
-        db: &DatabaseConnection,
-        queues: &Queues,
-        timeout: Duration,
-    ) -> (Probe, QueueProbe) {
-        let mut cached = self.0.lock().await;
-        if let Some((at, db, q)) = cached.as_ref() {
-            if at.elapsed() < PROBE_TTL {
-                return (db.clone(), q.clone());
-            }
+impl QueueProbe {
+    /// `p`, a probe of the `backend` queue store.
+    pub fn of(p: worker::probes::Probe, backend: &str) -> Self {
+        QueueProbe {
+            ok: p.ok,
+            latency_ms: p.latency_ms,
+            backend: backend.to_string(),
         }
-        let db_probe = async {
-            let t = Instant::now();
-            let ok = matches!(
-                tokio::time::timeout(timeout, entity::db::ping(db)).await,
-                Ok(Ok(()))
-            );
-            Probe {
-                ok,
-                latency_ms: ms(t),
-            }
-        };
-        let queue_probe = async {
-            let t = Instant::now();
-            let ok = queues.ping().await.is_ok();
-            QueueProbe {
-                ok,
-                latency_ms: ms(t),
-                backend: queues.kind().to_string(),
-            }
-        };
-        let (database, queue) = tokio::join!(db_probe, queue_probe);
-        *cached = Some((Instant::now(), database.clone(), queue.clone()));
-        (database, queue)
     }
 }

@@ -1,22 +1,29 @@
 //! Load shedding: past `HTTP_MAX_IN_FLIGHT` requests being handled by this
 //! process, a request is answered 503 `overloaded` with `Retry-After` at
-//! once, before any work (no body read, no database, no queue), instead of
-//! waiting behind the others. A request counts from its arrival at the
-//! router until its response head is ready; a streamed body does not hold
-//! the slot.
+//! once, before any work (no database, no queue), instead of waiting behind
+//! the others. A request counts from the moment its body is in memory (the
+//! gate stands behind [`crate::middleware::BodyLimit`], which buffers JSON
+//! bodies of at most 64 KiB) until its response head is ready; a streamed
+//! response body does not hold the slot. So a client sending its body slowly
+//! holds no slot: bodies in transit are bounded instead by their minimum
+//! data rate ([`crate::middleware::BodyDeadline`]) and by a budget of bytes
+//! for all of them together (`HTTP_BODY_BUDGET_BYTES`, [`Load::reserve_body`]).
+//! Avatar uploads (`/storage`) stream their body through the handler: they
+//! hold a slot while it arrives (at the minimum rate at least), and a
+//! refused one gives it back before its rest is drained.
 //!
 //! Over HTTP/1 a shed request's answer also closes its connection
 //! (`Connection: close`): a client told to come back later holds no socket,
-//! buffers or task of an overloaded process meanwhile (~20 KiB each), and a
-//! request body left unread needs no draining. Over HTTP/2 the connection
-//! carries other streams and stays open.
+//! buffers or task of an overloaded process meanwhile (~20 KiB each). Over
+//! HTTP/2 the connection carries other streams and stays open.
 //!
 //! Never shed: `GET /api/health`, `GET /auth/v1/health` and `/metrics` (the
 //! platform's probes and Prometheus must see an overloaded process), and the
 //! AI routes (the chat stream and one-shot generation), which wait on the AI
 //! provider for seconds while using little CPU: they have their own bound
-//! instead, at most `AI_MAX_OPEN_STREAMS` at once per process, a slot held
-//! until the answer's last byte is written or the client goes away.
+//! instead, at most `AI_MAX_OPEN_STREAMS` at once per process, a slot taken
+//! once the request body is in memory and held until the answer's last byte
+//! is written or the client goes away.
 
 use std::{
     future::Future,
@@ -53,18 +60,38 @@ pub const NEVER_SHED: [&str; 3] = ["/api/health", "/auth/v1/health", "/metrics"]
 pub struct Load {
     in_flight: AtomicUsize,
     streams: AtomicUsize,
+    bodies: AtomicUsize,
     max_in_flight: usize,
     max_streams: usize,
+    max_bodies: usize,
 }
 
 impl Load {
-    /// Bounds: `max_in_flight` (0: none) and `max_streams` open AI chats.
-    pub fn new(max_in_flight: usize, max_streams: usize) -> Arc<Self> {
+    /// Bounds: `max_in_flight` requests (0: none), `max_streams` open AI
+    /// requests, `body_budget` bytes of request bodies in transit.
+    pub fn new(max_in_flight: usize, max_streams: usize, body_budget: usize) -> Arc<Self> {
         Arc::new(Load {
             max_in_flight,
             max_streams,
+            max_bodies: body_budget,
             ..Default::default()
         })
+    }
+
+    /// Bytes of request bodies being received now ([`Load::reserve_body`]).
+    pub fn bodies_in_transit(&self) -> usize {
+        self.bodies.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `bytes` of the body budget for a body about to arrive (its
+    /// declared length, or 0 to grow it as chunks arrive); `None` when the
+    /// budget cannot hold them.
+    pub fn reserve_body(self: &Arc<Self>, bytes: usize) -> Option<BodyBytes> {
+        let mut held = BodyBytes {
+            load: self.clone(),
+            held: 0,
+        };
+        held.grow(bytes).then_some(held)
     }
 
     /// Requests being handled now that count toward `HTTP_MAX_IN_FLIGHT`.
@@ -84,6 +111,43 @@ fn in_flight(l: &Load) -> &AtomicUsize {
 
 fn streams(l: &Load) -> &AtomicUsize {
     &l.streams
+}
+
+/// Bytes of the body budget held by one request body while it arrives;
+/// given back on drop.
+#[derive(Debug)]
+pub struct BodyBytes {
+    load: Arc<Load>,
+    held: usize,
+}
+
+impl BodyBytes {
+    /// Holds `more` bytes more; `false` (and nothing more held) when the
+    /// budget cannot hold them.
+    pub fn grow(&mut self, more: usize) -> bool {
+        if more == 0 {
+            return true;
+        }
+        let c = &self.load.bodies;
+        let before = c.fetch_add(more, Ordering::AcqRel);
+        if before.saturating_add(more) > self.load.max_bodies {
+            c.fetch_sub(more, Ordering::AcqRel);
+            return false;
+        }
+        self.held += more;
+        true
+    }
+
+    /// Bytes held.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+}
+
+impl Drop for BodyBytes {
+    fn drop(&mut self) {
+        self.load.bodies.fetch_sub(self.held, Ordering::AcqRel);
+    }
 }
 
 /// A taken slot; given back on drop.
@@ -115,9 +179,9 @@ pub fn overloaded(detail: &str) -> Response {
     resp
 }
 
-/// [`overloaded`], counted, closing an HTTP/1 connection (see the module
-/// documentation).
-fn shed(req: &Request, reason: &'static str, detail: &str) -> Response {
+/// [`overloaded`], counted under `reason` (`http_requests_shed_total`),
+/// closing an HTTP/1 connection (see the module documentation).
+pub fn shed(req: &Request, reason: &'static str, detail: &str) -> Response {
     if worker::metrics::enabled() {
         metrics::counter!(worker::metrics::HTTP_SHED, "reason" => reason).increment(1);
     }
@@ -208,7 +272,7 @@ mod tests {
 
     #[tokio::test]
     async fn sheds_past_the_bound_and_gives_slots_back() {
-        let load = Load::new(2, 1);
+        let load = Load::new(2, 1, 1 << 20);
         let gate = tokio::sync::Semaphore::new(0);
         let gate = Arc::new(gate);
         let g = gate.clone();
@@ -250,9 +314,23 @@ mod tests {
         assert_eq!(load.in_flight(), 0, "every slot was given back");
     }
 
+    #[test]
+    fn the_body_budget_is_held_and_given_back() {
+        let load = Load::new(1, 1, 100);
+        let mut a = load.reserve_body(60).expect("60 of 100 fit");
+        assert!(load.reserve_body(50).is_none(), "60 + 50 exceed 100");
+        assert_eq!(load.bodies_in_transit(), 60, "a refusal holds nothing");
+        assert!(a.grow(40));
+        assert_eq!(load.bodies_in_transit(), 100);
+        assert!(!a.grow(1), "the budget is full");
+        assert_eq!(a.held(), 100);
+        drop(a);
+        assert_eq!(load.bodies_in_transit(), 0, "given back on drop");
+    }
+
     #[tokio::test]
     async fn an_ai_stream_holds_its_slot_until_its_body_is_gone() {
-        let load = Load::new(1, 1);
+        let load = Load::new(1, 1, 1 << 20);
         let ep = make(|_req| async {
             Body::from_bytes_stream(futures::stream::pending::<std::io::Result<bytes::Bytes>>())
         })

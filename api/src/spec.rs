@@ -110,8 +110,9 @@ fn has_tag(op: &Value, tag: &str) -> bool {
 
 /// What the load-shedding 503 adds to an operation's 503 answer.
 const OVERLOADED: &str = "The server is handling as many requests as it can \
-    (`overloaded`; `HTTP_MAX_IN_FLIGHT`, or for the AI routes `AI_MAX_OPEN_STREAMS`): \
-    retry after `Retry-After` seconds.";
+    (`overloaded`; `HTTP_MAX_IN_FLIGHT`, or for the AI routes `AI_MAX_OPEN_STREAMS`), or \
+    receiving as many request bodies as it can hold (`HTTP_BODY_BUDGET_BYTES`): retry after \
+    `Retry-After` seconds.";
 
 /// Documents the load-shedding 503 on `op` (appended to a 503 it already has).
 fn document_shedding(op: &mut Value) {
@@ -162,7 +163,8 @@ pub fn patch(doc: &mut Value) {
                 if let Some(responses) = op["responses"].as_object_mut() {
                     responses.entry("408").or_insert_with(|| {
                         problem_response(
-                            "The body did not arrive in full within `HTTP_BODY_TIMEOUT_SECS` \
+                            "The body did not arrive in full within `HTTP_BODY_TIMEOUT_SECS`, \
+                             or arrived slower than `HTTP_BODY_MIN_RATE` bytes per second \
                              (`body_timeout`); the connection is closed.",
                         )
                     });

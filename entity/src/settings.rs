@@ -228,6 +228,18 @@ pub struct Settings {
     /// `HTTP_BODY_TIMEOUT_SECS`: a request body must arrive in full within
     /// this time (default 30).
     pub http_body_timeout: Duration,
+    /// `HTTP_BODY_MIN_RATE`: bytes per second a request body must average,
+    /// counted from its headers, once [`Settings::http_body_rate_grace`] has
+    /// passed; slower is answered 408 `body_timeout` and the connection
+    /// closed (default 1024; `0`: no minimum).
+    pub http_body_min_rate: u64,
+    /// `HTTP_BODY_RATE_GRACE_SECS`: how long a request body may arrive
+    /// slower than `HTTP_BODY_MIN_RATE` (default 2).
+    pub http_body_rate_grace: Duration,
+    /// `HTTP_BODY_BUDGET_BYTES`: bytes of request bodies one api process
+    /// holds while they arrive, all requests together; a body that would
+    /// exceed it is answered 503 `overloaded` (default 33554432, 32 MiB).
+    pub http_body_budget: usize,
     /// `HTTP_MAX_CONNECTIONS`: open client connections per process; further
     /// connections wait in the listen backlog (default 10000).
     pub http_max_connections: usize,
@@ -945,6 +957,19 @@ impl Settings {
                 1,
                 3600,
             )?),
+            http_body_min_rate: r.num_or("HTTP_BODY_MIN_RATE", 1024u64, 0, 1 << 30)?,
+            http_body_rate_grace: Duration::from_secs(r.num_or(
+                "HTTP_BODY_RATE_GRACE_SECS",
+                2u64,
+                1,
+                3600,
+            )?),
+            http_body_budget: r.num_or(
+                "HTTP_BODY_BUDGET_BYTES",
+                32usize << 20,
+                64 * 1024,
+                1 << 40,
+            )?,
             http_max_connections: r.num_or("HTTP_MAX_CONNECTIONS", 10_000usize, 1, 1_000_000)?,
             http_max_in_flight: r.num_or(
                 "HTTP_MAX_IN_FLIGHT",

@@ -4,26 +4,32 @@
 //! * `GET /healthz`: 200 `ok` while the process runs (liveness);
 //! * `GET /readyz`: 200 `{"database":"ok","queue":"ok"}` when the database
 //!   and the queue store answer within `DEPENDENCY_TIMEOUT_MS`, else 503 with
-//!   the failing one named (readiness);
+//!   the failing one named (readiness); the probes' results answer for
+//!   [`crate::probes::PROBE_TTL`] (a probe storm costs the dependencies at
+//!   most 4 probes a second);
 //! * `GET /metrics`: the Prometheus text format, to `Authorization: Bearer
 //!   $METRICS_TOKEN` (401 without it; 404 while `METRICS_TOKEN` is unset),
 //!   the same rule as the api's `/metrics`.
+//!
+//! Served by the api's server loop ([`crate::server`]) with the api's header
+//! and idle timeouts (`HTTP_HEADER_TIMEOUT_MS`, `HTTP_IDLE_TIMEOUT_SECS`)
+//! and at most [`MAX_CONNECTIONS`] connections.
 
 use std::sync::Arc;
 
 use entity::Settings;
 use metrics_exporter_prometheus::PrometheusHandle;
 use poem::{
-    get, handler,
-    http::StatusCode,
-    listener::{Acceptor, Listener, TcpListener},
-    web::Data,
-    EndpointExt, IntoResponse, Request, Response, Route, Server,
+    get, handler, http::StatusCode, web::Data, EndpointExt, IntoResponse, Request, Response, Route,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection};
+use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 
-use crate::Queues;
+use crate::{probes::ProbeCache, server::Limits, Queues};
+
+/// Open connections the worker's port serves at once (probes and a
+/// Prometheus scraper need a few); further ones wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 64;
 
 #[derive(Clone)]
 struct Probe {
@@ -31,6 +37,7 @@ struct Probe {
     queues: Queues,
     settings: Arc<Settings>,
     metrics: Option<PrometheusHandle>,
+    cache: Arc<ProbeCache>,
 }
 
 #[handler]
@@ -40,10 +47,11 @@ fn healthz() -> &'static str {
 
 #[handler]
 async fn readyz(p: Data<&Probe>) -> Response {
-    let within = p.settings.dependency_timeout;
-    let db = tokio::time::timeout(within, p.db.execute_unprepared("SELECT 1")).await;
-    let db_ok = matches!(db, Ok(Ok(_)));
-    let queue_ok = p.queues.ping().await.is_ok();
+    let (db, queue) = p
+        .cache
+        .probe(&p.db, &p.queues, p.settings.dependency_timeout)
+        .await;
+    let (db_ok, queue_ok) = (db.ok, queue.ok);
     let word = |ok: bool| if ok { "ok" } else { "unavailable" };
     let body = serde_json::json!({"database": word(db_ok), "queue": word(queue_ok)});
     let status = if db_ok && queue_ok {
@@ -93,17 +101,14 @@ pub async fn serve(
     let Some(port) = settings.worker_http_port else {
         return Ok(tokio::spawn(async {}));
     };
-    let acceptor = TcpListener::bind(format!("{}:{port}", settings.host))
-        .into_acceptor()
-        .await?;
-    let addr = acceptor
-        .local_addr()
-        .first()
-        .and_then(|a| a.as_socket_addr().copied());
-    if let Some(a) = addr {
-        tracing::info!(addr = %a, "worker http listening");
-        println!("worker http listening on http://{a}");
-    }
+    let listener = crate::server::bind(&settings.host, port).await?;
+    let a = listener.local_addr()?;
+    tracing::info!(addr = %a, "worker http listening");
+    println!("worker http listening on http://{a}");
+    let limits = Limits {
+        max_connections: MAX_CONNECTIONS,
+        ..Limits::from_settings(&settings)
+    };
     let app = Route::new()
         .at("/healthz", get(healthz))
         .at("/readyz", get(readyz))
@@ -113,13 +118,11 @@ pub async fn serve(
             queues,
             settings,
             metrics,
+            cache: Default::default(),
         });
     Ok(tokio::spawn(async move {
-        let stop = async move { shutdown.cancelled().await };
-        if let Err(e) = Server::new_with_acceptor(acceptor)
-            .run_with_graceful_shutdown(app, stop, Some(std::time::Duration::from_secs(5)))
-            .await
-        {
+        let grace = std::time::Duration::from_secs(5);
+        if let Err(e) = crate::server::run(listener, app, limits, shutdown, grace).await {
             tracing::error!(error = %e, "worker http server failed");
         }
     }))

@@ -171,8 +171,8 @@ async fn health_inner(state: &AppState) -> Health {
             entity::settings::EmailTransport::Outbox => EmailTransportName::Outbox,
             entity::settings::EmailTransport::None => EmailTransportName::None,
         },
-        database,
-        queue,
+        database: database.into(),
+        queue: QueueProbe::of(queue, state.queues.kind()),
         features: FeatureMap {
             auth: fh(Feature::Auth),
             waitlist: fh(Feature::Waitlist),

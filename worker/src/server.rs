@@ -1,15 +1,25 @@
-//! The HTTP server loop: accepts connections and serves each with hyper,
-//! bounding what a client can hold (RFC 9112 §9.8 leaves these to the server):
+//! The HTTP server loop of the api and of the worker's port: accepts
+//! connections and serves each with hyper (HTTP/1.1, and HTTP/2 in clear,
+//! "h2c" with prior knowledge), bounding what a client can hold (RFC 9112
+//! §9.8 and RFC 9113 §6.5.2 leave these to the server):
 //!
-//! * at most `HTTP_MAX_CONNECTIONS` open connections: beyond that `accept`
-//!   waits (new clients queue in the kernel's listen backlog);
-//! * a request's headers must arrive within `HTTP_HEADER_TIMEOUT_MS` (hyper's
-//!   `header_read_timeout`; for HTTP/1 the clock also runs while a keep-alive
+//! * at most `max_connections` open connections (`HTTP_MAX_CONNECTIONS` on
+//!   the api): beyond that `accept` waits (new clients queue in the kernel's
+//!   listen backlog);
+//! * a request's headers must arrive within `HTTP_HEADER_TIMEOUT_MS`. HTTP/1:
+//!   hyper's `header_read_timeout` (the clock also runs while a keep-alive
 //!   connection waits for its next request, so an idle HTTP/1 connection is
-//!   closed after the shorter of this and the idle timeout);
+//!   closed after the shorter of this and the idle timeout). Both protocols:
+//!   a connection that has not delivered its first request's headers within
+//!   this time of being accepted is closed (an HTTP/2 client trickling its
+//!   preface or its first `HEADERS`);
+//! * HTTP/2: at most [`H2_MAX_STREAMS`] concurrent streams per connection,
+//!   flow-control windows of [`H2_STREAM_WINDOW`] per stream and
+//!   [`H2_CONNECTION_WINDOW`] per connection (what a client may send before
+//!   the server reads it), header lists of at most [`H2_MAX_HEADER_LIST`];
 //! * a connection that moves no byte for `HTTP_IDLE_TIMEOUT_SECS` is closed;
-//! * the body deadline (`HTTP_BODY_TIMEOUT_SECS`) is per request:
-//!   [`crate::middleware::BodyDeadline`].
+//! * the body deadline and minimum data rate are per request, in the api's
+//!   middleware (`HTTP_BODY_TIMEOUT_SECS`, `HTTP_BODY_MIN_RATE`).
 //!
 //! On shutdown: stop accepting, ask every connection to finish its requests
 //! in flight, wait for them up to the grace period.
@@ -18,7 +28,7 @@ use std::{
     convert::Infallible,
     net::SocketAddr,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
     time::{Duration, Instant},
@@ -38,6 +48,22 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::listener::CappedIo;
 
+/// Concurrent HTTP/2 streams one connection may open (hyper's default is
+/// 200): the rest wait for one to end, on the client's side.
+pub const H2_MAX_STREAMS: u32 = 16;
+
+/// HTTP/2 initial flow-control window of a stream, in bytes (64 KiB, the
+/// `/api` body limit; hyper's default is 1 MiB).
+pub const H2_STREAM_WINDOW: u32 = 64 * 1024;
+
+/// HTTP/2 flow-control window of a whole connection, in bytes (256 KiB;
+/// hyper's default is 1 MiB).
+pub const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
+
+/// Largest HTTP/2 header list accepted, in bytes (decoded, as RFC 9113
+/// §6.5.2 counts it).
+pub const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
 /// Connection limits (from the `HTTP_*` settings).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -52,7 +78,8 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// From the settings.
+    /// The api's: from the settings (`HTTP_HEADER_TIMEOUT_MS`,
+    /// `HTTP_IDLE_TIMEOUT_SECS`, `HTTP_MAX_CONNECTIONS`).
     pub fn from_settings(s: &entity::Settings) -> Self {
         Limits {
             header_timeout: s.http_header_timeout,
@@ -163,8 +190,12 @@ async fn serve_connection<E>(
     let started = Instant::now();
     let activity = Arc::new(AtomicU64::new(0));
     let io = CappedIo::new(stream, limits.read_cap).with_activity(started, activity.clone());
+    // Set by the first request whose headers arrived.
+    let requested = Arc::new(AtomicBool::new(false));
+    let first = requested.clone();
     let service = hyper::service::service_fn(move |req| {
         let ep = ep.clone();
+        first.store(true, Ordering::Relaxed);
         async move {
             let req: poem::Request = (
                 req,
@@ -188,7 +219,13 @@ async fn serve_connection<E>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_header_list_size(H2_MAX_HEADER_LIST);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let idle = async {
@@ -201,6 +238,15 @@ async fn serve_connection<E>(
             tokio::time::sleep(limits.idle_timeout - quiet).await;
         }
     };
+    // The first request's headers, over either protocol (see the module
+    // documentation); later HTTP/2 streams are bounded by the idle timeout,
+    // the header list size and the stream cap.
+    let first_request = async {
+        tokio::time::sleep(limits.header_timeout).await;
+        if requested.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
@@ -209,6 +255,9 @@ async fn serve_connection<E>(
         }
         _ = idle => {
             tracing::debug!(%peer, "closing an idle connection");
+        }
+        _ = first_request => {
+            tracing::debug!(%peer, "closing a connection that sent no request headers in time");
         }
         _ = shutdown.cancelled() => {
             conn.as_mut().graceful_shutdown();

@@ -1,0 +1,144 @@
+//! The worker's own HTTP port (`WORKER_HTTP_PORT`): `/readyz` answers 503
+//! naming the dependency that is down (PostgreSQL or Redis, reached through
+//! a [`TcpProxy`] switched off) and 200 again once it is back; the port has
+//! the api's connection protections (a client trickling its request headers
+//! is disconnected after `HTTP_HEADER_TIMEOUT_MS`).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tests::{host_port, EnvMap, Proc, ProxyMode, Reply, Stack, TcpProxy};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+/// The worker's own HTTP address, from its `worker http listening on …` line.
+async fn worker_http(worker: &Proc) -> String {
+    let ok = tests::wait_until(Duration::from_secs(20), || async {
+        worker.stdout().contains("worker http listening on ")
+    })
+    .await;
+    assert!(ok, "no worker http line; stderr:\n{}", worker.stderr());
+    worker
+        .stdout()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("worker http listening on ")
+                .map(str::to_string)
+        })
+        .expect("address")
+}
+
+/// `/readyz` until it answers `status` with `body`; the last answer.
+async fn readyz_until(base: &str, status: u16, body: &Value) -> Reply {
+    let url = format!("{base}/readyz");
+    tests::poll_until(
+        Duration::from_secs(30),
+        || {
+            let url = url.clone();
+            async move { tests::get(&url).await }
+        },
+        |r| r.status == status && r.json == *body,
+    )
+    .await
+}
+
+/// A worker with its port, reaching the dependency `via` a proxy, goes
+/// unready while the proxy refuses and ready again after.
+async fn unready_while_down(stack: &Stack, env: EnvMap, proxy: &TcpProxy, down: Value) {
+    let worker = stack
+        .worker(
+            &env.with("WORKER_HTTP_PORT", "0")
+                .with("DEPENDENCY_TIMEOUT_MS", "1000"),
+        )
+        .await;
+    let base = worker_http(&worker).await;
+    let ok = json!({"database": "ok", "queue": "ok"});
+    let r = readyz_until(&base, 200, &ok).await;
+    assert_eq!((r.status, &r.json), (200, &ok), "{}", r.text);
+
+    proxy.set(ProxyMode::Refuse);
+    let r = readyz_until(&base, 503, &down).await;
+    assert_eq!(
+        (r.status, &r.json),
+        (503, &down),
+        "{}; worker stderr (tail):\n{}",
+        r.text,
+        tests::tail(&worker.stderr(), 2000)
+    );
+    // Liveness is not readiness.
+    assert_eq!(tests::get(&format!("{base}/healthz")).await.status, 200);
+
+    proxy.on();
+    let r = readyz_until(&base, 200, &ok).await;
+    assert_eq!((r.status, &r.json), (200, &ok), "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_is_503_while_postgres_is_down() {
+    let stack = Stack::new().await;
+    let proxy = TcpProxy::start(&host_port(&stack.db.url)).await;
+    let env = stack
+        .env()
+        .with("DATABASE_URL", stack.db.url_via(proxy.addr));
+    let down = json!({"database": "unavailable", "queue": "ok"});
+    unready_while_down(&stack, env, &proxy, down).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_is_503_while_redis_is_down() {
+    let stack = Stack::new().await;
+    let proxy = TcpProxy::start(&host_port(&stack.redis.url)).await;
+    let env = stack
+        .env()
+        .with("REDIS_URL", stack.redis.url_via(proxy.addr));
+    let down = json!({"database": "ok", "queue": "unavailable"});
+    unready_while_down(&stack, env, &proxy, down).await;
+}
+
+/// Slowloris on the worker's port: one header byte every 300 ms. With a 1 s
+/// header deadline the connection is closed long before the request is
+/// complete (the port had no deadline before).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_worker_port_disconnects_a_client_trickling_its_headers() {
+    let stack = Stack::new().await;
+    let worker = stack
+        .worker(
+            &stack
+                .env()
+                .with("WORKER_HTTP_PORT", "0")
+                .with("HTTP_HEADER_TIMEOUT_MS", "1000"),
+        )
+        .await;
+    let base = worker_http(&worker).await;
+    let mut s = TcpStream::connect(host_port(&base)).await.expect("connect");
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut closed_after = None;
+    for (i, b) in request.iter().enumerate() {
+        if s.write_all(&[*b]).await.is_err() {
+            closed_after = Some(i);
+            break;
+        }
+        let mut buf = [0u8; 512];
+        match tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                closed_after = Some(i + 1);
+                break;
+            }
+            Ok(Ok(_)) => {
+                closed_after = Some(i + 1);
+                break;
+            }
+            Err(_) => {}
+        }
+    }
+    match closed_after {
+        Some(n) => assert!(
+            n < request.len(),
+            "the connection closed only after the whole request ({n} bytes)"
+        ),
+        None => panic!("a client trickling its headers to the worker port was never disconnected"),
+    }
+}
