@@ -392,11 +392,20 @@ mod tests {
     #[test]
     fn missing_counts_are_charged_at_the_reservations_bound() {
         // The provider's counts win.
-        assert_eq!(charge((Some(9), Some(2)), 5016, 2048, 5, false), (9, 2, false));
+        assert_eq!(
+            charge((Some(9), Some(2)), 5016, 2048, 5, false),
+            (9, 2, false)
+        );
         // Cut off before the usage: the input bound and the output cap.
-        assert_eq!(charge((None, None), 5016, 2048, 5, false), (5016, 2048, true));
+        assert_eq!(
+            charge((None, None), 5016, 2048, 5, false),
+            (5016, 2048, true)
+        );
         // Anthropic's input came first; the output never did.
-        assert_eq!(charge((Some(9), None), 5016, 2048, 5, false), (9, 2048, true));
+        assert_eq!(
+            charge((Some(9), None), 5016, 2048, 5, false),
+            (9, 2048, true)
+        );
         // More relayed than the cap (a server that ignores it): the bytes.
         assert_eq!(charge((None, None), 10, 4, 30, false), (10, 30, true));
         // Ended normally without counts: one token per relayed byte.

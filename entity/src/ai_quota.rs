@@ -150,7 +150,11 @@ pub trait FastCounter: Sync {
 /// database's sum), else, or when the fast store cannot be reached or
 /// seeded, in the database ([`reserve_in_db`]). Every grant is held in the
 /// store that made it. Errors: the database failed.
-pub async fn reserve<C, F>(db: &C, fast: Option<(&F, FastAnswer)>, ask: &Ask) -> Result<Granted, DbErr>
+pub async fn reserve<C, F>(
+    db: &C,
+    fast: Option<(&F, FastAnswer)>,
+    ask: &Ask,
+) -> Result<Granted, DbErr>
 where
     C: ConnectionTrait,
     F: FastCounter,
@@ -239,7 +243,9 @@ pub async fn settle_in_db<C: ConnectionTrait>(
     ended: DateTime<Utc>,
 ) -> Result<(), DbErr> {
     match reservation {
-        Some(r) if r.store == Store::Database => add_in_db(db, r.user_id, r.at, tokens - r.tokens).await,
+        Some(r) if r.store == Store::Database => {
+            add_in_db(db, r.user_id, r.at, tokens - r.tokens).await
+        }
         Some(r) => add_in_db(db, r.user_id, r.at, tokens).await,
         None => add_in_db(db, user_id, ended, tokens).await,
     }
@@ -348,11 +354,32 @@ mod tests {
     #[test]
     fn the_output_cap_is_what_the_reservation_leaves_after_the_input() {
         let a = ask(17);
-        let g = granted(Store::Database, Reserved { used: 0, granted: 2065 }, &a);
+        let g = granted(
+            Store::Database,
+            Reserved {
+                used: 0,
+                granted: 2065,
+            },
+            &a,
+        );
         assert_eq!(g.output_cap(&a), Some(2048));
-        let g = granted(Store::Fast, Reserved { used: 19_900, granted: 100 }, &a);
+        let g = granted(
+            Store::Fast,
+            Reserved {
+                used: 19_900,
+                granted: 100,
+            },
+            &a,
+        );
         assert_eq!(g.output_cap(&a), Some(83));
-        let g = granted(Store::Fast, Reserved { used: 19_990, granted: 0 }, &a);
+        let g = granted(
+            Store::Fast,
+            Reserved {
+                used: 19_990,
+                granted: 0,
+            },
+            &a,
+        );
         assert_eq!((g.reservation, g.output_cap(&a)), (None, None));
     }
 }

@@ -204,12 +204,16 @@ async fn gate_redis(
     let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let mut conn = window.conn.clone();
     let mut inv = GATE.key(&window.key);
-    inv.key(counter_key(state, user_id, ask.map_or_else(Utc::now, |a| a.now)))
-        .arg(window.max)
-        .arg(window.window_us)
-        .arg(ask.map_or(-1, |a| clamp(a.limit)))
-        .arg(ask.map_or(0, |a| clamp(a.input)))
-        .arg(ask.map_or(0, |a| clamp(a.want())));
+    inv.key(counter_key(
+        state,
+        user_id,
+        ask.map_or_else(Utc::now, |a| a.now),
+    ))
+    .arg(window.max)
+    .arg(window.window_us)
+    .arg(ask.map_or(-1, |a| clamp(a.limit)))
+    .arg(ask.map_or(0, |a| clamp(a.input)))
+    .arg(ask.map_or(0, |a| clamp(a.want())));
     let budget = state.settings.dependency_timeout;
     let got = tokio::time::timeout(budget, inv.invoke_async::<Vec<i64>>(&mut conn)).await;
     let decision = match &got {
@@ -224,9 +228,7 @@ async fn gate_redis(
             }
             Err(_) => tracing::warn!("AI gate store timed out; limiting in process"),
         }
-        let decision = state
-            .limiter
-            .check_in_process(limit, &user_id.to_string());
+        let decision = state.limiter.check_in_process(limit, &user_id.to_string());
         if !decision.allowed {
             return Err(ApiError::RateLimited(decision.info).into());
         }

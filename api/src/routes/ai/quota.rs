@@ -134,7 +134,8 @@ impl FastCounter for RedisCounter {
             .arg(clamp(ask.input))
             .arg(clamp(ask.want()));
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.seed_budget, inv.invoke_async::<Vec<i64>>(&mut conn)).await {
+        match tokio::time::timeout(self.seed_budget, inv.invoke_async::<Vec<i64>>(&mut conn)).await
+        {
             Ok(Ok(r)) if r.len() == 2 => Ok(Reserved {
                 used: r[0].max(0) as u64,
                 granted: r[1].max(0) as u64,
