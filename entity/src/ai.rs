@@ -12,13 +12,13 @@
 //! The cap is sent upstream, so a provider that honours it never makes the
 //! month's total pass the quota, however many requests run at once. The
 //! reservation is held in a counter per user and month (Redis in the api, or
-//! the `ai_quota_counters` table here: [`reserve_in_db`], [`add_in_db`]) and
-//! settled with the real tokens when the request ends.
+//! the `ai_quota_counters` table: [`crate::ai_quota`]) and settled with the
+//! real tokens when the request ends ([`charge`]).
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use sea_orm::{
     sea_query::Expr, ActiveValue::Set, ColumnTrait, ConnectionTrait, DbErr, EntityTrait,
-    QueryFilter, QuerySelect,
+    QueryFilter, QuerySelect, TransactionSession, TransactionTrait,
 };
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -131,8 +131,8 @@ pub fn input_bound(messages: &[ChatMessage]) -> u64 {
 /// `input` is its [`input_bound`] and `max_output` the plan's output cap.
 /// `0` when not even one output token fits (the quota's 429); otherwise
 /// `input + max_output`, lowered to what is left, and the request's output
-/// cap is the grant minus `input`. The Redis script and [`reserve_in_db`]
-/// apply the same rule atomically.
+/// cap is the grant minus `input`. The Redis script and
+/// [`crate::ai_quota::reserve_in_db`] apply the same rule atomically.
 pub fn grant(used: u64, limit: u64, input: u64, max_output: u32) -> u64 {
     let left = limit.saturating_sub(used);
     if left > input {
@@ -142,11 +142,35 @@ pub fn grant(used: u64, limit: u64, input: u64, max_output: u32) -> u64 {
     }
 }
 
-/// Our token estimate for `bytes` bytes of text when the provider sent no
-/// count: one token per 4 bytes, rounded up (the providers' rule of thumb for
-/// English text).
-pub fn estimate_tokens(bytes: usize) -> i32 {
-    i32::try_from(bytes.div_ceil(4)).unwrap_or(i32::MAX)
+/// The tokens one request is charged: `(input, output, estimated)`.
+///
+/// The provider's counts when it sent them (`reported`). A missing count is
+/// charged at the reservation's upper bound, never guessed low: the input at
+/// `input_bound` ([`input_bound`]); the output at the `relayed` bytes (a
+/// token of a byte-level tokenizer covers at least one byte) when the answer
+/// ended normally (`complete`), and otherwise at least `output_cap`, the cap
+/// sent upstream: a request cut off (client gone, provider broke off) may
+/// have been billed by the provider up to its cap, whatever reached the
+/// client. `estimated` is whether a count is ours.
+pub fn charge(
+    reported: (Option<u64>, Option<u64>),
+    input_bound: u64,
+    output_cap: u32,
+    relayed: usize,
+    complete: bool,
+) -> (i32, i32, bool) {
+    let clamp = |n: u64| i32::try_from(n).unwrap_or(i32::MAX);
+    let relayed = relayed as u64;
+    let output = reported.1.unwrap_or(if complete {
+        relayed
+    } else {
+        relayed.max(u64::from(output_cap))
+    });
+    (
+        clamp(reported.0.unwrap_or(input_bound)),
+        clamp(output),
+        reported.0.is_none() || reported.1.is_none(),
+    )
 }
 
 /// First instant of the calendar month (UTC) that contains `now`.
@@ -241,105 +265,6 @@ pub async fn tokens_this_month<C: ConnectionTrait>(
     Ok(sum.flatten().unwrap_or(0).max(0) as u64)
 }
 
-/// The outcome of [`reserve_in_db`]: the month's tokens before the request
-/// and what it was granted (`0`: refused, nothing changed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reserved {
-    /// Tokens counted this month before this request (reservations included).
-    pub used: u64,
-    /// Tokens reserved for this request ([`grant`]); `0` when refused.
-    pub granted: u64,
-}
-
-/// `$n` placeholders for PostgreSQL, `?n` for SQLite.
-fn sql_for<C: ConnectionTrait>(db: &C, sql: &str) -> sea_orm::Statement {
-    let backend = db.get_database_backend();
-    let sql = match backend {
-        sea_orm::DbBackend::Sqlite => sql.replace('$', "?"),
-        _ => sql.to_string(),
-    };
-    sea_orm::Statement::from_string(backend, sql)
-}
-
-fn stmt<C: ConnectionTrait>(db: &C, sql: &str, values: Vec<sea_orm::Value>) -> sea_orm::Statement {
-    let s = sql_for(db, sql);
-    sea_orm::Statement::from_sql_and_values(s.db_backend, s.sql, values)
-}
-
-/// Reserves [`grant`] tokens for a request of `user_id` in the database's
-/// month counter (`ai_quota_counters`, one row per user and `YYYYMM`), for
-/// deployments without Redis. One conditional `UPDATE … RETURNING`: the row
-/// lock (PostgreSQL) or the single writer (SQLite) makes concurrent requests,
-/// from any api process, see each other's reservations. A missing row is
-/// seeded from the month's `ai_usage` sum first.
-pub async fn reserve_in_db<C: ConnectionTrait>(
-    db: &C,
-    user_id: Uuid,
-    now: DateTime<Utc>,
-    limit: u64,
-    input: u64,
-    max_output: u32,
-) -> Result<Reserved, DbErr> {
-    let month = month_key(now);
-    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    let want = clamp(input.saturating_add(u64::from(max_output)));
-    let (limit, need) = (clamp(limit), clamp(input.saturating_add(1)));
-    let update = "UPDATE ai_quota_counters \
-        SET tokens = CASE WHEN tokens + $3 <= $4 THEN tokens + $3 ELSE $4 END, \
-            granted = CASE WHEN tokens + $3 <= $4 THEN $3 ELSE $4 - tokens END \
-        WHERE user_id = $1 AND month = $2 AND tokens + $5 <= $4 \
-        RETURNING tokens, granted";
-    for _ in 0..2 {
-        let values = vec![
-            user_id.into(),
-            month.clone().into(),
-            want.into(),
-            limit.into(),
-            need.into(),
-        ];
-        if let Some(row) = db.query_one_raw(stmt(db, update, values)).await? {
-            let tokens: i64 = row.try_get_by_index(0)?;
-            let granted: i64 = row.try_get_by_index(1)?;
-            return Ok(Reserved {
-                used: (tokens - granted).max(0) as u64,
-                granted: granted.max(0) as u64,
-            });
-        }
-        let select = "SELECT tokens FROM ai_quota_counters WHERE user_id = $1 AND month = $2";
-        let values = vec![user_id.into(), month.clone().into()];
-        if let Some(row) = db.query_one_raw(stmt(db, select, values)).await? {
-            let tokens: i64 = row.try_get_by_index(0)?;
-            return Ok(Reserved {
-                used: tokens.max(0) as u64,
-                granted: 0,
-            });
-        }
-        let sum = clamp(tokens_this_month(db, user_id, now).await?);
-        let seed = "INSERT INTO ai_quota_counters (user_id, month, tokens, granted) \
-            VALUES ($1, $2, $3, 0) ON CONFLICT (user_id, month) DO NOTHING";
-        let values = vec![user_id.into(), month.clone().into(), sum.into()];
-        db.execute_raw(stmt(db, seed, values)).await?;
-    }
-    Err(DbErr::Custom(
-        "the AI quota counter vanished while being seeded".into(),
-    ))
-}
-
-/// Adds `tokens` (negative: gives back) to the database's month counter of
-/// `user_id` for the month containing `at`, when it exists (an absent
-/// counter is seeded from `ai_usage` at the next reservation).
-pub async fn add_in_db<C: ConnectionTrait>(
-    db: &C,
-    user_id: Uuid,
-    at: DateTime<Utc>,
-    tokens: i64,
-) -> Result<(), DbErr> {
-    let sql = "UPDATE ai_quota_counters SET tokens = tokens + $3 WHERE user_id = $1 AND month = $2";
-    let values = vec![user_id.into(), month_key(at).into(), tokens.into()];
-    db.execute_raw(stmt(db, sql, values)).await?;
-    Ok(())
-}
-
 /// One finished (or aborted) AI request, as the usage job carries it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRecord {
@@ -363,11 +288,21 @@ pub struct UsageRecord {
     pub estimated: bool,
     /// When the request ended (UTC).
     pub at: DateTime<Utc>,
+    /// Its reservation in the month counter (`None`: a plan without quota);
+    /// one held in the database is settled with this record
+    /// ([`crate::ai_quota::settle_in_db`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<crate::ai_quota::Reservation>,
 }
 
-/// Writes `record` into `ai_usage` once: a second delivery of the same job
+/// Writes `record` into `ai_usage` once and, in the same transaction,
+/// settles its tokens in the database's month counter
+/// ([`crate::ai_quota::settle_in_db`]): a second delivery of the same job
 /// (same `id`) changes nothing. Returns whether a row was inserted.
-pub async fn record_usage<C: ConnectionTrait>(db: &C, record: &UsageRecord) -> Result<bool, DbErr> {
+pub async fn record_usage<C>(db: &C, record: &UsageRecord) -> Result<bool, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
     let row = ai_usage::ActiveModel {
         id: Set(record.id),
         user_id: Set(record.user_id),
@@ -380,11 +315,19 @@ pub async fn record_usage<C: ConnectionTrait>(db: &C, record: &UsageRecord) -> R
         estimated: Set(record.estimated),
         created_at: Set(record.at),
     };
+    let txn = crate::users::begin_write(db).await?;
     let r = ai_usage::Entity::insert(row)
         .on_conflict_do_nothing_on([ai_usage::Column::Id])
-        .exec_without_returning(db)
+        .exec_without_returning(&txn)
         .await?;
-    Ok(matches!(r, sea_orm::TryInsertResult::Inserted(n) if n == 1))
+    let inserted = matches!(r, sea_orm::TryInsertResult::Inserted(n) if n == 1);
+    if inserted {
+        let tokens = i64::from(record.input_tokens.max(0)) + i64::from(record.output_tokens.max(0));
+        crate::ai_quota::settle_in_db(&txn, record.user_id, record.reservation, tokens, record.at)
+            .await?;
+    }
+    txn.commit().await?;
+    Ok(inserted)
 }
 
 #[cfg(test)]
@@ -437,7 +380,6 @@ mod tests {
         );
         assert_eq!(Provider::parse("OpenAI"), None);
         assert_eq!(Role::parse("tool"), None);
-        assert_eq!(estimate_tokens(0), 0);
         let m = |c: &str| ChatMessage {
             role: Role::User,
             content: c.into(),
@@ -445,6 +387,28 @@ mod tests {
         // "héllo": 6 bytes, + 8 per message, + 8 per request.
         assert_eq!(input_bound(&[m("héllo")]), 22);
         assert_eq!(input_bound(&[m("a"), m("b")]), 26);
-        assert_eq!(estimate_tokens(5), 2);
+    }
+
+    #[test]
+    fn missing_counts_are_charged_at_the_reservations_bound() {
+        // The provider's counts win.
+        assert_eq!(
+            charge((Some(9), Some(2)), 5016, 2048, 5, false),
+            (9, 2, false)
+        );
+        // Cut off before the usage: the input bound and the output cap.
+        assert_eq!(
+            charge((None, None), 5016, 2048, 5, false),
+            (5016, 2048, true)
+        );
+        // Anthropic's input came first; the output never did.
+        assert_eq!(
+            charge((Some(9), None), 5016, 2048, 5, false),
+            (9, 2048, true)
+        );
+        // More relayed than the cap (a server that ignores it): the bytes.
+        assert_eq!(charge((None, None), 10, 4, 30, false), (10, 30, true));
+        // Ended normally without counts: one token per relayed byte.
+        assert_eq!(charge((None, None), 10, 2048, 30, true), (10, 30, true));
     }
 }

@@ -5,6 +5,7 @@
 //! testable with a database connection alone.
 
 pub mod ai;
+pub mod ai_quota;
 pub mod avatar;
 pub mod checkout;
 pub mod contact;

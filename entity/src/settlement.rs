@@ -102,11 +102,40 @@ pub fn reported_status(
     }
 }
 
+/// What a confirmation (the provider's status API) saw of the payment when
+/// it decided that an event may be applied: the row it compared with the
+/// provider's answer, read before the settlement's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The payment's status then.
+    pub status: PaymentStatus,
+    /// Its amount then (whole units of its currency).
+    pub amount: i64,
+}
+
 /// Settles the recorded event `event_id` (see the module docs). `request_id`
 /// goes into the audit row (the job's id).
 pub async fn settle_event<C>(
     db: &C,
     event_id: Uuid,
+    request_id: Option<String>,
+) -> Result<Settled, SettleError>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    settle_event_seen(db, event_id, None, request_id).await
+}
+
+/// [`settle_event`] for an event its provider confirmed against the payment
+/// as `seen`: when the payment, read again under its row lock, no longer has
+/// that status and amount (another settlement moved it meanwhile), the
+/// confirmation does not hold and the event is settled as unconfirmed
+/// ([`settle_event_unconfirmed`]'s audit row, nothing changed). `None`
+/// settles as [`settle_event`].
+pub async fn settle_event_seen<C>(
+    db: &C,
+    event_id: Uuid,
+    seen: Option<Seen>,
     request_id: Option<String>,
 ) -> Result<Settled, SettleError>
 where
@@ -122,6 +151,25 @@ where
     };
     if event.settled_at.is_some() {
         return Ok(Settled::AlreadySettled);
+    }
+    if let Some(seen) = seen {
+        let mut find =
+            payments::Entity::find().filter(payments::Column::OrderId.eq(event.order_id.as_str()));
+        if txn.get_database_backend() == DbBackend::Postgres {
+            find = find.lock_exclusive();
+        }
+        let now = find.one(&txn).await?.map(|p| (p.status, p.amount));
+        if now != Some((seen.status, seen.amount)) {
+            let reason = format!(
+                "the payment changed after the status API was asked: it was {} for {}, it is {:?}",
+                seen.status.as_str(),
+                seen.amount,
+                now.map(|(s, a)| format!("{} for {a}", s.as_str()))
+            );
+            let outcome = unconfirmed(&txn, event, &reason, request_id).await?;
+            txn.commit().await?;
+            return Ok(outcome);
+        }
     }
     let reported = reported_status(&event.provider, &event.provider_status, &event.payload);
     let outcome = match reported {
@@ -174,7 +222,20 @@ where
     if event.settled_at.is_some() {
         return Ok(Settled::AlreadySettled);
     }
-    let now = crate::db::now(&txn).await?;
+    let outcome = unconfirmed(&txn, event, reason, request_id).await?;
+    txn.commit().await?;
+    Ok(outcome)
+}
+
+/// The audit row and the settled mark of an unconfirmed event (its row
+/// locked by the caller's transaction).
+async fn unconfirmed<T: ConnectionTrait>(
+    txn: &T,
+    event: webhook_events::Model,
+    reason: &str,
+    request_id: Option<String>,
+) -> Result<Settled, DbErr> {
+    let now = crate::db::now(txn).await?;
     audit_logs::ActiveModel {
         id: Set(Uuid::now_v7()),
         actor_id: Set(None),
@@ -192,13 +253,12 @@ where
         client_request_id: Set(None),
         created_at: Set(now),
     }
-    .insert(&txn)
+    .insert(txn)
     .await?;
     let mut am = event.into_active_model();
     am.settled_at = Set(Some(Utc::now()));
     am.settlement_error = Set(Some(format!("unconfirmed: {reason}")));
-    am.update(&txn).await?;
-    txn.commit().await?;
+    am.update(txn).await?;
     Ok(Settled::Unconfirmed(reason.to_string()))
 }
 

@@ -135,6 +135,9 @@ pub struct ProviderAStatusApi {
     key: String,
     answers: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, serde_json::Value>>>,
     down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// While true, questions wait (at most 30 s) before being answered.
+    held: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ProviderAStatusApi {
@@ -145,6 +148,8 @@ impl ProviderAStatusApi {
             key: key.to_string(),
             answers: Default::default(),
             down: Default::default(),
+            held: Default::default(),
+            asked: Default::default(),
         };
         let server = wiremock::MockServer::start().await;
         wiremock::Mock::given(wiremock::matchers::method("GET"))
@@ -189,10 +194,33 @@ impl ProviderAStatusApi {
     pub fn set_down(&self, down: bool) {
         self.down.store(down, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// While held, a question waits (at most 30 s) until [`Self::hold`]
+    /// `false` lets it be answered: a window in which the test changes what
+    /// the asker read before asking.
+    pub fn hold(&self, held: bool) {
+        let (lock, cv) = &*self.held;
+        *lock.lock().unwrap() = held;
+        cv.notify_all();
+    }
+
+    /// How many questions have arrived (answered or held).
+    pub fn asked(&self) -> usize {
+        self.asked.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl wiremock::Respond for ProviderAStatusApi {
     fn respond(&self, req: &wiremock::Request) -> wiremock::ResponseTemplate {
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        {
+            // wiremock serves each mock server from its own thread.
+            let (lock, cv) = &*self.held;
+            let held = lock.lock().unwrap();
+            let _ = cv
+                .wait_timeout_while(held, std::time::Duration::from_secs(30), |h| *h)
+                .unwrap();
+        }
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return wiremock::ResponseTemplate::new(503).set_body_string("maintenance");
         }

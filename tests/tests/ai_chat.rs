@@ -422,7 +422,8 @@ async fn upstream_failures_before_the_stream_are_problems_and_a_broken_stream_en
     assert!(c[4]["errorText"].is_string());
     let rows = wait_usage(&db, user, 1).await;
     assert!(rows[0].aborted && rows[0].estimated, "{rows:?}");
-    assert_eq!(rows[0].output_tokens, 1); // "Hal": 3 bytes ≈ 1 token
+    // Broken off before its usage: charged FREE's output cap, not "Hal".
+    assert_eq!(rows[0].output_tokens, 2048);
 }
 
 #[tokio::test]
@@ -801,7 +802,8 @@ async fn deltas_are_relayed_as_they_come_and_a_client_hanging_up_cancels_upstrea
     // 2. The client hangs up after the first delta: the api drops the upstream
     //    request (at once; the deadline is generous for a loaded machine, and
     //    far below the 60-s idle timeout, the only other thing that would end
-    //    it) and records an aborted, estimated row.
+    //    it) and records an aborted, estimated row, charged what the request
+    //    reserved (the provider's usage never came).
     let resp = client()
         .post(api.url("/api/ai/chat"))
         .bearer_auth(&t)
@@ -826,7 +828,54 @@ async fn deltas_are_relayed_as_they_come_and_a_client_hanging_up_cancels_upstrea
     let rows = wait_usage(&db, user, 2).await;
     let aborted = rows.iter().find(|r| r.aborted).expect("an aborted row");
     assert!(aborted.estimated);
-    assert_eq!(aborted.output_tokens, 2); // "first": 5 bytes ≈ 2 tokens
+    // "Hi": 2 bytes + 8 per message + 8 per request; FREE's output cap.
+    assert_eq!((aborted.input_tokens, aborted.output_tokens), (18, 2048));
+}
+
+/// `AI_MAX_OPEN_STREAMS` bounds the AI answers one api process keeps open:
+/// with two chats streaming, a third is answered 503 `overloaded` at once;
+/// once they end, chats are served again.
+#[tokio::test]
+async fn past_ai_max_open_streams_a_new_chat_is_overloaded() {
+    let stack = Stack::new().await;
+    let slow = SlowUpstream::start().await;
+    let env = env(&stack, &slow.url).with("AI_MAX_OPEN_STREAMS", "2");
+    let api = stack.api_with_worker(&env).await;
+    let t = token(Uuid::new_v4());
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let resp = client()
+            .post(api.url("/api/ai/chat"))
+            .bearer_auth(&t)
+            .json(&sdk_body("Hi"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{}", api.stderr());
+        let mut s = resp.bytes_stream();
+        read_until(&mut s, "\"delta\":\"first\"").await;
+        open.push(s);
+    }
+    let r = post(&api, "/api/ai/chat", Some(&t), &sdk_body("Hi")).await;
+    r.assert_problem(503, Some("overloaded"), None);
+    assert_eq!(r.header("retry-after"), Some("1"), "{:?}", r.headers);
+    let r = post(&api, "/api/ai/generate", Some(&t), &json!({"prompt": "Hi"})).await;
+    r.assert_problem(503, Some("overloaded"), None);
+
+    // The two clients hang up: their slots come back.
+    drop(open);
+    let served = wait_until(Duration::from_secs(10), || async {
+        let resp = client()
+            .post(api.url("/api/ai/chat"))
+            .bearer_auth(&t)
+            .json(&sdk_body("Hi"))
+            .send()
+            .await
+            .unwrap();
+        resp.status() == 200
+    })
+    .await;
+    assert!(served, "no chat was served after the open ones ended");
 }
 
 #[tokio::test]

@@ -9,11 +9,16 @@
 use std::time::Duration;
 
 use entity::entities::ai_usage;
+use futures::StreamExt;
 use sea_orm::{ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, Set};
 use serde_json::{json, Value};
 use tests::{
-    client, connect_db, free_user, hs256_token, session_claims, wait_until, EnvMap, Proc, Reply,
-    Stack,
+    client, connect_db, free_user, host_port, hs256_token, session_claims, wait_until, EnvMap,
+    Proc, ProxyMode, Reply, Stack, TcpProxy,
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
 };
 use uuid::Uuid;
 use wiremock::{
@@ -293,5 +298,158 @@ async fn two_api_processes_without_redis_hold_the_quota_in_the_database() {
         }
     }
     assert!(admitted >= 3, "{admitted} admitted, {total} tokens");
+    assert!(total <= 20_000, "{admitted} admitted, {total} tokens");
+}
+
+/// An OpenAI-like provider that streams one delta and then holds the answer
+/// (its usage, which OpenAI sends only in the last chunk, never comes) until
+/// the api hangs up.
+async fn first_chunk_then_hold() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 8192];
+                loop {
+                    let n = sock.read(&mut tmp).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&tmp[..n]);
+                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if buf.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let data =
+                    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"first\"}}]}\n\n";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{data}\r\n",
+                    data.len()
+                );
+                if sock.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+                // Until the api hangs up.
+                while matches!(sock.read(&mut tmp).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    url
+}
+
+/// A client that hangs up after the first delta leaves the provider's usage
+/// unsent: the request is charged the most it reserved (its input bound and
+/// its output cap), not an estimate of what reached the client. On FREE
+/// (20,000 tokens), 5,000-byte questions reserve 5,016 + 2,048 tokens each:
+/// three such aborted chats use the month up, and the fourth is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn aborted_streams_are_charged_what_they_reserved() {
+    let stack = Stack::new().await;
+    let upstream = first_chunk_then_hold().await;
+    let api = stack.api_with_worker(&env(&stack, &upstream)).await;
+    let db = connect_db(&stack).await;
+    let user = free_user(&db).await;
+    let t = token(user);
+    let mut admitted = 0;
+    for i in 0..10 {
+        let text = tests::rand_hex(5000);
+        let body = json!({"messages": [{"role": "user", "content": text}]});
+        let resp = client()
+            .post(api.url("/api/ai/chat"))
+            .bearer_auth(&t)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        if resp.status() != 200 {
+            let status = resp.status();
+            let p: Value = resp.json().await.unwrap();
+            assert_eq!(
+                (status.as_u16(), &p["code"]),
+                (429, &json!("quota_exceeded")),
+                "{p}"
+            );
+            assert_eq!(p["used"], 20_000, "request {i}: {p}");
+            continue;
+        }
+        admitted += 1;
+        let mut s = resp.bytes_stream();
+        let mut got = String::new();
+        while !got.contains("\"delta\":\"first\"") {
+            let chunk = tokio::time::timeout(Duration::from_secs(10), s.next())
+                .await
+                .expect("the first delta did not arrive")
+                .expect("the answer ended before its first delta")
+                .unwrap();
+            got.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        drop(s);
+        // The aborted request is recorded before the next one is sent.
+        let recorded = wait_until(Duration::from_secs(15), || async {
+            usage_rows(&db, user).await.len() == admitted
+        })
+        .await;
+        assert!(recorded, "request {i} was not recorded");
+    }
+    let rows = usage_rows(&db, user).await;
+    assert!(rows.iter().all(|r| r.aborted && r.estimated), "{rows:?}");
+    let total: i64 = rows
+        .iter()
+        .map(|r| i64::from(r.input_tokens) + i64::from(r.output_tokens))
+        .sum();
+    assert_eq!((admitted, total), (3, 20_000), "{rows:?}");
+}
+
+/// With Redis unreachable for the api, the month counter's reservation moves
+/// to the database (the conditional write the embedded mode uses): ten
+/// requests at once still hold the quota between them, instead of each
+/// being granted against the month's recorded sum.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_redis_unreachable_parallel_requests_hold_the_quota_in_the_database() {
+    let stack = Stack::new().await;
+    let upstream = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(HonoursTheCap)
+        .mount(&upstream)
+        .await;
+    let proxy = TcpProxy::start(&host_port(&stack.redis.url)).await;
+    let env = env(&stack, &upstream.uri())
+        .with("REDIS_URL", stack.redis.url_via(proxy.addr))
+        .with("DEPENDENCY_TIMEOUT_MS", "1000");
+    let api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    let user = free_user(&db).await;
+    seed_usage(&db, user, 15_000).await;
+    let t = token(user);
+    proxy.set(ProxyMode::Refuse);
+
+    let replies = futures::future::join_all((0..10).map(|_| {
+        let t = t.clone();
+        let api = &api;
+        async move { post(api, "/api/ai/generate", &t, &json!({"prompt": "x"})).await }
+    }))
+    .await;
+    let mut admitted = 0;
+    let mut total = 15_000;
+    for r in &replies {
+        if r.status == 200 {
+            admitted += 1;
+            total += r.json["usage"]["inputTokens"].as_u64().unwrap()
+                + r.json["usage"]["outputTokens"].as_u64().unwrap();
+        } else {
+            r.assert_problem(429, Some("quota_exceeded"), None);
+        }
+    }
+    assert!(admitted >= 2, "{admitted} admitted, {total} tokens");
     assert!(total <= 20_000, "{admitted} admitted, {total} tokens");
 }

@@ -9,7 +9,10 @@
 //!   `partial_` forms included once they cover it) makes the payment
 //!   REFUNDED and takes back the period it bought: the subscription ends
 //!   where it would have without that payment, FREE at once if nothing else
-//!   was paid; a partial refund changes nothing.
+//!   was paid; a partial refund changes nothing;
+//! * a refund or chargeback notice the status API does not confirm changes
+//!   nothing (`payment.unconfirmed`), and neither does a confirmation given
+//!   for a payment that moved before it was settled.
 
 use std::time::Duration;
 
@@ -291,4 +294,109 @@ async fn provider_b_refunds_take_back_each_period() {
         actions(&db, &user.to_string()).await,
         vec!["subscription.take_back", "subscription.take_back"]
     );
+}
+
+/// provider_a's whole `refund` and `chargeback` (not the `partial_` forms),
+/// each confirmed by the status API, make the payment REFUNDED through the
+/// webhook and the worker, and take back the only period it bought.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provider_a_refund_and_a_chargeback_take_back_the_period() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+    for back in ["refund", "chargeback"] {
+        let (user, order) = pending_payment(&db, "provider_a").await;
+        status.set(&order, "settlement");
+        post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
+        wait_status(&db, &order, PaymentStatus::Paid).await;
+        assert_eq!(subscription(&db, user).await.plan, "PRO", "{back}");
+
+        status.set(&order, back);
+        post(&api, path, a_notice(&order, back, json!({})), &[]).await;
+        wait_status(&db, &order, PaymentStatus::Refunded).await;
+        let sub = subscription(&db, user).await;
+        assert_eq!(sub.plan, "FREE", "{back}: nothing else was paid");
+        assert_eq!(sub.current_period_end, None, "{back}");
+        assert_eq!(
+            actions(&db, &order).await,
+            vec!["payment.settle", "payment.settle"],
+            "{back}"
+        );
+        assert_eq!(
+            actions(&db, &user.to_string()).await,
+            vec!["subscription.take_back"],
+            "{back}"
+        );
+    }
+}
+
+/// A validly signed refund or chargeback notice that the status API does
+/// not confirm (it still reports the payment settled) changes nothing: the
+/// payment stays PAID, the plan stays, and the audit trail says
+/// `payment.unconfirmed`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refund_or_chargeback_the_status_api_does_not_confirm_is_refused() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+    for back in ["refund", "chargeback"] {
+        let (user, order) = pending_payment(&db, "provider_a").await;
+        status.set(&order, "settlement");
+        post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
+        wait_status(&db, &order, PaymentStatus::Paid).await;
+
+        // The provider still reports `settlement`.
+        post(&api, path, a_notice(&order, back, json!({})), &[]).await;
+        wait_settled(&db, &order, 2).await;
+        assert_eq!(
+            payment(&db, &order).await.status,
+            PaymentStatus::Paid,
+            "{back}"
+        );
+        assert_eq!(subscription(&db, user).await.plan, "PRO", "{back}");
+        assert_eq!(
+            actions(&db, &order).await,
+            vec!["payment.settle", "payment.unconfirmed"],
+            "{back}"
+        );
+        assert!(
+            actions(&db, &user.to_string()).await.is_empty(),
+            "{back}: nothing taken back"
+        );
+    }
+}
+
+/// The confirmation and the settlement read the payment at different times:
+/// a payment that moved after the status API was asked (here FAILED, as a
+/// `deny` settled meanwhile would leave it) is not moved on the strength of
+/// a confirmation given for the row as it was: the event is settled as
+/// unconfirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payment_that_changed_while_the_status_api_was_asked_is_not_settled() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let (user, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
+    status.hold(true);
+    post(
+        &api,
+        "/api/webhooks/provider_a",
+        a_notice(&order, "settlement", json!({})),
+        &[],
+    )
+    .await;
+    let asked = wait_until(Duration::from_secs(30), || async { status.asked() >= 1 }).await;
+    assert!(asked, "the settlement job never asked the status API");
+    set_status(&db, &order, PaymentStatus::Failed).await;
+    status.hold(false);
+    wait_settled(&db, &order, 1).await;
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Failed);
+    assert_eq!(subscription(&db, user).await.plan, "FREE");
+    assert_eq!(actions(&db, &order).await, vec!["payment.unconfirmed"]);
 }

@@ -285,6 +285,7 @@ async fn a_refund_of_a_superseded_plan_leaves_the_later_plan_alone() {
     settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, None)
         .await
         .unwrap();
+    assert_eq!(payment(&db, &pro).await.status, PaymentStatus::Refunded);
     let after = subscription(&db, u).await;
     assert_eq!(after.plan, "ULTIMATE");
     assert_eq!(after.current_period_end, before.current_period_end);

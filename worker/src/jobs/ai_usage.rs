@@ -1,6 +1,8 @@
 //! `record_ai_usage`: writes one `ai_usage` row per finished (or aborted) AI
 //! request, idempotently (the row id is chosen by the api when the answer
-//! ends; a second delivery of the same job inserts nothing).
+//! ends; a second delivery of the same job inserts nothing), and settles its
+//! tokens in the database's month counter in the same transaction
+//! ([`entity::ai::record_usage`]).
 
 use entity::ai::UsageRecord;
 use serde::{Deserialize, Serialize};

@@ -12,10 +12,13 @@
 //! same payment status for the same amount; a PAID report also needs
 //! `status_code` 200 in the notice. Otherwise the event is settled as
 //! unconfirmed with an audit row ([`settlement::settle_event_unconfirmed`])
-//! and nothing changes. While the status API cannot be reached (or answers
-//! what cannot be used) the job is retried. provider_b's notifications are
-//! signed over the whole body (the required `Signature` header) and are
-//! settled as they are.
+//! and nothing changes. The confirmation compares the provider's answer with
+//! the payment as read before the settlement's transaction; settlement reads
+//! it again under its row lock and settles the event as unconfirmed when it
+//! changed meanwhile ([`settlement::settle_event_seen`]). While the status
+//! API cannot be reached (or answers what cannot be used) the job is
+//! retried. provider_b's notifications are signed over the whole body (the
+//! required `Signature` header) and are settled as they are.
 
 use entity::{
     entities::{
@@ -43,8 +46,9 @@ pub struct SettlePayment {
 
 /// What the provider's confirmation decided for an event.
 enum Confirmation {
-    /// Settle the event as reported.
-    Settle,
+    /// Settle the event as reported; with the payment as the confirmation
+    /// saw it, which must still hold under the settlement's row lock.
+    Settle(Option<settlement::Seen>),
     /// Do not apply it: the reason.
     Unconfirmed(String),
 }
@@ -63,7 +67,9 @@ pub async fn handle(
 ) -> Result<(), JobError> {
     let audit_id = job.request_id.clone().or_else(|| Some(task_id.to_string()));
     let outcome = match confirm(&job, ctx).await? {
-        Confirmation::Settle => settlement::settle_event(&ctx.db, job.event_id, audit_id).await,
+        Confirmation::Settle(seen) => {
+            settlement::settle_event_seen(&ctx.db, job.event_id, seen, audit_id).await
+        }
         Confirmation::Unconfirmed(reason) => {
             tracing::warn!(event_id = %job.event_id, %reason, "notification not confirmed by the provider; nothing changed");
             settlement::settle_event_unconfirmed(&ctx.db, job.event_id, &reason, audit_id).await
@@ -93,15 +99,15 @@ async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, 
         .map_err(|e| retry("loading the event", &e))?
     else {
         // settle_event answers UnknownEvent.
-        return Ok(Confirmation::Settle);
+        return Ok(Confirmation::Settle(None));
     };
     if event.settled_at.is_some() || event.provider != PROVIDER_A {
-        return Ok(Confirmation::Settle);
+        return Ok(Confirmation::Settle(None));
     }
     let Some(reported) =
         settlement::reported_status(&event.provider, &event.provider_status, &event.payload)
     else {
-        return Ok(Confirmation::Settle);
+        return Ok(Confirmation::Settle(None));
     };
     let Some(pay) = payments::Entity::find()
         .filter(payments::Column::OrderId.eq(event.order_id.as_str()))
@@ -109,14 +115,20 @@ async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, 
         .await
         .map_err(|e| retry("loading the payment", &e))?
     else {
-        return Ok(Confirmation::Settle);
+        return Ok(Confirmation::Settle(None));
     };
+    // What this decision rests on: settlement re-reads the payment under its
+    // lock and settles as unconfirmed when it is no longer this.
+    let seen = Some(settlement::Seen {
+        status: pay.status,
+        amount: pay.amount,
+    });
     // Repeats and refused moves change nothing: no need to ask.
     if !matches!(
         payment::transition(pay.status, reported),
         Transition::Apply { .. }
     ) {
-        return Ok(Confirmation::Settle);
+        return Ok(Confirmation::Settle(seen));
     }
     let status_code = event.payload["status_code"].as_str().unwrap_or_default();
     if reported == PaymentStatus::Paid && status_code != "200" {
@@ -126,7 +138,7 @@ async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, 
     }
     match ctx.providers.status(PROVIDER_A, &event.order_id).await {
         Ok(Some(r)) if r.reported == reported && r.amount == Some(pay.amount) => {
-            Ok(Confirmation::Settle)
+            Ok(Confirmation::Settle(seen))
         }
         Ok(Some(r)) => Ok(Confirmation::Unconfirmed(format!(
             "the status API reports {} ({}) for amount {:?}, the notice {} for {}",

@@ -1,7 +1,6 @@
 //! `POST /api/ai/chat`: the upstream answer relayed as the AI SDK UI message
 //! stream v1.
 
-use entity::ai as rules;
 use futures::StreamExt;
 use poem_openapi::types::ToJSON;
 use worker::ai::{merge, AiEvent, AiStream};
@@ -24,7 +23,7 @@ pub(super) async fn chat_inner(
     let (user, plan) = session_and_plan(state, auth).await?;
     let (provider, messages) = parse_chat(body)?;
     let admitted = admit(state, user.user_id, &plan, provider.as_deref(), &messages).await?;
-    let mut guard = UsageGuard::new(state, &admitted, rules::input_bytes(&messages), "chat");
+    let mut guard = UsageGuard::new(state, &admitted, "chat");
     let upstream = match state
         .ai
         .start(&admitted.target, &messages, admitted.max_output)

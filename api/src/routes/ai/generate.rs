@@ -1,6 +1,6 @@
 //! `POST /api/ai/generate`: one whole answer.
 
-use entity::ai::{self as rules, ChatMessage, Provider, Role};
+use entity::ai::{ChatMessage, Provider, Role};
 use futures::StreamExt;
 use worker::ai::{merge, AiEvent};
 
@@ -31,7 +31,7 @@ pub(super) async fn generate_inner(
     });
     let provider = body.provider.map(|p| Provider::from(p).as_str());
     let admitted = admit(state, user.user_id, &plan, provider, &messages).await?;
-    let mut guard = UsageGuard::new(state, &admitted, rules::input_bytes(&messages), "generate");
+    let mut guard = UsageGuard::new(state, &admitted, "generate");
     let mut upstream = match state
         .ai
         .start(&admitted.target, &messages, admitted.max_output)
@@ -57,7 +57,7 @@ pub(super) async fn generate_inner(
             }
         }
     }
-    let (input, output, _) = guard.counts();
+    let (input, output, _) = guard.counts(true);
     guard.finish(false);
     Ok((
         GenerateResult {

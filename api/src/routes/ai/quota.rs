@@ -1,6 +1,7 @@
-//! The per-user monthly token counter: in Redis
-//! (`<QUEUE_PREFIX>:ai:tokens:<user>:<YYYYMM>`, its scripts here), or in the
-//! database's `ai_quota_counters` without Redis ([`rules::reserve_in_db`]).
+//! The Redis store of the per-user monthly token counter
+//! (`<QUEUE_PREFIX>:ai:tokens:<user>:<YYYYMM>`, its scripts here): the fast
+//! store behind [`entity::ai_quota`], which owns the reservation and falls
+//! back to the database's `ai_quota_counters` when Redis cannot be used.
 //!
 //! The counter holds the month's tokens: the `ai_usage` sum it was seeded
 //! with, plus every reservation since, each settled to its real tokens when
@@ -11,7 +12,11 @@
 use std::{sync::LazyLock, time::Duration};
 
 use chrono::Utc;
-use entity::ai as rules;
+use entity::{
+    ai as rules,
+    ai_quota::{Ask, FastCounter, Reserved, StoreDown},
+};
+use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
 use crate::{rate_limit, state::AppState};
@@ -69,7 +74,7 @@ return {a, r, reset, retry, now, used, granted}
 /// counter. ARGV: the database's sum, the counter's lifetime, the plan's
 /// monthly tokens, the input bound, the input bound plus the output cap.
 /// Returns `{used, granted}`.
-pub(super) static SEED: LazyLock<redis::Script> = LazyLock::new(|| {
+static SEED: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(&format!(
         "{}{}",
         GRANT_LUA,
@@ -84,48 +89,76 @@ return {used, granted}
 });
 
 pub(super) fn counter_key(state: &AppState, user_id: Uuid, now: chrono::DateTime<Utc>) -> String {
+    counter_key_in(&state.settings.queue_prefix, user_id, now)
+}
+
+fn counter_key_in(prefix: &str, user_id: Uuid, now: chrono::DateTime<Utc>) -> String {
     let base = format!("ai:tokens:{user_id}:{}", rules::month_key(now));
-    if state.settings.queue_prefix.is_empty() {
+    if prefix.is_empty() {
         base
     } else {
-        format!("{}:{base}", state.settings.queue_prefix)
+        format!("{prefix}:{base}")
     }
 }
 
-/// Adds `tokens` (negative: gives back) to the month counter of the month
-/// containing `at` when it exists (an absent counter is seeded from the
-/// database at the next check): in Redis, or without Redis in the database.
-/// Returns whether the counter could be reached.
-pub(super) async fn quota_add(
-    state: &AppState,
-    user_id: Uuid,
-    at: chrono::DateTime<Utc>,
-    tokens: i64,
-) -> bool {
-    let budget = state
-        .settings
-        .dependency_timeout
-        .max(Duration::from_millis(100));
-    let Some(mut conn) = state.queues.redis() else {
-        let added =
-            tokio::time::timeout(budget, rules::add_in_db(&state.db, user_id, at, tokens)).await;
-        return match added {
-            Ok(Ok(())) => true,
-            other => {
-                tracing::warn!(?other, "could not add to the AI quota counter");
-                false
-            }
-        };
-    };
-    let key = counter_key(state, user_id, at);
-    let mut inv = ADD_IF_PRESENT.key(key);
-    inv.arg(tokens);
-    let r = tokio::time::timeout(budget, inv.invoke_async::<i64>(&mut conn)).await;
-    match r {
-        Ok(Ok(n)) => n >= 0,
-        _ => {
-            tracing::warn!("could not add to the AI quota counter");
-            false
+/// The Redis month counters: the fast store of [`entity::ai_quota`].
+pub(super) struct RedisCounter {
+    conn: ConnectionManager,
+    prefix: String,
+    /// Bound of a seeding call (inside the reservation's own bound).
+    seed_budget: Duration,
+    /// Bound of a settling call.
+    add_budget: Duration,
+}
+
+impl RedisCounter {
+    /// The counters in the queues' Redis; `None` without Redis.
+    pub(super) fn of(state: &AppState) -> Option<Self> {
+        let timeout = state.settings.dependency_timeout;
+        Some(RedisCounter {
+            conn: state.queues.redis()?,
+            prefix: state.settings.queue_prefix.clone(),
+            seed_budget: (timeout / 3).max(Duration::from_millis(50)),
+            add_budget: timeout.max(Duration::from_millis(100)),
+        })
+    }
+}
+
+impl FastCounter for RedisCounter {
+    async fn seed_and_reserve(&self, ask: &Ask, sum: u64) -> Result<Reserved, StoreDown> {
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let mut inv = SEED.key(counter_key_in(&self.prefix, ask.user_id, ask.now));
+        inv.arg(clamp(sum))
+            .arg(COUNTER_TTL_SECS)
+            .arg(clamp(ask.limit))
+            .arg(clamp(ask.input))
+            .arg(clamp(ask.want()));
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.seed_budget, inv.invoke_async::<Vec<i64>>(&mut conn)).await
+        {
+            Ok(Ok(r)) if r.len() == 2 => Ok(Reserved {
+                used: r[0].max(0) as u64,
+                granted: r[1].max(0) as u64,
+            }),
+            Ok(Ok(r)) => Err(StoreDown(format!("unexpected seed reply {r:?}"))),
+            Ok(Err(e)) => Err(StoreDown(e.to_string())),
+            Err(_) => Err(StoreDown("timed out".into())),
+        }
+    }
+
+    async fn add(
+        &self,
+        user_id: Uuid,
+        at: chrono::DateTime<Utc>,
+        tokens: i64,
+    ) -> Result<(), StoreDown> {
+        let mut inv = ADD_IF_PRESENT.key(counter_key_in(&self.prefix, user_id, at));
+        inv.arg(tokens);
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.add_budget, inv.invoke_async::<i64>(&mut conn)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(StoreDown(e.to_string())),
+            Err(_) => Err(StoreDown("timed out".into())),
         }
     }
 }

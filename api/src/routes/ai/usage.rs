@@ -2,11 +2,14 @@
 //! ends (or is dropped), and its reservation settled in the month counter.
 
 use chrono::Utc;
-use entity::ai::{self as rules, Provider, UsageRecord};
+use entity::{
+    ai::{self as rules, Provider, UsageRecord},
+    ai_quota::{self, Reservation},
+};
 use uuid::Uuid;
 use worker::{ai::Usage, jobs::RecordAiUsage, Job};
 
-use super::{limits::Admitted, quota::quota_add};
+use super::{limits::Admitted, quota::RedisCounter};
 use crate::state::AppState;
 
 /// Queues the usage job exactly once per admitted request: at the end of the
@@ -17,29 +20,26 @@ pub(super) struct UsageGuard {
     provider: Provider,
     model: String,
     route: &'static str,
-    input_bytes: usize,
+    input_bound: u64,
+    output_cap: u32,
     pub(super) output_bytes: usize,
     pub(super) usage: Usage,
-    reserved: (i64, chrono::DateTime<Utc>),
+    reservation: Option<Reservation>,
 }
 
 impl UsageGuard {
-    pub(super) fn new(
-        state: &AppState,
-        a: &Admitted,
-        input_bytes: usize,
-        route: &'static str,
-    ) -> Self {
+    pub(super) fn new(state: &AppState, a: &Admitted, route: &'static str) -> Self {
         UsageGuard {
             state: Some(state.clone()),
             user_id: a.user_id,
             provider: a.target.provider,
             model: a.target.model.clone(),
             route,
-            input_bytes,
+            input_bound: a.input_bound,
+            output_cap: a.max_output,
             output_bytes: 0,
             usage: Usage::default(),
-            reserved: a.reserved,
+            reservation: a.reservation,
         }
     }
 
@@ -49,25 +49,26 @@ impl UsageGuard {
         let Some(state) = self.state.take() else {
             return;
         };
-        let (reserved, at) = self.reserved;
-        if reserved > 0 {
-            let user_id = self.user_id;
+        if let Some(r) = self.reservation {
             tokio::spawn(async move {
-                quota_add(&state, user_id, at, -reserved).await;
+                let fast = RedisCounter::of(&state);
+                if let Err(e) = ai_quota::release(&state.db, fast.as_ref(), r).await {
+                    tracing::warn!(error = %e, "could not give back an AI reservation");
+                }
             });
         }
     }
 
-    /// Input and output tokens (the provider's, else estimated) and whether
-    /// one is an estimate.
-    pub(super) fn counts(&self) -> (i32, i32, bool) {
-        let clamp = |n: u64| i32::try_from(n).unwrap_or(i32::MAX);
-        let input = self.usage.input.map(clamp);
-        let output = self.usage.output.map(clamp);
-        (
-            input.unwrap_or_else(|| rules::estimate_tokens(self.input_bytes)),
-            output.unwrap_or_else(|| rules::estimate_tokens(self.output_bytes)),
-            input.is_none() || output.is_none(),
+    /// Input and output tokens charged ([`rules::charge`]: the provider's
+    /// counts, a missing one at the reservation's bound) and whether one is
+    /// ours; `complete`: the answer ended normally.
+    pub(super) fn counts(&self, complete: bool) -> (i32, i32, bool) {
+        rules::charge(
+            (self.usage.input, self.usage.output),
+            self.input_bound,
+            self.output_cap,
+            self.output_bytes,
+            complete,
         )
     }
 
@@ -75,7 +76,7 @@ impl UsageGuard {
         let Some(state) = self.state.take() else {
             return;
         };
-        let (input_tokens, output_tokens, estimated) = self.counts();
+        let (input_tokens, output_tokens, estimated) = self.counts(!aborted);
         let usage = UsageRecord {
             id: Uuid::new_v4(),
             user_id: self.user_id,
@@ -87,21 +88,25 @@ impl UsageGuard {
             aborted,
             estimated,
             at: Utc::now(),
+            reservation: self.reservation,
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             tracing::error!(usage_id = %usage.id, "no runtime to queue AI usage; lost");
             return;
         };
-        let (reserved, reserved_at) = self.reserved;
         rt.spawn(async move {
             let tokens = i64::from(usage.input_tokens) + i64::from(usage.output_tokens);
-            let (user_id, id) = (usage.user_id, usage.id);
-            let at = if reserved > 0 { reserved_at } else { usage.at };
+            let (user_id, id, at, held) = (usage.user_id, usage.id, usage.at, usage.reservation);
             let job = Job::RecordAiUsage(RecordAiUsage { usage });
-            // A failed push keeps the job in the job outbox (crate::followup).
+            // A failed push keeps the job in the job outbox (crate::followup);
+            // a reservation in the database is settled with the record.
             let outcome = state.queue_followup(job).await;
             tracing::info!(usage_id = %id, aborted, ?outcome, "AI usage");
-            quota_add(&state, user_id, at, tokens - reserved).await;
+            if let Some(fast) = RedisCounter::of(&state) {
+                if let Err(e) = ai_quota::settle_fast(&fast, user_id, held, tokens, at).await {
+                    tracing::warn!(error = %e, "could not settle the AI quota counter");
+                }
+            }
         });
     }
 }
