@@ -8,13 +8,20 @@
 //!   `GET /api/me`);
 //! - `GET /api/me`'s profile and subscription rows ([`Details`]) and the
 //!   month's recorded AI tokens;
-//! - `GET /auth/v1/user`'s answer per session (the built-in provider).
+//! - `GET /auth/v1/user`'s answer per session (the built-in provider);
+//! - the built-in provider's sessions seen alive (positive entries only):
+//!   a token of such a session is served from the kept plan without asking
+//!   the database whether its session still exists; a session not kept
+//!   (new, or from another api process) goes to the database, which answers
+//!   the account and the session's existence in one query.
 //!
 //! The protocol:
 //! - Row triggers send `NOTIFY account_changed, '<user id>'` on every change
 //!   of `users`, `user_roles`, `subscriptions` (migration
 //!   `m20261126_000001_notify_account_changes`), `profiles`, `auth_accounts`,
-//!   `auth_identities` and the deletion of an `auth_sessions` row, and
+//!   `auth_identities` and the deletion of an `auth_sessions` row (a
+//!   sign-out, a password change ending the other sessions, a reused refresh
+//!   token, a deleted account), and
 //!   `NOTIFY ai_usage_changed, '<user id>'` on every change of `ai_usage`
 //!   (migration `m20261202_000050_notify_identity_and_usage`). PostgreSQL
 //!   delivers a notification when (and only if) its transaction commits, to
@@ -91,8 +98,8 @@ pub const MAX_AGE: Duration = Duration::from_secs(60);
 /// Most users kept; when full the cache starts over.
 pub const MAX_ENTRIES: usize = 16_384;
 
-/// Most `GET /auth/v1/user` answers kept per user (one per session); when
-/// full, that user's start over.
+/// Most `GET /auth/v1/user` answers, and most sessions seen alive, kept per
+/// user (one per session); when full, that user's start over.
 pub const MAX_SESSIONS_PER_USER: usize = 32;
 
 /// Wait before connecting the listener again after a failure.
@@ -143,6 +150,8 @@ struct Entry {
     usage: Option<Slot<(DateTime<Utc>, u64)>>,
     /// `GET /auth/v1/user` answers per session id.
     sessions: HashMap<Uuid, Slot<UserJson>>,
+    /// Sessions of the built-in provider the database reported existing.
+    live_sessions: HashMap<Uuid, Slot<()>>,
 }
 
 /// The sequence of a user's last change of each kind.
@@ -323,18 +332,43 @@ impl AccountCache {
 
     /// The kept account and plan of `user_id`, if it was stored for a token
     /// with the same `email` claim (another email goes to the database,
-    /// which records it).
-    pub fn plan(&self, user_id: Uuid, token_email: Option<&str>) -> Option<AccountPlan> {
+    /// which records it) and, for a token of `session` (the built-in
+    /// provider's), that session was seen existing since the user's last
+    /// change (a session not kept is a miss).
+    pub fn plan(
+        &self,
+        user_id: Uuid,
+        token_email: Option<&str>,
+        session: Option<Uuid>,
+    ) -> Option<AccountPlan> {
         self.read(user_id, |e| {
+            if let Some(sid) = session {
+                e.live_sessions.get(&sid)?.fresh()?;
+            }
             let (email, value) = e.plan.as_ref()?.fresh()?;
             (email.as_deref() == token_email).then(|| value.clone())
         })
     }
 
-    /// Keeps what the database answered for a token with `token_email`.
-    pub fn put_plan(&self, ticket: Ticket, token_email: Option<&str>, value: &AccountPlan) {
+    /// Keeps what the database answered for a token with `token_email`, and
+    /// `session` as existing (the answer said so).
+    pub fn put_plan(
+        &self,
+        ticket: Ticket,
+        token_email: Option<&str>,
+        session: Option<Uuid>,
+        value: &AccountPlan,
+    ) {
         self.write(ticket, value.0.user_id, Kind::Account, |e| {
             e.plan = Some(Slot::new((token_email.map(str::to_string), value.clone())));
+            if let Some(sid) = session {
+                if e.live_sessions.len() >= MAX_SESSIONS_PER_USER
+                    && !e.live_sessions.contains_key(&sid)
+                {
+                    e.live_sessions.clear();
+                }
+                e.live_sessions.insert(sid, Slot::new(()));
+            }
         });
     }
 
@@ -494,57 +528,61 @@ mod tests {
         let c = AccountCache::default();
         let id = Uuid::new_v4();
         let t = c.ticket();
-        c.put_plan(t, None, &account(id, None, "FREE"));
-        assert_eq!(c.plan(id, None), None);
+        c.put_plan(t, None, None, &account(id, None, "FREE"));
+        assert_eq!(c.plan(id, None, None), None);
         c.go_live();
-        c.put_plan(t, None, &account(id, None, "FREE"));
-        assert_eq!(c.plan(id, None), None, "a ticket from before going live");
-        c.put_plan(c.ticket(), None, &account(id, None, "FREE"));
-        assert_eq!(c.plan(id, None), Some(account(id, None, "FREE")));
+        c.put_plan(t, None, None, &account(id, None, "FREE"));
+        assert_eq!(
+            c.plan(id, None, None),
+            None,
+            "a ticket from before going live"
+        );
+        c.put_plan(c.ticket(), None, None, &account(id, None, "FREE"));
+        assert_eq!(c.plan(id, None, None), Some(account(id, None, "FREE")));
     }
 
     #[test]
     fn a_notification_removes_the_user_and_voids_loads_in_flight() {
         let c = live();
         let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        c.put_plan(c.ticket(), None, &account(a, None, "PRO"));
-        c.put_plan(c.ticket(), None, &account(b, None, "FREE"));
+        c.put_plan(c.ticket(), None, None, &account(a, None, "PRO"));
+        c.put_plan(c.ticket(), None, None, &account(b, None, "FREE"));
         let in_flight = c.ticket();
         changed(&c, a);
-        assert_eq!(c.plan(a, None), None);
+        assert_eq!(c.plan(a, None, None), None);
         assert_eq!(
-            c.plan(b, None),
+            c.plan(b, None, None),
             Some(account(b, None, "FREE")),
             "others stay"
         );
         // A load that read before the change must not be stored.
-        c.put_plan(in_flight, None, &account(a, None, "PRO"));
-        assert_eq!(c.plan(a, None), None);
+        c.put_plan(in_flight, None, None, &account(a, None, "PRO"));
+        assert_eq!(c.plan(a, None, None), None);
         // A load of another user, in flight at the same time, is.
         let other = Uuid::new_v4();
-        c.put_plan(in_flight, None, &account(other, None, "FREE"));
+        c.put_plan(in_flight, None, None, &account(other, None, "FREE"));
         assert_eq!(
-            c.plan(other, None),
+            c.plan(other, None, None),
             Some(account(other, None, "FREE")),
             "another user's change does not void it"
         );
-        c.put_plan(c.ticket(), None, &account(a, None, "FREE"));
-        assert_eq!(c.plan(a, None), Some(account(a, None, "FREE")));
+        c.put_plan(c.ticket(), None, None, &account(a, None, "FREE"));
+        assert_eq!(c.plan(a, None, None), Some(account(a, None, "FREE")));
         // A payload that is not a user id empties everything.
         c.notified(CHANNEL, "?");
-        assert_eq!(c.plan(b, None), None);
+        assert_eq!(c.plan(b, None, None), None);
     }
 
     #[test]
     fn a_write_of_this_process_acts_as_its_notification() {
         let c = live();
         let id = Uuid::new_v4();
-        c.put_plan(c.ticket(), None, &account(id, None, "FREE"));
+        c.put_plan(c.ticket(), None, None, &account(id, None, "FREE"));
         let in_flight = c.ticket();
         c.forget(id);
-        assert_eq!(c.plan(id, None), None);
-        c.put_plan(in_flight, None, &account(id, None, "FREE"));
-        assert_eq!(c.plan(id, None), None, "a load from before the write");
+        assert_eq!(c.plan(id, None, None), None);
+        c.put_plan(in_flight, None, None, &account(id, None, "FREE"));
+        assert_eq!(c.plan(id, None, None), None, "a load from before the write");
     }
 
     #[test]
@@ -553,7 +591,7 @@ mod tests {
         let id = Uuid::new_v4();
         let month = entity::ai::month_start(Utc::now());
         let details = Details::default();
-        c.put_plan(c.ticket(), None, &account(id, None, "PRO"));
+        c.put_plan(c.ticket(), None, None, &account(id, None, "PRO"));
         c.put_details(c.ticket(), id, &details);
         c.put_usage(c.ticket(), id, month, 10);
         assert_eq!(c.usage(id, month), Some(10));
@@ -565,7 +603,7 @@ mod tests {
         let in_flight = c.ticket();
         c.notified(USAGE_CHANNEL, &id.to_string());
         assert_eq!(c.usage(id, month), None);
-        assert!(c.plan(id, None).is_some(), "the plan stays");
+        assert!(c.plan(id, None, None).is_some(), "the plan stays");
         assert_eq!(c.details(id), Some(details.clone()));
         // A usage load from before the change is not kept; an account load is.
         c.put_usage(in_flight, id, month, 10);
@@ -584,14 +622,51 @@ mod tests {
     fn a_lost_listener_empties_the_cache_and_stops_its_use() {
         let c = live();
         let id = Uuid::new_v4();
-        c.put_plan(c.ticket(), None, &account(id, None, "PRO"));
+        c.put_plan(c.ticket(), None, None, &account(id, None, "PRO"));
         let in_flight = c.ticket();
         c.go_dark();
-        assert_eq!(c.plan(id, None), None);
-        c.put_plan(c.ticket(), None, &account(id, None, "PRO"));
+        assert_eq!(c.plan(id, None, None), None);
+        c.put_plan(c.ticket(), None, None, &account(id, None, "PRO"));
         c.go_live();
-        c.put_plan(in_flight, None, &account(id, None, "PRO"));
-        assert_eq!(c.plan(id, None), None, "nothing from before the loss");
+        c.put_plan(in_flight, None, None, &account(id, None, "PRO"));
+        assert_eq!(c.plan(id, None, None), None, "nothing from before the loss");
+    }
+
+    #[test]
+    fn a_session_is_served_only_once_seen_alive_and_until_a_change() {
+        let c = live();
+        let id = Uuid::new_v4();
+        let (seen, other) = (Uuid::new_v4(), Uuid::new_v4());
+        c.put_plan(c.ticket(), None, Some(seen), &account(id, None, "PRO"));
+        assert_eq!(c.plan(id, None, Some(seen)), Some(account(id, None, "PRO")));
+        assert_eq!(
+            c.plan(id, None, Some(other)),
+            None,
+            "a session not seen (new, or of another process) asks the database"
+        );
+        assert!(c.plan(id, None, None).is_some(), "another issuer's token");
+        c.put_plan(c.ticket(), None, Some(other), &account(id, None, "PRO"));
+        assert!(c.plan(id, None, Some(seen)).is_some(), "both kept");
+        assert!(c.plan(id, None, Some(other)).is_some());
+        // A session row deleted (its notification): every session of the
+        // user goes, and a load that read before the deletion is not kept.
+        let in_flight = c.ticket();
+        changed(&c, id);
+        assert_eq!(c.plan(id, None, Some(seen)), None);
+        c.put_plan(in_flight, None, Some(seen), &account(id, None, "PRO"));
+        assert_eq!(c.plan(id, None, Some(seen)), None, "a load from before");
+        // Kept sessions per user are bounded.
+        for _ in 0..MAX_SESSIONS_PER_USER {
+            c.put_plan(
+                c.ticket(),
+                None,
+                Some(Uuid::new_v4()),
+                &account(id, None, "PRO"),
+            );
+        }
+        c.put_plan(c.ticket(), None, Some(seen), &account(id, None, "PRO"));
+        assert_eq!(c.lock().entries[&id].live_sessions.len(), 1);
+        assert!(c.plan(id, None, Some(seen)).is_some());
     }
 
     #[test]
@@ -601,19 +676,21 @@ mod tests {
         c.put_plan(
             c.ticket(),
             Some("a@example.com"),
+            None,
             &account(id, Some("a@example.com"), "FREE"),
         );
-        assert!(c.plan(id, Some("a@example.com")).is_some());
-        assert_eq!(c.plan(id, Some("b@example.com")), None);
-        assert_eq!(c.plan(id, None), None);
+        assert!(c.plan(id, Some("a@example.com"), None).is_some());
+        assert_eq!(c.plan(id, Some("b@example.com"), None), None);
+        assert_eq!(c.plan(id, None, None), None);
         // A token without the claim: keyed by its absence, whatever was stored.
         c.put_plan(
             c.ticket(),
             None,
+            None,
             &account(id, Some("stored@example.com"), "FREE"),
         );
         assert_eq!(
-            c.plan(id, None),
+            c.plan(id, None, None),
             Some(account(id, Some("stored@example.com"), "FREE"))
         );
     }
@@ -622,40 +699,45 @@ mod tests {
     fn a_full_record_of_changes_starts_over_and_voids_loads_in_flight() {
         let c = live();
         let kept = Uuid::new_v4();
-        c.put_plan(c.ticket(), None, &account(kept, None, "PRO"));
+        c.put_plan(c.ticket(), None, None, &account(kept, None, "PRO"));
         let in_flight = c.ticket();
         for _ in 0..MAX_ENTRIES {
             changed(&c, Uuid::new_v4());
         }
         assert_eq!(c.lock().changes.len(), MAX_ENTRIES);
         let changed_user = Uuid::new_v4();
-        c.put_plan(c.ticket(), None, &account(changed_user, None, "PRO"));
+        c.put_plan(c.ticket(), None, None, &account(changed_user, None, "PRO"));
         changed(&c, changed_user);
         assert!(c.lock().changes.is_empty(), "the record starts over");
         assert_eq!(
-            c.plan(changed_user, None),
+            c.plan(changed_user, None, None),
             None,
             "the changed user is dropped"
         );
-        assert!(c.plan(kept, None).is_some(), "unchanged users stay");
+        assert!(c.plan(kept, None, None).is_some(), "unchanged users stay");
         // Which users changed before the reset is forgotten: every load in
         // flight goes unstored, whoever it is for.
         let fresh = Uuid::new_v4();
-        c.put_plan(in_flight, None, &account(fresh, None, "FREE"));
-        assert_eq!(c.plan(fresh, None), None);
-        c.put_plan(c.ticket(), None, &account(fresh, None, "FREE"));
-        assert!(c.plan(fresh, None).is_some());
+        c.put_plan(in_flight, None, None, &account(fresh, None, "FREE"));
+        assert_eq!(c.plan(fresh, None, None), None);
+        c.put_plan(c.ticket(), None, None, &account(fresh, None, "FREE"));
+        assert!(c.plan(fresh, None, None).is_some());
     }
 
     #[test]
     fn a_full_cache_starts_over() {
         let c = live();
         for _ in 0..MAX_ENTRIES {
-            c.put_plan(c.ticket(), None, &account(Uuid::new_v4(), None, "FREE"));
+            c.put_plan(
+                c.ticket(),
+                None,
+                None,
+                &account(Uuid::new_v4(), None, "FREE"),
+            );
         }
         let id = Uuid::new_v4();
-        c.put_plan(c.ticket(), None, &account(id, None, "FREE"));
+        c.put_plan(c.ticket(), None, None, &account(id, None, "FREE"));
         assert_eq!(c.lock().entries.len(), 1);
-        assert!(c.plan(id, None).is_some());
+        assert!(c.plan(id, None, None).is_some());
     }
 }

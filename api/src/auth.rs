@@ -13,12 +13,15 @@ use poem_openapi::{
     auth::Bearer, registry::Registry, ApiExtractor, ApiExtractorType, ExtractParamOptions,
     SecurityScheme,
 };
+use uuid::Uuid;
 
 use crate::{problem::ApiError, session::AuthError, state::AppState};
 
-/// Session token of the auth platform: a JWT signed HS256 with
-/// `BACKEND_JWT_SECRET` or with a key from the platform's JWKS (RS256, ES256,
-/// EdDSA); `aud` must be `authenticated`, `sub` the user id (UUID).
+/// Session token: an access token of the built-in provider (ES256, whose
+/// `session_id` must name a session that still exists, else 401
+/// `session_not_found`), or a JWT of an external auth platform signed HS256
+/// with `BACKEND_JWT_SECRET` or with a key from the platform's JWKS (RS256,
+/// ES256, EdDSA); `aud` must be `authenticated`, `sub` the user id (UUID).
 #[derive(SecurityScheme)]
 #[oai(rename = "BearerAuth", ty = "bearer", bearer_format = "JWT")]
 struct BearerScheme(Bearer);
@@ -177,49 +180,72 @@ impl AppState {
     /// 3. the token → 401 (`missing_token` when none was sent, then `malformed`,
     ///    `bad_signature`, `expired`, …),
     ///    503 when the keys cannot be fetched;
-    /// 4. the stored account (created on first sight), bounded by
-    ///    `DEPENDENCY_TIMEOUT_MS` → 503 `database_unavailable`.
+    /// 4. the stored account (created on first sight) and, for a token of the
+    ///    built-in provider, that its session still exists (one query), bounded
+    ///    by `DEPENDENCY_TIMEOUT_MS` → 503 `database_unavailable`; a session
+    ///    that ended (signed out, ended by a password change) → 401
+    ///    `session_not_found`.
     pub async fn session(&self, auth: &BearerAuth, gate: Gate) -> Result<UserContext, ApiError> {
-        let (identity, grant) = self.checked_identity(auth, gate).await?;
-        self.bounded_db(
-            "loading the account",
-            users::ensure_user_granting(&self.db, &identity, &grant),
-        )
-        .await
+        self.session_and_id(auth, gate).await.map(|(user, _)| user)
+    }
+
+    /// [`AppState::session`] and the token's session id (`None` for a token
+    /// of another issuer), for answers bound to the session (an avatar
+    /// upload grant).
+    pub async fn session_and_id(
+        &self,
+        auth: &BearerAuth,
+        gate: Gate,
+    ) -> Result<(UserContext, Option<Uuid>), ApiError> {
+        let (identity, session, grant) = self.checked_identity(auth, gate).await?;
+        let user = self
+            .bounded_db(
+                "loading the account",
+                users::ensure_session_user(&self.db, &identity, session, &grant),
+            )
+            .await?
+            .ok_or_else(session_not_found)?;
+        Ok((user, session))
     }
 
     /// [`AppState::session`] and the caller's plan in force (its id), read
-    /// with the account in one query ([`users::ensure_user_with_plan`]), or
-    /// from [`crate::account_cache`] while PostgreSQL reports the account,
-    /// its role and its subscription unchanged.
+    /// with the account (and the session's existence) in one query
+    /// ([`users::ensure_user_with_plan`]), or from [`crate::account_cache`]
+    /// while PostgreSQL reports the account, its role, its subscription and
+    /// its sessions unchanged (a hit does no I/O). A session this process
+    /// has not seen alive yet (a new one, or one signed in through another
+    /// api process) is a miss: the database decides, so it is never refused
+    /// for being new.
     pub async fn session_with_plan(
         &self,
         auth: &BearerAuth,
         gate: Gate,
     ) -> Result<(UserContext, String), ApiError> {
-        let (identity, grant) = self.checked_identity(auth, gate).await?;
+        let (identity, session, grant) = self.checked_identity(auth, gate).await?;
         let email = identity.email.as_deref();
-        if let Some(hit) = self.accounts.plan(identity.user_id, email) {
+        if let Some(hit) = self.accounts.plan(identity.user_id, email, session) {
             return Ok(hit);
         }
         let ticket = self.accounts.ticket();
         let found = self
             .bounded_db(
                 "loading the account and its plan",
-                users::ensure_user_with_plan(&self.db, &identity, &grant),
+                users::ensure_user_with_plan(&self.db, &identity, session, &grant),
             )
-            .await?;
-        self.accounts.put_plan(ticket, email, &found);
+            .await?
+            .ok_or_else(session_not_found)?;
+        self.accounts.put_plan(ticket, email, session, &found);
         Ok(found)
     }
 
     /// Steps 1–3 of [`AppState::session`]: the gates and the token, giving
-    /// the caller's identity and who may be granted admin at first sight.
+    /// the caller's identity, the token's session id (the built-in
+    /// provider's tokens only) and who may be granted admin at first sight.
     async fn checked_identity(
         &self,
         auth: &BearerAuth,
         gate: Gate,
-    ) -> Result<(Identity, AdminGrant<'_>), ApiError> {
+    ) -> Result<(Identity, Option<Uuid>, AdminGrant<'_>), ApiError> {
         self.require(Feature::Auth)?;
         match gate {
             Gate::Auth => {}
@@ -261,10 +287,25 @@ impl AppState {
                 &[]
             },
         };
+        // Only our own tokens name a session of ours; another issuer's
+        // sessions are its own business.
+        let session = if own { claims.session_id } else { None };
         let identity = Identity {
             user_id: claims.sub,
             email: claims.email,
         };
-        Ok((identity, grant))
+        Ok((identity, session, grant))
     }
 }
+
+/// 401 `session_not_found`: the token verified, but the built-in provider's
+/// session it belongs to has ended.
+fn session_not_found() -> ApiError {
+    ApiError::Unauthorized(
+        SESSION_NOT_FOUND,
+        "this session has ended (signed out, or ended by a password change): sign in again".into(),
+    )
+}
+
+/// The problem code of a logged-in request whose session has ended.
+pub const SESSION_NOT_FOUND: &str = "session_not_found";

@@ -102,6 +102,12 @@ pub struct Claims {
     /// `AUTH_TRUST_EMAIL_CLAIM=true`.
     #[serde(skip)]
     pub external: bool,
+    /// The session the token belongs to, set only for the built-in
+    /// provider's tokens (their `session_id` claim, see
+    /// `crate::idp::Idp::verify_session_token`): every logged-in route
+    /// checks that it still exists. Never read from another issuer's token.
+    #[serde(skip)]
+    pub session_id: Option<Uuid>,
 }
 
 /// Why a request is not logged in (or cannot be checked).

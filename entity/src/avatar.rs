@@ -22,10 +22,14 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use sea_orm::{
-    ConnectionTrait, DbBackend, DbErr, EntityTrait, QuerySelect, Statement, TransactionTrait,
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, PaginatorTrait, QueryFilter,
+    QuerySelect, Statement, TransactionTrait,
 };
 
-use crate::{entities::profiles, validate::FieldError};
+use crate::{
+    entities::{auth_sessions, profiles},
+    validate::FieldError,
+};
 
 /// The storage bucket of avatars.
 pub const BUCKET: &str = "avatars";
@@ -176,7 +180,9 @@ impl UploadRequest {
 /// A signed-upload grant: who may write which object, how many bytes at most,
 /// of which type, until when. Carried as an HS256 JWT signed with
 /// `BACKEND_SERVICE_ROLE_KEY` (claims `sub`, `bucket`, `path`, `max_size`,
-/// `content_type`, `aud` = [`GRANT_AUDIENCE`], `iat`, `exp`).
+/// `content_type`, `aud` = [`GRANT_AUDIENCE`], `iat`, `exp`, and `sid` when it
+/// was asked with a token of the built-in provider: the upload is refused
+/// once that session has ended, see [`grant_session_alive`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UploadGrant {
     /// The uploading user.
@@ -195,6 +201,10 @@ pub struct UploadGrant {
     pub iat: i64,
     /// Expires at, Unix seconds.
     pub exp: i64,
+    /// The built-in provider's session that asked for the grant (its
+    /// `session_id`); absent for a session of another issuer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sid: Option<Uuid>,
 }
 
 /// Why a signed-upload token was refused.
@@ -223,7 +233,15 @@ impl UploadGrant {
             aud: GRANT_AUDIENCE.to_string(),
             iat: now.timestamp(),
             exp: now.timestamp() + GRANT_TTL.as_secs() as i64,
+            sid: None,
         }
+    }
+
+    /// The grant bound to `session` (the built-in provider's session id of
+    /// the token that asked for it; `None`: not bound).
+    pub fn for_session(mut self, session: Option<Uuid>) -> Self {
+        self.sid = session;
+        self
     }
 
     /// Signs the grant (HS256 with `key`).
@@ -258,6 +276,24 @@ impl UploadGrant {
         }
         Ok(g)
     }
+}
+
+/// Whether the session `grant` is bound to still exists (of the grant's
+/// user); `true` for a grant bound to none (asked with another issuer's
+/// token). A signed-out session, or one ended by a password change, can no
+/// longer upload with the grants it was given.
+pub async fn grant_session_alive<C: ConnectionTrait>(
+    db: &C,
+    grant: &UploadGrant,
+) -> Result<bool, DbErr> {
+    let Some(sid) = grant.sid else {
+        return Ok(true);
+    };
+    let found = auth_sessions::Entity::find_by_id(sid)
+        .filter(auth_sessions::Column::UserId.eq(grant.sub))
+        .count(db)
+        .await?;
+    Ok(found > 0)
 }
 
 /// What the avatar-cleanup job does with an object a profile save left

@@ -8,7 +8,8 @@
 
 use chrono::Utc;
 use sea_orm::{
-    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, JoinType,
+    sea_query::{Expr, Query},
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, JoinType, PaginatorTrait,
     QueryFilter, QuerySelect, RelationTrait, Set, SqliteTransactionMode, TransactionOptions,
     TransactionSession, TransactionTrait,
 };
@@ -16,7 +17,7 @@ use uuid::Uuid;
 
 use crate::{
     entities::{
-        profiles,
+        auth_sessions, profiles,
         subscriptions::{self, SubscriptionStatus},
         user_roles::{self, Role},
         users,
@@ -163,19 +164,102 @@ pub async fn ensure_user_granting<C>(
 where
     C: ConnectionTrait + TransactionTrait,
 {
-    let found = users::Entity::find_by_id(id.user_id)
-        .find_also_related(user_roles::Entity)
+    ensure_session_user(db, id, None, grant)
+        .await?
+        .ok_or_else(|| DbErr::Custom("no session was asked for".into()))
+}
+
+/// [`ensure_user_granting`] for a request of session `session` (the
+/// `session_id` claim of the built-in provider's access tokens; `None` for a
+/// token of another issuer, which is not checked): `Ok(None)` when that
+/// session no longer exists (signed out, ended by a password change, or its
+/// account deleted). The check is an `EXISTS` on `auth_sessions` folded
+/// into the same `SELECT` (one round trip, as without it); a user seen for
+/// the first time is created only once its session is found.
+///
+/// Errors: as [`ensure_user_granting`].
+pub async fn ensure_session_user<C>(
+    db: &C,
+    id: &Identity,
+    session: Option<Uuid>,
+    grant: &AdminGrant<'_>,
+) -> Result<Option<UserContext>, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    type Row = (
+        Uuid,
+        Option<String>,
+        chrono::DateTime<Utc>,
+        Option<Role>,
+        bool,
+    );
+    let found: Option<Row> = users::Entity::find_by_id(id.user_id)
+        .select_only()
+        .columns([
+            users::Column::Id,
+            users::Column::Email,
+            users::Column::CreatedAt,
+        ])
+        .column(user_roles::Column::Role)
+        .expr(session_alive(id.user_id, session))
+        .join(JoinType::LeftJoin, users::Relation::Role.def())
+        .into_tuple()
         .one(db)
         .await?;
-    if let Some((user, Some(role))) = found {
-        let email = sync_email(db, &user, id.email.as_deref()).await?;
-        return Ok(UserContext {
-            user_id: user.id,
+    if let Some((user_id, email, created_at, Some(role), alive)) = found {
+        if !alive {
+            return Ok(None);
+        }
+        let user = users::Model {
+            id: user_id,
             email,
-            role: role.role,
-        });
+            created_at,
+        };
+        let email = sync_email(db, &user, id.email.as_deref()).await?;
+        return Ok(Some(UserContext {
+            user_id,
+            email,
+            role,
+        }));
     }
-    create_defaults(db, id, grant).await
+    if !session_exists(db, id.user_id, session).await? {
+        return Ok(None);
+    }
+    create_defaults(db, id, grant).await.map(Some)
+}
+
+/// A boolean column: whether session `session` of `user_id` exists
+/// (`true` when no session is to be checked).
+fn session_alive(user_id: Uuid, session: Option<Uuid>) -> Expr {
+    match session {
+        None => Expr::value(true),
+        Some(sid) => Expr::exists(
+            Query::select()
+                .expr(Expr::value(1))
+                .from(auth_sessions::Entity)
+                .and_where(auth_sessions::Column::Id.eq(sid))
+                .and_where(auth_sessions::Column::UserId.eq(user_id))
+                .to_owned(),
+        ),
+    }
+}
+
+/// Whether session `session` of `user_id` exists (`true` for `None`); the
+/// first-sight path's own check.
+async fn session_exists<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    session: Option<Uuid>,
+) -> Result<bool, DbErr> {
+    let Some(sid) = session else {
+        return Ok(true);
+    };
+    let n = auth_sessions::Entity::find_by_id(sid)
+        .filter(auth_sessions::Column::UserId.eq(user_id))
+        .count(db)
+        .await?;
+    Ok(n > 0)
 }
 
 /// [`ensure_user_granting`] and the caller's plan in force
@@ -183,14 +267,17 @@ where
 /// `SELECT` joining `users`, `user_roles` and `subscriptions` (one round trip
 /// where the two functions took two); for a new one the first-sight
 /// transaction, then its subscription's plan (FREE, which that transaction
-/// creates, unless a subscription row already existed).
+/// creates, unless a subscription row already existed). `session` is checked
+/// as [`ensure_session_user`] checks it, in the same `SELECT`: `Ok(None)`
+/// when that session no longer exists.
 ///
 /// Errors: as [`ensure_user_granting`].
 pub async fn ensure_user_with_plan<C>(
     db: &C,
     id: &Identity,
+    session: Option<Uuid>,
     grant: &AdminGrant<'_>,
-) -> Result<(UserContext, String), DbErr>
+) -> Result<Option<(UserContext, String)>, DbErr>
 where
     C: ConnectionTrait + TransactionTrait,
 {
@@ -201,6 +288,7 @@ where
         Option<Role>,
         Option<String>,
         Option<SubscriptionStatus>,
+        bool,
     );
     let found: Option<Row> = users::Entity::find_by_id(id.user_id)
         .select_only()
@@ -212,12 +300,16 @@ where
         .column(user_roles::Column::Role)
         .column(subscriptions::Column::Plan)
         .column(subscriptions::Column::Status)
+        .expr(session_alive(id.user_id, session))
         .join(JoinType::LeftJoin, users::Relation::Role.def())
         .join(JoinType::LeftJoin, users::Relation::Subscription.def())
         .into_tuple()
         .one(db)
         .await?;
-    if let Some((user_id, email, created_at, Some(role), plan, status)) = found {
+    if let Some((user_id, email, created_at, Some(role), plan, status, alive)) = found {
+        if !alive {
+            return Ok(None);
+        }
         let user = users::Model {
             id: user_id,
             email,
@@ -225,20 +317,23 @@ where
         };
         let email = sync_email(db, &user, id.email.as_deref()).await?;
         let plan = crate::ai::plan_in_force(plan.zip(status));
-        return Ok((
+        return Ok(Some((
             UserContext {
                 user_id,
                 email,
                 role,
             },
             plan,
-        ));
+        )));
+    }
+    if !session_exists(db, id.user_id, session).await? {
+        return Ok(None);
     }
     let user = create_defaults(db, id, grant).await?;
     // Rows that were missing besides the role (the subscription among them)
     // were created by the same transaction; an existing subscription was kept.
     let plan = crate::ai::plan_of(db, id.user_id).await?;
-    Ok((user, plan))
+    Ok(Some((user, plan)))
 }
 
 /// Whether `email` is in `admin_emails`, both trimmed and compared with

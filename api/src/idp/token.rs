@@ -25,8 +25,11 @@ impl Idp {
     }
 
     /// Verifies one of our access tokens for the logged-in `/api` routes
-    /// (locally: signature, `exp`, `aud`, `iss`; the session is not looked up,
-    /// so a signed-out session's token works until its `exp`, as on the platform).
+    /// (locally: signature, `exp`, `aud`, `iss`). The claims carry the
+    /// token's `session_id`; [`crate::state::AppState::session`] then checks
+    /// that the session still exists (from the cache of accounts, or folded
+    /// into the account's query), so a signed-out or revoked session's token
+    /// stops working at once.
     pub fn verify_session_token(
         &self,
         token: &str,
@@ -49,6 +52,7 @@ impl Idp {
             role: Some(c.role),
             iat: Some(c.iat),
             external: false,
+            session_id: Some(c.session_id),
         })
     }
 

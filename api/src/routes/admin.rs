@@ -71,7 +71,7 @@ crate::problem_responses!(
     /// Errors of `POST /api/admin/users/role`.
     RoleErrorResponse {
         BadRequest = 400: "`user_id` is not a UUID or `role` is not `admin`/`member` (`field` names it), or an admin tried to demote their own account (`self_demotion`).",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         Forbidden = 403: "Logged in, but not an admin (`forbidden`).",
         NotFound = 404: "No user has this id (`unknown_user`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",

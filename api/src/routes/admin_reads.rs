@@ -164,7 +164,7 @@ crate::problem_responses!(
     /// Errors of the admin lists.
     AdminListErrorResponse {
         BadRequest = 400: "`cursor` is not a `next_cursor` of this list, `limit` is not 1–100, or `actor` is not a UUID (`field` names it).",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         Forbidden = 403: "Logged in, but not an admin (`forbidden`).",
         InternalServerError = 500: "The list could not be read.",
         ServiceUnavailable = 503: "Auth or admin is switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",

@@ -51,7 +51,9 @@ pub struct SignedUpload {
     pub bucket: String,
     /// The object path inside the bucket: `<user id>/avatar`.
     pub path: String,
-    /// The signed-upload token (valid 2 hours, for this path, size and type only).
+    /// The signed-upload token (valid 2 hours, for this path, size and type
+    /// only; asked with a token of the built-in provider, only while that
+    /// session lasts).
     pub token: String,
     /// The full upload URL: `PUT` the file's bytes here
     /// (`{APP_URL}/storage/v1/object/upload/sign/avatars/<user id>/avatar?token=…`).
@@ -63,7 +65,7 @@ crate::problem_responses!(
     /// Errors of `POST /api/profile/avatar`.
     AvatarUploadErrorResponse {
         BadRequest = 400: "`fileSize` above 2 MiB or below 1 (`out_of_range`), `fileType` not `image/jpeg`, `image/png`, `image/webp` or `image/gif` (`invalid_format`), or the body is not the expected JSON; `field` names the field.",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The signed upload could not be created.",
         ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or not configured, server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
@@ -83,6 +85,9 @@ impl AvatarApi {
     /// type `fileType`. Upload the bytes with
     /// `PUT /storage/v1/object/upload/sign/avatars/<user id>/avatar?token=…`
     /// (`signedUrl`), then save `avatar_path` = `path` with `POST /api/profile`.
+    /// Asked with a token of the built-in provider, the grant is bound to
+    /// that session: once it has ended (signed out, or ended by a password
+    /// change) the upload answers 401 `session_not_found`.
     #[oai(
         path = "/profile/avatar",
         method = "post",
@@ -106,9 +111,11 @@ async fn create_inner(
 ) -> Result<SignedUpload, ApiError> {
     state.require(Feature::Auth)?;
     let key = state.upload_signing_key()?;
-    let user = state.session(auth, crate::auth::Gate::ServerWrites).await?;
+    let (user, session) = state
+        .session_and_id(auth, crate::auth::Gate::ServerWrites)
+        .await?;
     let request = UploadRequest::new(body.file_size, &body.file_type)?;
-    let grant = UploadGrant::new(user.user_id, request, Utc::now());
+    let grant = UploadGrant::new(user.user_id, request, Utc::now()).for_session(session);
     let token = grant.sign(key);
     let signed_url = format!(
         "{}/storage/v1/object/upload/sign/{}?token={token}",

@@ -150,7 +150,7 @@ crate::problem_responses!(
     /// Errors of `GET /api/admin/dead-letters`.
     ListErrorResponse {
         BadRequest = 400: "`queue` is missing or unknown, `limit` is not 1–100, or `cursor` is neither empty nor a job id (`field` names it).",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         Forbidden = 403: "Logged in, but not an admin (`forbidden`).",
         InternalServerError = 500: "The queue could not be read.",
         ServiceUnavailable = 503: "Auth or admin is switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the queue or database is unreachable (`queue_unavailable`, `database_unavailable`).",
@@ -161,7 +161,7 @@ crate::problem_responses!(
     /// Errors of `POST /api/admin/dead-letters/redrive`.
     RedriveErrorResponse {
         BadRequest = 400: "Neither or both of `ids` and `all`, `all` not `true`, no ids or more than 100, or an unknown `queue` (`field` names it).",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         Forbidden = 403: "Logged in, but not an admin (`forbidden`).",
         NotFound = 404: "An id is not a dead letter of the queue (`unknown_dead_letter`); nothing was redriven.",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",

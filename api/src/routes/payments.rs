@@ -161,7 +161,7 @@ crate::problem_responses!(
     /// Errors of `POST /api/payments`.
     PaymentErrorResponse {
         BadRequest = 400: "The plan is unknown or not for sale, e.g. FREE (`invalid_plan`, `field` = `plan`), `Idempotency-Key` is not 1–255 visible ASCII characters (`field` = `Idempotency-Key`), or the body is not the expected JSON.",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         Conflict = 409: "A request with this `Idempotency-Key` is still waiting for the provider (`idempotency_in_progress`): retry shortly; or its payment has expired (`payment_expired`): start a new payment with another key.",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         UnprocessableEntity = 422: "This `Idempotency-Key` was used by you within 24 hours for another plan (`idempotency_key_reused`).",

@@ -80,7 +80,7 @@ crate::problem_responses!(
     /// Errors of `POST /api/profile`.
     ProfileErrorResponse {
         BadRequest = 400: "A field is invalid (`field` names it): name too long, avatar_url not an http(s) URL, avatar_path not your own `<user id>/avatar` (`not_your_avatar`).",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The profile could not be saved.",
         ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or not configured (`not_configured`), server-side writes are not configured (`not_configured`: `BACKEND_SERVICE_ROLE_KEY`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",

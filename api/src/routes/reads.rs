@@ -333,7 +333,7 @@ private_ok!(
 crate::problem_responses!(
     /// Errors of `GET /api/me`.
     MeErrorResponse {
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         InternalServerError = 500: "The account could not be read.",
         ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
     }
@@ -343,7 +343,7 @@ crate::problem_responses!(
     /// Errors of `GET /api/payments`.
     PaymentListErrorResponse {
         BadRequest = 400: "`cursor` is not a `next_cursor` of this list or `limit` is not 1–100 (`field` names it).",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         InternalServerError = 500: "The payments could not be read.",
         ServiceUnavailable = 503: "Auth or payments is switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
     }
@@ -352,7 +352,7 @@ crate::problem_responses!(
 crate::problem_responses!(
     /// Errors of `GET /api/payments/{order_id}`.
     PaymentErrorResponse {
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         NotFound = 404: "No payment of the caller has this order id (`unknown_order`); another user's order is 404 too.",
         InternalServerError = 500: "The payment could not be read.",
         ServiceUnavailable = 503: "Auth or payments is switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",

@@ -48,7 +48,7 @@ crate::problem_responses!(
     /// Errors of the signed upload.
     UploadErrorResponse {
         BadRequest = 400: "The body's type is not the granted one (`type_mismatch`), its bytes are not an image of that type (`invalid_image`), it is empty (`empty_body`), or it could not be read (`invalid_body`).",
-        Unauthorized = 401: "No token (`missing_token`), a bad one (`invalid_token`) or an expired one (`token_expired`).",
+        Unauthorized = 401: "No token (`missing_token`), a bad one (`invalid_token`), an expired one (`token_expired`), or one asked for by a session of the built-in provider that has ended since: signed out, or ended by a password change (`session_not_found`).",
         Forbidden = 403: "The token is for another object (`token_path_mismatch`), or its account no longer exists (`unknown_user`).",
         PayloadTooLarge = 413: "The body is larger than the granted size (declared by `Content-Length`, or counted).",
         InternalServerError = 500: "The object could not be stored.",
@@ -226,7 +226,9 @@ impl StorageApi {
     /// one file part (what storage clients send for a browser `File`; a part
     /// typed `application/octet-stream` or untyped is judged by its bytes).
     /// The token (query `token`, from `POST /api/profile/avatar`) must be
-    /// valid, unexpired and for this path; the body may not exceed the granted
+    /// valid, unexpired and for this path, and the built-in provider's
+    /// session that asked for it (if one did) must still exist, checked
+    /// before the body is read; the body may not exceed the granted
     /// size (declared `Content-Length` and counted bytes) and its leading
     /// bytes must be an image of the granted type. The file streams to the
     /// object store and replaces the previous avatar only once complete; on
@@ -325,6 +327,22 @@ async fn upload_inner(
         GrantError::Invalid => ApiError::Unauthorized("invalid_token", e.to_string()),
         GrantError::WrongObject => ApiError::Forbidden("token_path_mismatch", e.to_string()),
     })?;
+    // Before a byte is read: the session that asked for the grant must
+    // still exist.
+    if !state
+        .bounded_db(
+            "checking the upload's session",
+            avatar::grant_session_alive(&state.db, &grant),
+        )
+        .await?
+    {
+        return Err(ApiError::Unauthorized(
+            crate::auth::SESSION_NOT_FOUND,
+            "the session this upload token was issued to has ended (signed out, or ended \
+             by a password change): sign in again and ask for a new one"
+                .into(),
+        ));
+    }
     let granted = grant.content_type;
     let max = grant.max_size;
 

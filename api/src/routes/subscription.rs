@@ -64,7 +64,7 @@ crate::problem_responses!(
     /// Errors of `POST /api/subscription`.
     SubscriptionErrorResponse {
         BadRequest = 400: "`action` is missing or not `cancel`/`resume` (`field` = `action`), or the body is not the expected JSON.",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         Conflict = 409: "Nothing to cancel or resume: the FREE plan (`free_plan`) or a subscription that is not active (`not_active`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The change could not be saved.",

@@ -371,7 +371,7 @@ crate::problem_responses!(
     /// Errors of the AI routes.
     AiErrorResponse {
         BadRequest = 400: "`messages` (chat) or `prompt` (generate) is missing or empty, a message has no text or a role other than `system`/`user`/`assistant`, `provider` is unknown (`unknown_provider`), or the body is not JSON; `field` names the field.",
-        Unauthorized = 401: "No valid session token.",
+        Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
         PayloadTooLarge = 413: "The messages' text exceeds `AI_MAX_INPUT_BYTES` (default 65536 bytes), or the body exceeds 64 KiB.",
         InternalServerError = 500: "Unexpected failure.",
         BadGateway = 502: "The AI provider refused the request (`upstream_auth_failed`: our key was refused; `upstream_error`: it failed) before sending any text.",
