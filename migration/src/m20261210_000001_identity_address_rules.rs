@@ -46,9 +46,7 @@ impl MigrationTrait for Migration {
                     .table(AuthCodeAttempts::Table)
                     .col(text(AuthCodeAttempts::EmailNorm).primary_key())
                     .col(integer(AuthCodeAttempts::Attempts).default(0))
-                    .col(timestamp_with_time_zone(
-                        AuthCodeAttempts::WindowStartedAt,
-                    ))
+                    .col(timestamp_with_time_zone(AuthCodeAttempts::WindowStartedAt))
                     .to_owned(),
             )
             .await?;

@@ -196,7 +196,8 @@ impl Idp {
 }
 
 fn challenge(verifier: &str) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes()))
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(sha2::Sha256::digest(verifier.as_bytes()))
 }
 
 fn token_hash(text: &str) -> String {
@@ -256,16 +257,26 @@ async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
             let wait = r.header_u64("retry-after");
             assert!((1..=3600).contains(&wait), "{wait}");
         }
-        answers.push((r.status.as_u16(), r.json["code"].as_str().unwrap_or("").to_string()));
+        answers.push((
+            r.status.as_u16(),
+            r.json["code"].as_str().unwrap_or("").to_string(),
+        ));
     }
-    let expired = answers.iter().filter(|a| a.1 == "otp_expired" && a.0 == 403).count();
+    let expired = answers
+        .iter()
+        .filter(|a| a.1 == "otp_expired" && a.0 == 403)
+        .count();
     let limited = answers
         .iter()
         .filter(|a| a.1 == "over_request_rate_limit" && a.0 == 429)
         .count();
     assert_eq!((expired, limited), (10, 10), "{answers:?}");
     // The repeated sign-ups were held to the interval: no new code was mailed.
-    assert_eq!(idp.live_codes(victim).await, 0, "five wrong codes void the code");
+    assert_eq!(
+        idp.live_codes(victim).await,
+        0,
+        "five wrong codes void the code"
+    );
     assert_eq!(
         idp.scalar(
             "SELECT COUNT(*) FROM auth_one_time_tokens WHERE relates_to = $1",
@@ -280,10 +291,14 @@ async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
     assert_error(&r, 429, "over_request_rate_limit");
     // An unknown address is counted and answered the same way.
     for k in 1..=10 {
-        let r = idp.verify_code("signup", "nobody@example.com", &wrong(&right, k)).await;
+        let r = idp
+            .verify_code("signup", "nobody@example.com", &wrong(&right, k))
+            .await;
         assert_error(&r, 403, "otp_expired");
     }
-    let r = idp.verify_code("signup", "nobody@example.com", &right).await;
+    let r = idp
+        .verify_code("signup", "nobody@example.com", &right)
+        .await;
     assert_error(&r, 429, "over_request_rate_limit");
     assert!(r.header("retry-after").is_some());
     // Another address is not affected.
@@ -303,8 +318,16 @@ async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
     let (to, notice) = idp.mail(3).await;
     assert!(to.contains(victim), "{to}");
     assert!(notice.contains("choose a password"), "{notice}");
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
-    assert_error(&idp.sign_in(victim, PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_error(
+        &idp.sign_in(victim, PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
     // The link cleared the window: codes of the address are checked again.
     let r = idp.verify_code("recovery", victim, &code(&notice)).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -336,34 +359,53 @@ async fn one_live_code_per_address_whatever_sent_it() {
     let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
     let target = "target@example.com";
     for n in 0..3 {
-        let r = idp.signup(&format!("changer{n}@example.com"), PASSWORD).await;
+        let r = idp
+            .signup(&format!("changer{n}@example.com"), PASSWORD)
+            .await;
         assert_eq!(r.status, 200, "{}", r.text);
     }
     // Confirm the three accounts.
     let mails = idp.sink.wait_for(3, Duration::from_secs(30)).await;
     let mut sessions = Vec::new();
     for m in &mails[..3] {
-        let text = m.data.replace("=\r\n", "").replace("=\n", "").replace("=3D", "=");
+        let text = m
+            .data
+            .replace("=\r\n", "")
+            .replace("=\n", "")
+            .replace("=3D", "=");
         let r = idp.verify_hash("signup", &text).await;
         assert_eq!(r.status, 200, "{}", r.text);
         sessions.push(r.json["access_token"].as_str().unwrap().to_string());
     }
     // Each asks to change its email to the same address.
     for s in &sessions {
-        let r = idp.put_user(s, &json!({"email": target}), &random_ip()).await;
+        let r = idp
+            .put_user(s, &json!({"email": target}), &random_ip())
+            .await;
         assert_eq!(r.status, 200, "{}", r.text);
     }
     // Two mails per change (new and current address): 3 + 6.
     let mails = idp.sink.wait_for(9, Duration::from_secs(30)).await;
-    assert_eq!(idp.live_codes(target).await, 1, "one live code for the address");
+    assert_eq!(
+        idp.live_codes(target).await,
+        1,
+        "one live code for the address"
+    );
     // A sign-up to that address now leaves one live code too (its own).
     let r = idp.signup(target, PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
     idp.sink.wait_for(10, Duration::from_secs(30)).await;
     assert_eq!(idp.live_codes(target).await, 1);
     // The earlier codes to the address are refused.
-    for m in mails[3..].iter().filter(|m| m.envelope_to.iter().any(|t| t.contains(target))) {
-        let text = m.data.replace("=\r\n", "").replace("=\n", "").replace("=3D", "=");
+    for m in mails[3..]
+        .iter()
+        .filter(|m| m.envelope_to.iter().any(|t| t.contains(target)))
+    {
+        let text = m
+            .data
+            .replace("=\r\n", "")
+            .replace("=\n", "")
+            .replace("=3D", "=");
         let r = idp.verify_code("email_change", target, &code(&text)).await;
         assert_error(&r, 403, "otp_expired");
     }
@@ -384,9 +426,20 @@ async fn contested_confirmations_in_the_implicit_flow() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["user"]["email"], victim);
     let (to, notice) = idp.mail(2).await;
-    assert!(to.contains(victim) && notice.contains("choose a password"), "{notice}");
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
-    assert_error(&idp.sign_in(victim, PASSWORD).await, 400, "invalid_credentials");
+    assert!(
+        to.contains(victim) && notice.contains("choose a password"),
+        "{notice}"
+    );
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_error(
+        &idp.sign_in(victim, PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
     // The notice's link signs the owner in; they choose their password.
     let r = idp.verify_hash("recovery", &notice).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -399,7 +452,11 @@ async fn contested_confirmations_in_the_implicit_flow() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(idp.sign_in(victim, PASSWORD).await.status, 200);
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
 
     // Victim first: the attacker's later sign-up is held back but counts.
     let victim = "bea@example.com";
@@ -410,8 +467,15 @@ async fn contested_confirmations_in_the_implicit_flow() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["user"]["email"], victim);
     let (to, notice) = idp.mail(4).await;
-    assert!(to.contains(victim) && notice.contains("choose a password"), "{notice}");
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert!(
+        to.contains(victim) && notice.contains("choose a password"),
+        "{notice}"
+    );
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -429,9 +493,17 @@ async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
     let r = idp.verify_code("signup", victim, &code(&own)).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(idp.sign_in(victim, PASSWORD).await.status, 200);
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
     // The other links are void once the email is confirmed.
-    assert_error(&idp.verify_hash("signup", &attackers).await, 403, "otp_expired");
+    assert_error(
+        &idp.verify_hash("signup", &attackers).await,
+        403,
+        "otp_expired",
+    );
 
     // Victim first, then the attacker's sign-up is mailed: the victim's code
     // is void, the victim's link is not, and it drops the pre-proof password.
@@ -445,7 +517,11 @@ async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
     let r = idp.verify_hash("signup", &own).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["user"]["email"], victim);
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
     let (_, notice) = idp.mail(5).await;
     assert!(notice.contains("choose a password"), "{notice}");
 }
@@ -467,15 +543,27 @@ async fn contested_confirmations_in_the_pkce_flow() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let code = auth_code(&idp.follow_link(&own, "signup").await);
-    assert_error(&idp.sign_in(victim, PASSWORD).await, 400, "invalid_credentials");
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
     let r = idp.exchange(&code, &attackers_verifier).await;
     assert_error(&r, 400, "bad_code_verifier");
     let r = idp.exchange(&code, &victims_verifier).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["user"]["email"], victim);
     assert_eq!(idp.sign_in(victim, PASSWORD).await.status, 200);
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
     idp.mail(2).await; // the notice
 
     // Attacker first: the only link in the inbox is the attacker's flow. The
@@ -492,13 +580,24 @@ async fn contested_confirmations_in_the_pkce_flow() {
     let code = auth_code(&idp.follow_link(&attackers, "signup").await);
     let r = idp.exchange(&code, &victims_verifier).await;
     assert_error(&r, 400, "bad_code_verifier");
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
     let (to, notice) = idp.mail(4).await;
-    assert!(to.contains(victim) && notice.contains("choose a password"), "{notice}");
+    assert!(
+        to.contains(victim) && notice.contains("choose a password"),
+        "{notice}"
+    );
     let r = idp.verify_hash("recovery", &notice).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["user"]["email"], victim);
-    assert_error(&idp.sign_in(victim, ATTACKER_PASSWORD).await, 400, "invalid_credentials");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
 }
 
 /// The fields of a sign-up answer that could tell a new account from a
@@ -511,7 +610,9 @@ fn shape(v: &Value) -> Value {
             Value::Number(_) => json!("number"),
             Value::String(_) => json!("string"),
             Value::Array(a) => Value::Array(a.iter().map(kind).collect()),
-            Value::Object(o) => Value::Object(o.iter().map(|(k, v)| (k.clone(), kind(v))).collect()),
+            Value::Object(o) => {
+                Value::Object(o.iter().map(|(k, v)| (k.clone(), kind(v))).collect())
+            }
         }
     }
     let t = |k: &str| {
@@ -547,7 +648,10 @@ async fn answers_do_not_tell_registered_addresses_from_unknown_ones() {
         s["email"] = json!("gil@example.com");
         s
     });
-    assert_ne!(again.json["id"], first.json["id"], "a look-alike, not the account");
+    assert_ne!(
+        again.json["id"], first.json["id"],
+        "a look-alike, not the account"
+    );
     // A confirmed one, against a new one.
     let (_, text) = idp.mail(1).await;
     assert_eq!(idp.verify_hash("signup", &text).await.status, 200);
@@ -562,9 +666,21 @@ async fn answers_do_not_tell_registered_addresses_from_unknown_ones() {
 
     // `/recover` twice: the same answers for a registered and an unknown address.
     let recover = |email: &'static str| idp.post("/recover", &json!({"email": email}));
-    let answers = |r: &Reply| (r.status.as_u16(), r.json["code"].clone(), r.header("retry-after").is_some());
-    let registered = [answers(&recover("gil@example.com").await), answers(&recover("gil@example.com").await)];
-    let unknown = [answers(&recover("who@example.com").await), answers(&recover("who@example.com").await)];
+    let answers = |r: &Reply| {
+        (
+            r.status.as_u16(),
+            r.json["code"].clone(),
+            r.header("retry-after").is_some(),
+        )
+    };
+    let registered = [
+        answers(&recover("gil@example.com").await),
+        answers(&recover("gil@example.com").await),
+    ];
+    let unknown = [
+        answers(&recover("who@example.com").await),
+        answers(&recover("who@example.com").await),
+    ];
     assert_eq!(registered, unknown);
     assert_eq!(registered[1].0, 429, "{registered:?}");
 }
@@ -580,14 +696,20 @@ async fn password_and_email_changes_are_rate_limited_per_user() {
     let token = s.json["access_token"].as_str().unwrap().to_string();
     // Profile data is free: more updates than the limit, each from its own IP.
     for n in 0..8 {
-        let r = idp.put_user(&token, &json!({"data": {"n": n}}), &random_ip()).await;
+        let r = idp
+            .put_user(&token, &json!({"data": {"n": n}}), &random_ip())
+            .await;
         assert_eq!(r.status, 200, "{}", r.text);
     }
     // Password changes from many IPs: the user's limit stops them.
     let mut statuses = Vec::new();
     for n in 0..8 {
         let r = idp
-            .put_user(&token, &json!({"password": format!("new password {n}")}), &random_ip())
+            .put_user(
+                &token,
+                &json!({"password": format!("new password {n}")}),
+                &random_ip(),
+            )
             .await;
         if r.status == 429 {
             assert_eq!(r.json["code"], "over_request_rate_limit", "{}", r.text);
@@ -597,9 +719,13 @@ async fn password_and_email_changes_are_rate_limited_per_user() {
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
     // An email change counts against the same limit.
-    let r = idp.put_user(&token, &json!({"email": "kim@example.org"}), &random_ip()).await;
+    let r = idp
+        .put_user(&token, &json!({"email": "kim@example.org"}), &random_ip())
+        .await;
     assert_error(&r, 429, "over_request_rate_limit");
     // Data-only updates still pass.
-    let r = idp.put_user(&token, &json!({"data": {"after": true}}), &random_ip()).await;
+    let r = idp
+        .put_user(&token, &json!({"data": {"after": true}}), &random_ip())
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }

@@ -111,11 +111,15 @@ impl Idp {
             .bounded(account::find_by_email(&self.db, &norm))
             .await??;
         let (user_id, kind, slot) = match existing {
-            Some(a) if a.email_confirmed_at.is_some() => (a.user_id, MailKind::Magiclink, Slot::Claim),
+            Some(a) if a.email_confirmed_at.is_some() => {
+                (a.user_id, MailKind::Magiclink, Slot::Claim)
+            }
             Some(a) => {
                 self.claim_slot(&norm, MailKind::Confirmation).await?;
-                self.bounded(account::retake_pending(&self.db, a.user_id, None, meta, None))
-                    .await??;
+                self.bounded(account::retake_pending(
+                    &self.db, a.user_id, None, meta, None,
+                ))
+                .await??;
                 self.user_changed(a.user_id);
                 (a.user_id, MailKind::Confirmation, Slot::Claimed)
             }

@@ -325,7 +325,10 @@ pub async fn confirm_email<C: ConnectionTrait>(
     }
     if !outcome.first {
         outcome.first = confirm()
-            .col_expr(acc::Column::PasswordHash, Expr::value(Option::<String>::None))
+            .col_expr(
+                acc::Column::PasswordHash,
+                Expr::value(Option::<String>::None),
+            )
             .filter(acc::Column::PasswordHash.is_not_null())
             .exec(db)
             .await?

@@ -194,7 +194,7 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
     let row = slot::Entity::find_by_id((email_norm.to_string(), kind.as_str().to_string()))
         .one(db)
         .await?;
-    let max_wait = interval_secs.max(1);
+    let max_wait = Ord::max(interval_secs, 1);
     let wait = match row {
         Some(r) => {
             let interval_left = interval_secs - (now - r.last_sent_at).num_seconds();
@@ -249,7 +249,10 @@ pub async fn claim_code_attempt<C: ConnectionTrait>(
         return Ok(());
     }
     let res = att::Entity::update_many()
-        .col_expr(att::Column::Attempts, Expr::col(att::Column::Attempts).add(1))
+        .col_expr(
+            att::Column::Attempts,
+            Expr::col(att::Column::Attempts).add(1),
+        )
         .filter(att::Column::EmailNorm.eq(email_norm))
         .filter(att::Column::WindowStartedAt.gt(cutoff))
         .filter(att::Column::Attempts.lt(max as i32))
@@ -364,7 +367,10 @@ pub async fn issue_another<C: ConnectionTrait>(
     t: Issue<'_>,
 ) -> Result<IssuedOtp, IdentityError> {
     ott::Entity::update_many()
-        .col_expr(ott::Column::FailedAttempts, Expr::value(MAX_FAILED_ATTEMPTS))
+        .col_expr(
+            ott::Column::FailedAttempts,
+            Expr::value(MAX_FAILED_ATTEMPTS),
+        )
         .filter(ott::Column::RelatesTo.eq(t.email_norm))
         .exec(db)
         .await?;
