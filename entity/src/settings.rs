@@ -475,8 +475,17 @@ pub struct Settings {
     /// `AUTH_RATE_LIMIT_REFRESH_PER_5MIN`: per-IP refreshes per 5 minutes (default 150).
     pub auth_rate_limit_refresh_per_5min: u32,
     /// `AUTH_MAIL_INTERVAL_SECS`: seconds between two mails of one kind to one
-    /// user (default 60, 0–86400; 0 turns the rule off, leaving the per-IP limits).
+    /// recipient address (default 60, 0–86400; 0 turns the rule off, leaving
+    /// the per-IP limits).
     pub auth_mail_interval_secs: i64,
+    /// `AUTH_CODE_FAILURES_PER_HOUR`: `{email, token}` code checks one address
+    /// may fail per hour, known address or not (default 10, 1–1000); past it
+    /// code checks for that address answer 429 until the hour is over or a
+    /// link of that address is used. Links are never refused by it.
+    pub auth_code_failures_per_hour: u32,
+    /// `AUTH_CONFIRMATION_MAILS_PER_DAY`: confirmation mails (sign-up, resend,
+    /// code sign-up) to one address per 24 h (default 10, 1–1000).
+    pub auth_confirmation_mails_per_day: u32,
 }
 
 /// Who issues sessions (`AUTH_PROVIDER`).
@@ -1246,6 +1255,18 @@ impl Settings {
                 crate::identity::otp::DEFAULT_MAIL_INTERVAL_SECS,
                 0,
                 86_400,
+            )?,
+            auth_code_failures_per_hour: r.num_or(
+                "AUTH_CODE_FAILURES_PER_HOUR",
+                crate::identity::otp::DEFAULT_CODE_FAILURES_PER_HOUR,
+                1,
+                1000,
+            )?,
+            auth_confirmation_mails_per_day: r.num_or(
+                "AUTH_CONFIRMATION_MAILS_PER_DAY",
+                crate::identity::otp::DEFAULT_CONFIRMATION_MAILS_PER_DAY,
+                1,
+                1000,
             )?,
         };
         if settings.email_from.is_none() && settings.email_transport() == EmailTransport::Outbox {

@@ -89,10 +89,33 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The newest migrations, newest first: the account cache's triggers
-    // (PostgreSQL only), the AI quota counters, then the identity provider's
-    // trust columns, then the job outbox.
+    // The newest migrations, newest first: the identity provider's
+    // per-address rules, the account cache's triggers (PostgreSQL only), the
+    // AI quota counters, then the identity provider's trust columns, then the
+    // job outbox.
     let on_pg = db.get_database_backend() == DbBackend::Postgres;
+    let address_tables = ["auth_mail_slots", "auth_code_attempts"];
+    let signup_columns = [
+        ("auth_accounts", "signup_id"),
+        ("auth_one_time_tokens", "signup_id"),
+        ("auth_flow_states", "password_hash"),
+    ];
+    for table in address_tables {
+        assert!(manager.has_table(table).await?, "{table} after up");
+    }
+    for (table, column) in signup_columns {
+        assert!(manager.has_column(table, column).await?, "{table}.{column}");
+    }
+    Migrator::down(db, Some(1)).await?;
+    for table in address_tables {
+        assert!(!manager.has_table(table).await?, "{table} after down");
+    }
+    for (table, column) in signup_columns {
+        assert!(
+            !manager.has_column(table, column).await?,
+            "{table}.{column} after down"
+        );
+    }
     let cache_triggers = || triggers_named(db, "_notify_user_changed");
     assert_eq!(cache_triggers().await?, if on_pg { 5 } else { 0 });
     Migrator::down(db, Some(1)).await?;
@@ -126,8 +149,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("job_outbox").await?,
         "job_outbox after down"
     );
-    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 4);
-    const OUTBOX_STEPS: usize = 4;
+    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 5);
+    const OUTBOX_STEPS: usize = 5;
 
     // Then, on PostgreSQL, one account-change trigger on each of users,
     // user_roles and subscriptions; on SQLite, nothing.
@@ -205,10 +228,16 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         .iter()
         .flat_map(|t| t.iter())
         .chain(&["job_outbox", "ai_quota_counters"])
+        .chain(&address_tables)
     {
         assert!(manager.has_table(table).await?, "{table} after up");
     }
-    for (table, column) in added.iter().flat_map(|c| c.iter()).chain(&trust_columns) {
+    for (table, column) in added
+        .iter()
+        .flat_map(|c| c.iter())
+        .chain(&trust_columns)
+        .chain(&signup_columns)
+    {
         assert!(
             manager.has_column(table, column).await?,
             "{table}.{column} after up"

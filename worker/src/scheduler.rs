@@ -19,7 +19,9 @@
 //!   paid answer settles it as PAID.
 //! * unconfirmed accounts: built-in accounts whose email is still unconfirmed
 //!   `AUTH_UNCONFIRMED_TTL_SECS` after their last sign-up and confirmation
-//!   mail are deleted ([`entity::identity::account::delete_unconfirmed`]).
+//!   mail are deleted ([`entity::identity::account::delete_unconfirmed`]);
+//!   so are the per-address mail slots and code windows that no longer hold
+//!   anything back ([`entity::identity::otp::delete_stale_address_rows`]).
 //!
 //! One run per tick across workers: on Redis a worker runs a tick only when it
 //! sets the lock `<QUEUE_PREFIX>:scheduler:lock` (`SET NX PX`, expiring just
@@ -53,6 +55,8 @@ pub struct TickReport {
     pub payments_expired: usize,
     /// Unconfirmed built-in accounts deleted.
     pub unconfirmed_deleted: u64,
+    /// Stale per-address mail slots and code windows deleted.
+    pub address_rows_deleted: u64,
 }
 
 /// Runs the scheduled jobs until `shutdown`.
@@ -88,6 +92,7 @@ pub async fn run(
                 subscriptions_expired = r.subscriptions_expired,
                 payments_expired = r.payments_expired,
                 unconfirmed_deleted = r.unconfirmed_deleted,
+                address_rows_deleted = r.address_rows_deleted,
                 "scheduler tick"
             ),
             Ok(_) => tracing::debug!("scheduler tick: nothing to do"),
@@ -142,6 +147,7 @@ pub async fn run_tick(
         BATCH,
     )
     .await?;
+    report.address_rows_deleted = entity::identity::otp::delete_stale_address_rows(db).await?;
     Ok(report)
 }
 

@@ -136,7 +136,8 @@ impl From<IdentityError> for AuthApiError {
                 reasons: Some(reasons.iter().map(|r| r.to_string()).collect()),
                 ..Self::new(e.status(), e.code(), e.to_string())
             },
-            IdentityError::OverEmailSendRateLimit(wait) => AuthApiError {
+            IdentityError::OverEmailSendRateLimit(wait)
+            | IdentityError::OverRequestRateLimit(wait) => AuthApiError {
                 retry_after: Some(wait.max(1) as u64),
                 ..Self::new(e.status(), e.code(), e.to_string())
             },

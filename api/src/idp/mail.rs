@@ -13,6 +13,19 @@ use worker::{jobs::SendAuthEmail, Job};
 
 use super::*;
 
+/// How a mail treats the per-address interval ([`otp::claim_mail_slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// Claim it; refused: 429 `over_email_send_rate_limit`.
+    Claim,
+    /// Claim it; refused: send nothing and answer as if sent (a sign-up,
+    /// whose answer never shows the account).
+    Quiet,
+    /// Do not claim it (the caller did, or the mail answers one that did:
+    /// the second mail of an email change, the notice of a dropped password).
+    Claimed,
+}
+
 /// One mail to send ([`Idp::send_mail`]).
 pub(super) struct Outgoing<'a> {
     /// The account.
@@ -29,17 +42,18 @@ pub(super) struct Outgoing<'a> {
     pub pkce: Option<&'a (String, flow::ChallengeMethod)>,
     /// Request id for the job's log line.
     pub request_id: Option<String>,
-    /// Claim the one-mail-per-interval slot (`AUTH_MAIL_INTERVAL_SECS`;
-    /// `false`: stamp it only, the caller claimed it or the per-IP limits
-    /// bound this mail).
-    pub throttle: bool,
+    /// The interval rule.
+    pub slot: Slot,
     /// Replace the outstanding token of this kind (`false`: the second mail
     /// of an email change).
     pub replace: bool,
+    /// The sign-up a confirmation mail is issued for, and its password hash
+    /// (parked on the PKCE flow, if any).
+    pub signup: Option<(Uuid, Option<String>)>,
 }
 
 impl<'a> Outgoing<'a> {
-    /// A throttled mail replacing the outstanding token of its kind.
+    /// A mail claiming the interval slot, replacing the outstanding token of its kind.
     pub(super) fn new(user_id: Uuid, kind: MailKind, to: &'a str, to_norm: &'a str) -> Self {
         Outgoing {
             user_id,
@@ -49,8 +63,9 @@ impl<'a> Outgoing<'a> {
             redirect_to: None,
             pkce: None,
             request_id: None,
-            throttle: true,
+            slot: Slot::Claim,
             replace: true,
+            signup: None,
         }
     }
 
@@ -68,13 +83,23 @@ impl<'a> Outgoing<'a> {
         self.request_id = id;
         self
     }
+
+    pub(super) fn slot(mut self, slot: Slot) -> Self {
+        self.slot = slot;
+        self
+    }
+
+    pub(super) fn signup(mut self, id: Uuid, password_hash: Option<String>) -> Self {
+        self.signup = Some((id, password_hash));
+        self
+    }
 }
 
 impl Idp {
     /// `POST /otp`: a magic link / code mail (creating the user when allowed).
-    /// For an account not confirmed yet this is its newest sign-up: the
-    /// pending credentials and every earlier link and code are voided
-    /// ([`account::retake_pending`]) once the interval slot is claimed.
+    /// For an account not confirmed yet this is its newest sign-up, without a
+    /// password: once the address's interval slot is claimed the pending
+    /// credentials are dropped ([`account::retake_pending`]).
     pub async fn send_otp(&self, req: OtpRequest<'_>) -> Result<(), AuthApiError> {
         let (email, norm) = account::normalize_email(req.email)?;
         let pkce = flow::pkce_params(req.code_challenge, req.code_challenge_method)?;
@@ -85,20 +110,18 @@ impl Idp {
         let existing = self
             .bounded(account::find_by_email(&self.db, &norm))
             .await??;
-        let (user_id, kind, throttle) = match existing {
-            Some(a) if a.email_confirmed_at.is_some() => (a.user_id, MailKind::Magiclink, true),
+        let (user_id, kind, slot) = match existing {
+            Some(a) if a.email_confirmed_at.is_some() => {
+                (a.user_id, MailKind::Magiclink, Slot::Claim)
+            }
             Some(a) => {
-                self.bounded(otp::claim_mail_slot(
-                    &self.db,
-                    a.user_id,
-                    MailKind::Confirmation,
-                    self.settings.auth_mail_interval_secs,
+                self.claim_slot(&norm, MailKind::Confirmation).await?;
+                self.bounded(account::retake_pending(
+                    &self.db, a.user_id, None, meta, None,
                 ))
                 .await??;
-                self.bounded(account::retake_pending(&self.db, a.user_id, None, meta))
-                    .await??;
                 self.user_changed(a.user_id);
-                (a.user_id, MailKind::Confirmation, false)
+                (a.user_id, MailKind::Confirmation, Slot::Claimed)
             }
             None if !req.create_user => {
                 return Err(AuthApiError::new(
@@ -118,6 +141,7 @@ impl Idp {
                             password_hash: None,
                             user_metadata: meta,
                             confirmed: false,
+                            signup_id: None,
                         },
                         &grant,
                     ))
@@ -125,38 +149,60 @@ impl Idp {
                 let a = match created {
                     Created::New(a) | Created::Existing(a) => a,
                 };
-                (a.user_id, MailKind::Confirmation, true)
+                (a.user_id, MailKind::Confirmation, Slot::Claim)
             }
         };
-        let mut mail = Outgoing::new(user_id, kind, &email, &norm)
+        let mail = Outgoing::new(user_id, kind, &email, &norm)
             .redirect(req.redirect_to)
             .pkce(pkce.as_ref())
-            .request(req.request_id);
-        mail.throttle = throttle;
-        self.send_mail(mail).await
+            .request(req.request_id)
+            .slot(slot);
+        self.send_mail(mail).await.map(|_| ())
     }
 
-    /// `POST /recover`: a recovery mail when the account exists; `Ok` either way
-    /// (except the mail interval rule).
+    /// Claims the interval slot of a `kind` mail to `norm` (and the daily
+    /// count of confirmation mails).
+    pub(super) async fn claim_slot(&self, norm: &str, kind: MailKind) -> Result<(), AuthApiError> {
+        let per_day = (kind == MailKind::Confirmation)
+            .then_some(self.settings.auth_confirmation_mails_per_day);
+        self.bounded(otp::claim_mail_slot(
+            &self.db,
+            norm,
+            kind,
+            self.settings.auth_mail_interval_secs,
+            per_day,
+        ))
+        .await??;
+        Ok(())
+    }
+
+    /// `POST /recover`: a recovery mail when the account exists; `Ok` either
+    /// way. The address's interval slot is claimed whether or not an account
+    /// has it, so a second request within the interval answers 429 for both.
     pub async fn recover(&self, req: OtpRequest<'_>) -> Result<(), AuthApiError> {
         let (_, norm) = account::normalize_email(req.email)?;
         let pkce = flow::pkce_params(req.code_challenge, req.code_challenge_method)?;
-        let Some(acc) = self
+        let acc = self
             .bounded(account::find_by_email(&self.db, &norm))
-            .await??
-        else {
+            .await??;
+        self.claim_slot(&norm, MailKind::Recovery).await?;
+        let Some(acc) = acc else {
             return Ok(());
         };
         self.send_mail(
             Outgoing::new(acc.user_id, MailKind::Recovery, &acc.email, &norm)
                 .redirect(req.redirect_to)
                 .pkce(pkce.as_ref())
-                .request(req.request_id),
+                .request(req.request_id)
+                .slot(Slot::Claimed),
         )
         .await
+        .map(|_| ())
     }
 
-    /// `POST /resend`: the confirmation (`signup`) or email-change mails again.
+    /// `POST /resend`: the confirmation (`signup`) or email-change mails
+    /// again. A `signup` resend claims the address's slot whether or not an
+    /// account has it, and is issued for the account's pending sign-up.
     pub async fn resend(
         &self,
         kind: &str,
@@ -165,29 +211,32 @@ impl Idp {
         request_id: Option<String>,
     ) -> Result<(), AuthApiError> {
         let (_, norm) = account::normalize_email(email)?;
-        let Some(acc) = self
+        let acc = self
             .bounded(account::find_by_email(&self.db, &norm))
-            .await??
-        else {
-            return Ok(());
-        };
+            .await??;
         match kind {
-            "signup" if acc.email_confirmed_at.is_none() => {
-                self.send_mail(
+            "signup" => {
+                self.claim_slot(&norm, MailKind::Confirmation).await?;
+                let Some(acc) = acc.filter(|a| a.email_confirmed_at.is_none()) else {
+                    return Ok(());
+                };
+                let mut mail =
                     Outgoing::new(acc.user_id, MailKind::Confirmation, &acc.email, &norm)
                         .redirect(redirect_to)
-                        .request(request_id),
-                )
-                .await
+                        .request(request_id)
+                        .slot(Slot::Claimed);
+                if let Some(s) = acc.signup_id {
+                    mail = mail.signup(s, None);
+                }
+                self.send_mail(mail).await.map(|_| ())
             }
-            "email_change" => match acc.email_change.clone() {
-                Some(new) => {
+            "email_change" => match acc.and_then(|a| a.email_change.clone().map(|n| (a, n))) {
+                Some((acc, new)) => {
                     self.send_email_change(&acc, &new, redirect_to, None, request_id)
                         .await
                 }
                 None => Ok(()),
             },
-            "signup" => Ok(()),
             _ => Err(AuthApiError::validation(
                 "type: expected signup or email_change",
             )),
@@ -213,6 +262,7 @@ impl Idp {
             &acc.email_norm,
         ))
         .await
+        .map(|_| ())
     }
 
     /// The two mails of an email change of `acc` to `new`: one to the new
@@ -243,13 +293,14 @@ impl Idp {
         )
         .redirect(redirect_to)
         .request(request_id);
-        current.throttle = false;
+        current.slot = Slot::Claimed;
         current.replace = false;
-        self.send_mail(current).await
+        self.send_mail(current).await.map(|_| ())
     }
 
-    /// Claims (or stamps) the interval slot, issues the token and queues the mail.
-    pub(super) async fn send_mail(&self, m: Outgoing<'_>) -> Result<(), AuthApiError> {
+    /// Claims the interval slot (per [`Slot`]), issues the token and queues
+    /// the mail. `Ok(false)`: held back quietly ([`Slot::Quiet`]), nothing sent.
+    pub(super) async fn send_mail(&self, m: Outgoing<'_>) -> Result<bool, AuthApiError> {
         let Some(from) = self.settings.email_from.clone() else {
             return Err(AuthApiError::new(
                 500,
@@ -258,19 +309,22 @@ impl Idp {
             ));
         };
         let verify_type = m.kind.verify_type();
-        if m.throttle {
-            self.bounded(otp::claim_mail_slot(
-                &self.db,
-                m.user_id,
-                m.kind,
-                self.settings.auth_mail_interval_secs,
-            ))
-            .await??;
-        } else {
-            self.bounded(otp::stamp_mail_sent(&self.db, m.user_id, m.kind))
-                .await??;
+        match m.slot {
+            Slot::Claim => self.claim_slot(m.to_norm, m.kind).await?,
+            Slot::Quiet => match self.claim_slot(m.to_norm, m.kind).await {
+                Ok(()) => {}
+                Err(e) if e.code == "over_email_send_rate_limit" => return Ok(false),
+                Err(e) => return Err(e),
+            },
+            Slot::Claimed => {}
         }
+        self.bounded(otp::stamp_mail_sent(&self.db, m.user_id, m.kind))
+            .await??;
         self.user_changed(m.user_id);
+        let (signup_id, password_hash) = match m.signup {
+            Some((id, hash)) => (Some(id), hash),
+            None => (None, None),
+        };
         let flow_id = match m.pkce {
             Some((challenge, method)) => Some(
                 self.bounded(flow::create_flow_state(
@@ -281,20 +335,24 @@ impl Idp {
                         code_challenge_method: method.as_str().into(),
                         authentication_method: verify_type.into(),
                         user_id: Some(m.user_id),
+                        password_hash,
                     },
                 ))
                 .await??,
             ),
             None => None,
         };
+        let issue = otp::Issue {
+            user_id: m.user_id,
+            kind: m.kind,
+            email_norm: m.to_norm,
+            flow_state_id: flow_id,
+            signup_id,
+        };
         let issued = if m.replace {
-            self.bounded(otp::issue(&self.db, m.user_id, m.kind, m.to_norm, flow_id))
-                .await??
+            self.bounded(otp::issue(&self.db, issue)).await??
         } else {
-            self.bounded(otp::issue_another(
-                &self.db, m.user_id, m.kind, m.to_norm, flow_id,
-            ))
-            .await??
+            self.bounded(otp::issue_another(&self.db, issue)).await??
         };
         let redirect = self.redirect_target(m.redirect_to);
         let link_token = if flow_id.is_some() {
@@ -327,6 +385,6 @@ impl Idp {
                 tracing::error!(error = %e, "auth: could not queue the mail");
                 AuthApiError::unavailable()
             })?;
-        Ok(())
+        Ok(true)
     }
 }

@@ -147,18 +147,24 @@ impl UserJson {
                     updated_at: ts(i.updated_at),
                 })
                 .collect(),
-            created_at: ts(v.user.created_at),
+            // The account's (database clock) when there is one, like every
+            // other time here.
+            created_at: ts(a.map(|a| a.created_at).unwrap_or(v.user.created_at)),
             updated_at: ts(a.map(|a| a.updated_at).unwrap_or(v.user.created_at)),
             is_anonymous: false,
         }
     }
 
     /// A user that looks exactly like a fresh unconfirmed sign-up of `email`
-    /// (random ids, times now): the answer to a repeated sign-up.
+    /// (random ids): the answer to a repeated sign-up. `created` stands for
+    /// the account's creation (also its `updated_at` and its identity's
+    /// times), `sent` for the confirmation mail, both read from the database's
+    /// clock at the steps where a new account's are.
     pub fn decoy(
         email: &str,
         metadata: serde_json::Value,
-        now: chrono::DateTime<chrono::Utc>,
+        created: chrono::DateTime<chrono::Utc>,
+        sent: chrono::DateTime<chrono::Utc>,
     ) -> Self {
         let id = Uuid::new_v4().to_string();
         UserJson {
@@ -169,7 +175,7 @@ impl UserJson {
             email_confirmed_at: None,
             phone: String::new(),
             confirmed_at: None,
-            confirmation_sent_at: Some(ts(now)),
+            confirmation_sent_at: Some(ts(sent)),
             recovery_sent_at: None,
             new_email: None,
             email_change_sent_at: None,
@@ -187,11 +193,11 @@ impl UserJson {
                 provider: "email".into(),
                 email: Some(email.into()),
                 last_sign_in_at: None,
-                created_at: ts(now),
-                updated_at: ts(now),
+                created_at: ts(created),
+                updated_at: ts(created),
             }],
-            created_at: ts(now),
-            updated_at: ts(now),
+            created_at: ts(created),
+            updated_at: ts(created),
             is_anonymous: false,
         }
     }

@@ -6,11 +6,25 @@ use entity::identity::{
     otp::MailKind,
     password,
 };
+use uuid::Uuid;
 
-use super::{mail::Outgoing, *};
+use super::{
+    mail::{Outgoing, Slot},
+    *,
+};
 
 impl Idp {
     /// `POST /signup`.
+    ///
+    /// Every sign-up of an unconfirmed address is its newest: its password
+    /// replaces the pending one under a new sign-up id (kept when the password
+    /// is the same), and its confirmation mail is sent when the address's
+    /// interval slot is free, else held back quietly (it still counts: a
+    /// confirmation through an earlier mail then drops the pre-proof
+    /// password, [`account::confirm_email`]). A sent mail voids the address's
+    /// earlier codes, never its links. The answer to a repeated sign-up is a
+    /// look-alike built from the same clocks as a new account's (the
+    /// database's, read at the same steps), after the same hashing.
     pub async fn sign_up(&self, req: SignUp<'_>) -> Result<SignUpOutcome, AuthApiError> {
         let (email, norm) = account::normalize_email(req.email)?;
         password::check_strength(req.password, self.settings.auth_password_min_length)?;
@@ -27,6 +41,7 @@ impl Idp {
         let hash = self.hashing(move || password::hash(&pw, cost)).await?;
         let autoconfirm = self.settings.auth_autoconfirm;
         let grant = self.grant();
+        let signup_id = Uuid::new_v4();
         let created = self
             .bounded(account::create(
                 &self.db,
@@ -36,10 +51,28 @@ impl Idp {
                     password_hash: Some(hash.clone()),
                     user_metadata: meta.clone(),
                     confirmed: autoconfirm,
+                    signup_id: Some(signup_id),
                 },
                 &grant,
             ))
             .await??;
+        // Whether this sign-up repeats the pending password: verified on every
+        // branch (against a dummy hash when there is none to compare with), so
+        // the work does not tell the branches apart.
+        let pending = match &created {
+            Created::Existing(a) if !autoconfirm && a.email_confirmed_at.is_none() => {
+                a.password_hash.clone()
+            }
+            _ => None,
+        };
+        let (pw, has_pending) = (req.password.to_string(), pending.is_some());
+        let same_password = self
+            .hashing(move || match pending {
+                Some(phc) => password::verify(&pw, &phc),
+                None => password::verify(&pw, password::dummy_hash(cost)),
+            })
+            .await?
+            && has_pending;
         match created {
             Created::New(acc) if autoconfirm => Ok(SignUpOutcome::Session(Box::new(
                 self.issue_session(acc.user_id, "password", "email").await?,
@@ -49,7 +82,9 @@ impl Idp {
                     Outgoing::new(acc.user_id, MailKind::Confirmation, &email, &norm)
                         .redirect(req.redirect_to)
                         .pkce(pkce.as_ref())
-                        .request(req.request_id.clone()),
+                        .request(req.request_id.clone())
+                        .slot(Slot::Quiet)
+                        .signup(signup_id, Some(hash)),
                 )
                 .await?;
                 let view = self.bounded(account::load(&self.db, acc.user_id)).await??;
@@ -61,35 +96,39 @@ impl Idp {
                 "User already registered",
             )),
             Created::Existing(acc) => {
-                // Indistinguishable from a fresh sign-up: same status and shape.
-                // Until the email is confirmed the newest sign-up wins: its
-                // password replaces the pending one, every earlier link and
-                // code is void, and its own confirmation is mailed (not held
-                // back by the mail interval rule; the per-IP limits bound it). A
-                // confirmed account changes and sends nothing.
+                // The clock a new account's `created_at` comes from, read at
+                // the same step.
+                let created_at = self.bounded(entity::db::now(&self.db)).await??;
                 if acc.email_confirmed_at.is_none() {
+                    let id = match acc.signup_id {
+                        Some(previous) if same_password => previous,
+                        _ => signup_id,
+                    };
                     let taken = self
                         .bounded(account::retake_pending(
                             &self.db,
                             acc.user_id,
-                            Some(hash),
+                            Some(hash.clone()),
                             meta.clone(),
+                            Some(id),
                         ))
                         .await??;
                     self.user_changed(acc.user_id);
                     if taken {
-                        let mut mail =
+                        self.send_mail(
                             Outgoing::new(acc.user_id, MailKind::Confirmation, &acc.email, &norm)
                                 .redirect(req.redirect_to)
                                 .pkce(pkce.as_ref())
-                                .request(req.request_id.clone());
-                        mail.throttle = false;
-                        self.send_mail(mail).await?;
+                                .request(req.request_id.clone())
+                                .slot(Slot::Quiet)
+                                .signup(id, Some(hash)),
+                        )
+                        .await?;
                     }
                 }
-                let now = self.bounded(entity::db::now(&self.db)).await??;
+                let sent_at = self.bounded(entity::db::now(&self.db)).await??;
                 Ok(SignUpOutcome::User(Box::new(UserJson::decoy(
-                    &email, meta, now,
+                    &email, meta, created_at, sent_at,
                 ))))
             }
         }

@@ -255,6 +255,12 @@ impl Idp {
         let ex = self
             .bounded(flow::exchange(&self.db, auth_code, code_verifier))
             .await??;
+        // The password of the sign-up that started this flow: the verifier
+        // proves that sign-up's browser, the auth code the mailbox.
+        if let Some(hash) = ex.password_hash.as_deref() {
+            self.bounded(account::install_parked_password(&self.db, ex.user_id, hash))
+                .await??;
+        }
         let amr = if ex.provider == "email" {
             "otp"
         } else {

@@ -139,6 +139,7 @@ impl Idp {
                     code: nonce,
                 },
                 expiry,
+                self.settings.auth_code_failures_per_hour,
             ))
             .await?;
         match row {

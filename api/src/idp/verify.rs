@@ -65,8 +65,11 @@ impl Idp {
 
     /// Consumes a one-time token and applies its effect (confirm the email;
     /// apply an email change once both of its mails are verified); returns
-    /// the user and the PKCE flow, if any. Wrong codes count against the
-    /// email's tokens ([`otp::MAX_FAILED_ATTEMPTS`]).
+    /// the user and the PKCE flow, if any. Code checks are bounded per
+    /// address (`AUTH_CODE_FAILURES_PER_HOUR`, [`otp::consume`]). When the
+    /// confirmation drops a password chosen before the mailbox was proven,
+    /// the owner (signed in by the caller) is mailed a notice with a
+    /// set-password link.
     async fn consume(
         &self,
         kind: &str,
@@ -75,7 +78,13 @@ impl Idp {
         let kinds = otp::kinds_for_type(kind)?;
         let expiry = self.settings.auth_otp_expiry.as_secs() as i64;
         let row = self
-            .bounded(otp::consume(&self.db, kinds, proof, expiry))
+            .bounded(otp::consume(
+                &self.db,
+                kinds,
+                proof,
+                expiry,
+                self.settings.auth_code_failures_per_hour,
+            ))
             .await??;
         let grant = self.grant();
         let applied = async {
@@ -92,14 +101,50 @@ impl Idp {
                         .await??;
                 }
             }
-            self.bounded(account::confirm_email(&self.db, row.user_id, &grant))
+            let signup_id = row
+                .signup_id
+                .filter(|_| row.kind == MailKind::Confirmation.as_str());
+            let confirmed = self
+                .bounded(account::confirm_email(
+                    &self.db,
+                    row.user_id,
+                    &grant,
+                    signup_id,
+                ))
                 .await??;
-            Ok::<_, AuthApiError>(())
+            Ok::<_, AuthApiError>(confirmed)
         }
         .await;
         // Also when the second step failed: the first may have committed.
         self.user_changed(row.user_id);
-        applied?;
+        if applied?.password_dropped {
+            self.send_password_notice(row.user_id).await;
+        }
         Ok((row.user_id, row.flow_state_id))
+    }
+
+    /// Mails the notice that the confirmation dropped the password chosen
+    /// before the mailbox was proven, with a set-password (recovery) link.
+    /// Not held to the interval (it answers the confirmation just made); a
+    /// failure is logged, the sign-in goes on.
+    async fn send_password_notice(&self, user_id: Uuid) {
+        let acc = match self.bounded(account::load(&self.db, user_id)).await {
+            Ok(Ok(view)) => view.account,
+            _ => None,
+        };
+        let Some(acc) = acc else {
+            tracing::error!(%user_id, "auth: no account for the password notice");
+            return;
+        };
+        let mail = super::mail::Outgoing::new(
+            user_id,
+            MailKind::PasswordNotice,
+            &acc.email,
+            &acc.email_norm,
+        )
+        .slot(super::mail::Slot::Claimed);
+        if let Err(e) = self.send_mail(mail).await {
+            tracing::error!(error = %e, %user_id, "auth: could not queue the password notice");
+        }
     }
 }

@@ -380,6 +380,7 @@ async fn sign_in(
                         code_challenge_method: pkce.method.as_str().to_owned(),
                         authentication_method: "oauth".into(),
                         user_id: Some(user_id),
+                        password_hash: None,
                     },
                 ),
             )

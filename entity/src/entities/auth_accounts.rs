@@ -34,6 +34,9 @@ pub struct Model {
     pub email_change_sent_at: Option<DateTimeUtc>,
     /// Last reauthentication-nonce mail.
     pub reauthentication_sent_at: Option<DateTimeUtc>,
+    /// The sign-up whose password `password_hash` holds while the email is
+    /// unconfirmed (`None` once confirmed, or without a pre-proof password).
+    pub signup_id: Option<Uuid>,
     /// Last successful sign-in.
     pub last_sign_in_at: Option<DateTimeUtc>,
     /// `user_metadata` as JSON text (`{}` by default).

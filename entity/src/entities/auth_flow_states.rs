@@ -29,6 +29,11 @@ pub struct Model {
     pub auth_code_digest: Option<String>,
     /// When the auth code was issued (database clock).
     pub auth_code_issued_at: Option<DateTimeUtc>,
+    /// argon2id hash of the password of the sign-up that started this flow:
+    /// installed by this flow's exchange (the verifier proves the sign-up's
+    /// browser, the auth code the mailbox).
+    #[sea_orm(column_type = "Text", nullable)]
+    pub password_hash: Option<String>,
     /// Created (database clock).
     pub created_at: DateTimeUtc,
 }

@@ -167,6 +167,8 @@ pub struct NewAccount<'a> {
     pub user_metadata: serde_json::Value,
     /// Confirmed at creation (`AUTH_AUTOCONFIRM`).
     pub confirmed: bool,
+    /// The sign-up that chose `password_hash` (see [`confirm_email`]).
+    pub signup_id: Option<Uuid>,
 }
 
 /// Creates a built-in account with its `email` identity and the default rows
@@ -202,6 +204,7 @@ pub async fn create<C: ConnectionTrait + TransactionTrait>(
             email_norm: Set(new.email_norm.to_string()),
             password_hash: Set(new.password_hash.clone()),
             email_confirmed_at: Set(new.confirmed.then_some(now)),
+            signup_id: Set(if new.confirmed { None } else { new.signup_id }),
             email_change: Set(None),
             confirmation_sent_at: Set(None),
             recovery_sent_at: Set(None),
@@ -273,32 +276,83 @@ async fn insert_identity<C: ConnectionTrait>(
     .map(|_| ())
 }
 
-/// Marks the email of `user_id` confirmed (first time only; later calls keep
-/// the first time) and, on that first confirmation, grants `admin` when the
-/// email is in `grant` (`ADMIN_EMAILS`: an email counts only once proven by
-/// its mail), with a `role.grant` audit row. Admins stay admins.
+/// What [`confirm_email`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Confirmed {
+    /// This was the account's first confirmation.
+    pub first: bool,
+    /// A password chosen before the mailbox was proven was dropped: no
+    /// password is active now.
+    pub password_dropped: bool,
+}
+
+/// Marks the email of `user_id` confirmed by a mail issued for the sign-up
+/// `signup_id` (`None`: a magic link, code sign-up, recovery or email-change
+/// mail). First time only; later calls keep the first time and change nothing.
+///
+/// At the first confirmation a password chosen before the mailbox was proven
+/// survives only when the mail was issued for the sign-up that set it and no
+/// later sign-up used another password (`signup_id` equals the account's;
+/// every sign-up with another password, sent or held back, renews the
+/// account's). Otherwise it is dropped (one conditional UPDATE each way, so
+/// exactly one wins). The confirmation links left are voided, and `admin`
+/// is granted when the email is in `grant` (`ADMIN_EMAILS`) and no linked
+/// identity but `email` remains (no credential chosen by someone else), with a
+/// `role.grant` audit row. Admins stay admins.
 pub async fn confirm_email<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
     grant: &AdminGrant<'_>,
-) -> Result<(), IdentityError> {
+    signup_id: Option<Uuid>,
+) -> Result<Confirmed, IdentityError> {
     let now = crate::db::now(db).await?;
-    let first = acc::Entity::update_many()
-        .col_expr(acc::Column::EmailConfirmedAt, Expr::value(now))
-        .col_expr(acc::Column::UpdatedAt, Expr::value(now))
-        .filter(acc::Column::UserId.eq(user_id))
-        .filter(acc::Column::EmailConfirmedAt.is_null())
-        .exec(db)
-        .await?
-        .rows_affected
-        == 1;
-    if first {
+    let confirm = || {
+        acc::Entity::update_many()
+            .col_expr(acc::Column::EmailConfirmedAt, Expr::value(now))
+            .col_expr(acc::Column::UpdatedAt, Expr::value(now))
+            .col_expr(acc::Column::SignupId, Expr::value(Option::<Uuid>::None))
+            .filter(acc::Column::UserId.eq(user_id))
+            .filter(acc::Column::EmailConfirmedAt.is_null())
+    };
+    let mut outcome = Confirmed::default();
+    if let Some(s) = signup_id {
+        outcome.first = confirm()
+            .filter(acc::Column::SignupId.eq(s))
+            .exec(db)
+            .await?
+            .rows_affected
+            == 1;
+    }
+    if !outcome.first {
+        outcome.first = confirm()
+            .col_expr(
+                acc::Column::PasswordHash,
+                Expr::value(Option::<String>::None),
+            )
+            .filter(acc::Column::PasswordHash.is_not_null())
+            .exec(db)
+            .await?
+            .rows_affected
+            == 1;
+        outcome.password_dropped = outcome.first;
+    }
+    if !outcome.first {
+        outcome.first = confirm().exec(db).await?.rows_affected == 1;
+    }
+    if outcome.first {
+        super::otp::void_kind(db, user_id, super::otp::MailKind::Confirmation).await?;
         let email = acc::Entity::find_by_id(user_id)
             .one(db)
             .await?
             .map(|a| a.email);
+        let others = ident::Entity::find()
+            .filter(ident::Column::UserId.eq(user_id))
+            .filter(ident::Column::Provider.ne("email"))
+            .one(db)
+            .await?
+            .is_some();
         let id = Identity { user_id, email };
-        if let Some(by) = grant.grant_reason(&id) {
+        if let Some(by) = grant.grant_reason(&id).filter(|_| !others) {
             let promoted = user_roles::Entity::update_many()
                 .col_expr(user_roles::Column::Role, Expr::value(Role::Admin.as_str()))
                 .col_expr(user_roles::Column::UpdatedAt, Expr::value(now))
@@ -312,26 +366,31 @@ pub async fn confirm_email<C: ConnectionTrait>(
             }
         }
     }
-    Ok(())
+    Ok(outcome)
 }
 
-/// The newest sign-up of an account whose email is not confirmed yet wins:
-/// in one transaction its credentials replace the pending ones (`password_hash`
-/// `None` for a magic-link / code sign-up), every token mailed before is
-/// voided, and every session and non-`email` identity of the account is
-/// removed (an unverified OAuth sign-in that created it keeps nothing).
-/// Returns `false`, changing nothing, when the email was confirmed meanwhile.
+/// A later sign-up (or code sign-up) of an account whose email is not
+/// confirmed yet: in one transaction its credentials replace the pending
+/// ones (`password_hash` `None` for a magic-link / code sign-up; `signup_id`
+/// the sign-up they belong to, see [`confirm_email`]), and every session and
+/// non-`email` identity of the account is removed (an unverified OAuth
+/// sign-in that created it keeps nothing). Mailed tokens are left alone: the
+/// new mail, if one is sent, voids the earlier codes, and no sign-up voids a
+/// link. Returns `false`, changing nothing, when the email was confirmed
+/// meanwhile.
 pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
     db: &C,
     user_id: Uuid,
     password_hash: Option<String>,
     user_metadata: serde_json::Value,
+    signup_id: Option<Uuid>,
 ) -> Result<bool, IdentityError> {
-    use crate::entities::{auth_one_time_tokens as ott, auth_sessions as sess};
+    use crate::entities::auth_sessions as sess;
     let txn = crate::users::begin_write(db).await?;
     let now = crate::db::now(&txn).await?;
     let taken = acc::Entity::update_many()
         .col_expr(acc::Column::PasswordHash, Expr::value(password_hash))
+        .col_expr(acc::Column::SignupId, Expr::value(signup_id))
         .col_expr(
             acc::Column::UserMetadata,
             Expr::value(user_metadata.to_string()),
@@ -347,10 +406,6 @@ pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
         txn.rollback().await?;
         return Ok(false);
     }
-    ott::Entity::delete_many()
-        .filter(ott::Column::UserId.eq(user_id))
-        .exec(&txn)
-        .await?;
     sess::Entity::delete_many()
         .filter(sess::Column::UserId.eq(user_id))
         .exec(&txn)
@@ -362,6 +417,25 @@ pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
         .await?;
     txn.commit().await?;
     Ok(true)
+}
+
+/// Installs the password parked on a PKCE flow (the sign-up that started it)
+/// once that flow's exchange presented its verifier; only on a confirmed
+/// account.
+pub async fn install_parked_password<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    hash: &str,
+) -> Result<(), IdentityError> {
+    let now = crate::db::now(db).await?;
+    acc::Entity::update_many()
+        .col_expr(acc::Column::PasswordHash, Expr::value(hash))
+        .col_expr(acc::Column::UpdatedAt, Expr::value(now))
+        .filter(acc::Column::UserId.eq(user_id))
+        .filter(acc::Column::EmailConfirmedAt.is_not_null())
+        .exec(db)
+        .await?;
+    Ok(())
 }
 
 /// Deletes (with everything that hangs off them) at most `limit` users whose
@@ -643,6 +717,7 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
                     email_norm: Set(norm.clone()),
                     password_hash: Set(None),
                     email_confirmed_at: Set(verified.then_some(now)),
+                    signup_id: Set(None),
                     email_change: Set(None),
                     confirmation_sent_at: Set(None),
                     recovery_sent_at: Set(None),

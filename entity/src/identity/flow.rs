@@ -64,6 +64,9 @@ pub struct FlowStart {
     pub authentication_method: String,
     /// The user when already known (email flows), `None` for OAuth until the callback.
     pub user_id: Option<Uuid>,
+    /// The password of the sign-up that starts this flow, installed by its
+    /// exchange ([`Exchanged::password_hash`]).
+    pub password_hash: Option<String>,
 }
 
 /// The PKCE parameters of a request: both or neither (`null` counts as absent).
@@ -134,6 +137,7 @@ pub async fn create_flow_state<C: ConnectionTrait>(
         authentication_method: Set(start.authentication_method),
         auth_code_digest: Set(None),
         auth_code_issued_at: Set(None),
+        password_hash: Set(start.password_hash),
         created_at: Set(now),
     }
     .insert(db)
@@ -177,6 +181,9 @@ pub struct Exchanged {
     pub provider: String,
     /// What the flow authenticated (`magiclink`, `recovery`, `oauth`, …).
     pub authentication_method: String,
+    /// The password of the sign-up that started the flow, to install now
+    /// (the verifier proves that sign-up's browser, the auth code the mailbox).
+    pub password_hash: Option<String>,
 }
 
 /// Exchanges `auth_code` with `verifier`: unknown or used →
@@ -227,6 +234,7 @@ pub async fn exchange<C: ConnectionTrait>(
         user_id,
         provider: row.provider,
         authentication_method: row.authentication_method,
+        password_hash: row.password_hash,
     })
 }
 

@@ -1,4 +1,4 @@
-//! The built-in identity provider's rules (issue 10): accounts with argon2id
+//! The built-in identity provider's rules: accounts with argon2id
 //! passwords, linked identities, sessions with rotating refresh tokens,
 //! one-time mail tokens, PKCE flow states and the one-mail-per-interval rule.
 //!
@@ -47,6 +47,10 @@ pub enum IdentityError {
     /// A mail of this kind went to this user less than `AUTH_MAIL_INTERVAL_SECS` ago.
     #[error("For security purposes, you can only request this after {0} seconds.")]
     OverEmailSendRateLimit(i64),
+    /// Too many code checks for this address in the current window
+    /// (`AUTH_CODE_FAILURES_PER_HOUR`); the seconds left in it.
+    #[error("Request rate limit reached")]
+    OverRequestRateLimit(i64),
     /// No PKCE flow state for this auth code.
     #[error("invalid flow state, no valid flow state found")]
     FlowStateNotFound,
@@ -102,6 +106,7 @@ impl IdentityError {
             Self::SamePassword => "same_password",
             Self::OtpExpired => "otp_expired",
             Self::OverEmailSendRateLimit(_) => "over_email_send_rate_limit",
+            Self::OverRequestRateLimit(_) => "over_request_rate_limit",
             Self::FlowStateNotFound => "flow_state_not_found",
             Self::FlowStateExpired => "flow_state_expired",
             Self::BadCodeVerifier => "bad_code_verifier",
@@ -135,7 +140,7 @@ impl IdentityError {
             | Self::SamePassword
             | Self::FlowStateExpired
             | Self::ReauthenticationNotValid => 422,
-            Self::OverEmailSendRateLimit(_) => 429,
+            Self::OverEmailSendRateLimit(_) | Self::OverRequestRateLimit(_) => 429,
             Self::Db(_) => 500,
         }
     }

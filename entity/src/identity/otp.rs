@@ -1,22 +1,30 @@
-//! One-time mail tokens and the one-mail-of-a-kind-per-user rule (one per
-//! `AUTH_MAIL_INTERVAL_SECS`, default 60 s).
+//! One-time mail tokens and the per-address rules of mails and codes.
 //!
 //! Each mail carries two secrets for the same row: a 6-digit code
 //! (`{{ .Token }}`, for `verifyOtp({email, token})`) and a long random
 //! `token_hash` (`{{ .TokenHash }}`, for links and `verifyOtp({token_hash})`).
-//! Only their SHA-256 digests are stored. A user has at most one outstanding
-//! token per kind (an email change has two: one per address): a new mail
-//! replaces the previous token. Consuming is a conditional DELETE (single
-//! use); a token older than the expiry (`AUTH_OTP_EXPIRY_SECS`, database
-//! clock) is [`IdentityError::OtpExpired`].
+//! Only their SHA-256 digests are stored. Consuming is a conditional DELETE
+//! (single use); a token older than the expiry (`AUTH_OTP_EXPIRY_SECS`,
+//! database clock) is [`IdentityError::OtpExpired`].
 //!
-//! Codes cannot be guessed: every wrong code for an email adds one to
-//! `failed_attempts` of the tokens mailed to that email (one atomic UPDATE,
-//! whatever the client's IP); at [`MAX_FAILED_ATTEMPTS`] the token (its code
-//! and the link of the same mail) is void, and a new mail issues a new one.
+//! Per recipient address, whatever account or flow the mail is for:
+//! - one mail of a kind per `AUTH_MAIL_INTERVAL_SECS` (default 60 s) and at
+//!   most `AUTH_CONFIRMATION_MAILS_PER_DAY` confirmation mails per 24 h
+//!   ([`claim_mail_slot`]: conditional UPDATEs of `auth_mail_slots` on the
+//!   database clock, also for addresses without an account);
+//! - at most one live code: issuing a token voids the code half of every
+//!   other token mailed to that address ([`issue_another`]); their links stay
+//!   valid (a confirmation link is only voided by the confirmation itself);
+//! - code checks are claimed before they are made, `AUTH_CODE_FAILURES_PER_HOUR`
+//!   per address per hour ([`claim_code_attempt`]); past it they answer
+//!   [`IdentityError::OverRequestRateLimit`]. A success (a right code, or any
+//!   of the address's links) clears the window; links are never refused by it.
+//!
+//! A code is also void after [`MAX_FAILED_ATTEMPTS`] wrong codes for its
+//! address while it was outstanding (its link is not).
 
 use sea_orm::{
-    sea_query::{Condition, Expr},
+    sea_query::{Condition, Expr, ExprTrait},
     ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set,
 };
 use uuid::Uuid;
@@ -28,8 +36,21 @@ use crate::entities::{auth_accounts as acc, auth_one_time_tokens as ott};
 /// (`AUTH_MAIL_INTERVAL_SECS`).
 pub const DEFAULT_MAIL_INTERVAL_SECS: i64 = 60;
 
-/// Wrong codes for an email after which the tokens mailed to it are void.
+/// Wrong codes for an address after which the codes mailed to it are void
+/// (their links are not).
 pub const MAX_FAILED_ATTEMPTS: i32 = 5;
+
+/// Default `AUTH_CODE_FAILURES_PER_HOUR`.
+pub const DEFAULT_CODE_FAILURES_PER_HOUR: u32 = 10;
+
+/// Default `AUTH_CONFIRMATION_MAILS_PER_DAY`.
+pub const DEFAULT_CONFIRMATION_MAILS_PER_DAY: u32 = 10;
+
+/// The window of [`claim_code_attempt`].
+pub const CODE_WINDOW_SECS: i64 = 3600;
+
+/// The window of the daily mail count.
+const DAY_SECS: i64 = 86_400;
 
 /// The kinds of mail (and of one-time token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -45,14 +66,18 @@ pub enum MailKind {
     EmailChange,
     /// The nonce that a password change from an old session needs.
     Reauthentication,
+    /// The notice that a confirmation dropped a password chosen before the
+    /// mailbox was proven, with a set-password link: a recovery token.
+    PasswordNotice,
 }
 
 impl MailKind {
-    /// `confirmation`, `recovery`, `magiclink`, `email_change`.
+    /// The token kind: `confirmation`, `recovery` (also of a
+    /// [`MailKind::PasswordNotice`]), `magiclink`, `email_change`, `reauthentication`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Confirmation => "confirmation",
-            Self::Recovery => "recovery",
+            Self::Recovery | Self::PasswordNotice => "recovery",
             Self::Magiclink => "magiclink",
             Self::EmailChange => "email_change",
             Self::Reauthentication => "reauthentication",
@@ -63,7 +88,7 @@ impl MailKind {
     pub fn verify_type(self) -> &'static str {
         match self {
             Self::Confirmation => "signup",
-            Self::Recovery => "recovery",
+            Self::Recovery | Self::PasswordNotice => "recovery",
             Self::Magiclink => "magiclink",
             Self::EmailChange => "email_change",
             Self::Reauthentication => "reauthentication",
@@ -73,7 +98,7 @@ impl MailKind {
     fn sent_at(self) -> acc::Column {
         match self {
             Self::Confirmation => acc::Column::ConfirmationSentAt,
-            Self::Recovery => acc::Column::RecoverySentAt,
+            Self::Recovery | Self::PasswordNotice => acc::Column::RecoverySentAt,
             Self::Magiclink => acc::Column::MagiclinkSentAt,
             Self::EmailChange => acc::Column::EmailChangeSentAt,
             Self::Reauthentication => acc::Column::ReauthenticationSentAt,
@@ -101,54 +126,186 @@ pub fn kinds_for_type(verify_type: &str) -> Result<&'static [MailKind], Identity
     })
 }
 
-/// Claims the right to send a `kind` mail to `user_id` now: a conditional
-/// UPDATE of the account's `*_sent_at` column that succeeds only when the
-/// previous mail of that kind is at least `interval_secs` old by the
-/// database's clock (`0`: always). Of 20 concurrent claims exactly one succeeds.
+/// Claims the right to send a `kind` mail to the address `email_norm` now,
+/// whether or not an account has it: a conditional UPDATE of its
+/// `auth_mail_slots` row that succeeds only when the previous mail of that
+/// kind to that address is at least `interval_secs` old by the database's
+/// clock (`0`: always) and, with `per_day`, fewer than that many were claimed
+/// in the current 24 h. Of 20 concurrent claims exactly one succeeds.
 ///
 /// # Errors
-/// [`IdentityError::OverEmailSendRateLimit`] with the seconds to wait;
-/// [`IdentityError::UserNotFound`] when the account is gone.
+/// [`IdentityError::OverEmailSendRateLimit`] with the seconds to wait.
 pub async fn claim_mail_slot<C: ConnectionTrait>(
     db: &C,
-    user_id: Uuid,
+    email_norm: &str,
     kind: MailKind,
     interval_secs: i64,
+    per_day: Option<u32>,
 ) -> Result<(), IdentityError> {
+    use crate::entities::auth_mail_slots as slot;
     let now = crate::db::now(db).await?;
+    let inserted = slot::Entity::insert(slot::ActiveModel {
+        email_norm: Set(email_norm.to_string()),
+        kind: Set(kind.as_str().to_string()),
+        last_sent_at: Set(now),
+        day_started_at: Set(now),
+        day_count: Set(1),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(db)
+    .await?;
+    if matches!(inserted, sea_orm::TryInsertResult::Inserted(n) if n > 0) {
+        return Ok(());
+    }
     let cutoff = now - chrono::Duration::seconds(interval_secs);
-    let col = kind.sent_at();
-    let res = acc::Entity::update_many()
-        .col_expr(col, Expr::value(now))
-        .filter(acc::Column::UserId.eq(user_id))
-        .filter(Condition::any().add(col.is_null()).add(col.lte(cutoff)))
+    let day_cutoff = now - chrono::Duration::seconds(DAY_SECS);
+    let key = || {
+        Condition::all()
+            .add(slot::Column::EmailNorm.eq(email_norm))
+            .add(slot::Column::Kind.eq(kind.as_str()))
+            .add(slot::Column::LastSentAt.lte(cutoff))
+    };
+    // A new day: the count starts again.
+    let res = slot::Entity::update_many()
+        .col_expr(slot::Column::LastSentAt, Expr::value(now))
+        .col_expr(slot::Column::DayStartedAt, Expr::value(now))
+        .col_expr(slot::Column::DayCount, Expr::value(1))
+        .filter(key())
+        .filter(slot::Column::DayStartedAt.lte(day_cutoff))
         .exec(db)
         .await?;
     if res.rows_affected == 1 {
         return Ok(());
     }
-    let wait = match acc::Entity::find_by_id(user_id).one(db).await? {
-        Some(a) => {
-            let sent = match kind {
-                MailKind::Confirmation => a.confirmation_sent_at,
-                MailKind::Recovery => a.recovery_sent_at,
-                MailKind::Magiclink => a.magiclink_sent_at,
-                MailKind::EmailChange => a.email_change_sent_at,
-                MailKind::Reauthentication => a.reauthentication_sent_at,
-            };
-            let max = interval_secs.max(1);
-            sent.map(|s| interval_secs - (now - s).num_seconds())
-                .unwrap_or(max)
-                .clamp(1, max)
+    let mut same_day = slot::Entity::update_many()
+        .col_expr(slot::Column::LastSentAt, Expr::value(now))
+        .col_expr(
+            slot::Column::DayCount,
+            Expr::col(slot::Column::DayCount).add(1),
+        )
+        .filter(key())
+        .filter(slot::Column::DayStartedAt.gt(day_cutoff));
+    if let Some(max) = per_day {
+        same_day = same_day.filter(slot::Column::DayCount.lt(max as i32));
+    }
+    if same_day.exec(db).await?.rows_affected == 1 {
+        return Ok(());
+    }
+    let row = slot::Entity::find_by_id((email_norm.to_string(), kind.as_str().to_string()))
+        .one(db)
+        .await?;
+    let max_wait = Ord::max(interval_secs, 1);
+    let wait = match row {
+        Some(r) => {
+            let interval_left = interval_secs - (now - r.last_sent_at).num_seconds();
+            let day_full = per_day.is_some_and(|max| r.day_count >= max as i32)
+                && r.day_started_at > day_cutoff;
+            if day_full {
+                (DAY_SECS - (now - r.day_started_at).num_seconds()).clamp(1, DAY_SECS)
+            } else {
+                interval_left.clamp(1, max_wait)
+            }
         }
-        None => return Err(IdentityError::UserNotFound),
+        None => max_wait,
     };
     Err(IdentityError::OverEmailSendRateLimit(wait))
 }
 
-/// Stamps the `kind` mail of `user_id` as sent now without the interval rule:
-/// for a repeated sign-up of an unconfirmed account, whose mail the per-IP
-/// limits bound instead.
+/// Claims one `{email, token}` code check for the address `email_norm`,
+/// known or not, before the code is compared: at most `max` per
+/// [`CODE_WINDOW_SECS`] (database clock; conditional UPDATEs of its
+/// `auth_code_attempts` row, so concurrent checks on several processes never
+/// get more). A success clears the window ([`clear_code_attempts`]).
+///
+/// # Errors
+/// [`IdentityError::OverRequestRateLimit`] with the seconds left in the window.
+pub async fn claim_code_attempt<C: ConnectionTrait>(
+    db: &C,
+    email_norm: &str,
+    max: u32,
+) -> Result<(), IdentityError> {
+    use crate::entities::auth_code_attempts as att;
+    let now = crate::db::now(db).await?;
+    let inserted = att::Entity::insert(att::ActiveModel {
+        email_norm: Set(email_norm.to_string()),
+        attempts: Set(1),
+        window_started_at: Set(now),
+    })
+    .on_conflict_do_nothing()
+    .exec_without_returning(db)
+    .await?;
+    if matches!(inserted, sea_orm::TryInsertResult::Inserted(n) if n > 0) {
+        return Ok(());
+    }
+    let cutoff = now - chrono::Duration::seconds(CODE_WINDOW_SECS);
+    let res = att::Entity::update_many()
+        .col_expr(att::Column::Attempts, Expr::value(1))
+        .col_expr(att::Column::WindowStartedAt, Expr::value(now))
+        .filter(att::Column::EmailNorm.eq(email_norm))
+        .filter(att::Column::WindowStartedAt.lte(cutoff))
+        .exec(db)
+        .await?;
+    if res.rows_affected == 1 {
+        return Ok(());
+    }
+    let res = att::Entity::update_many()
+        .col_expr(
+            att::Column::Attempts,
+            Expr::col(att::Column::Attempts).add(1),
+        )
+        .filter(att::Column::EmailNorm.eq(email_norm))
+        .filter(att::Column::WindowStartedAt.gt(cutoff))
+        .filter(att::Column::Attempts.lt(max as i32))
+        .exec(db)
+        .await?;
+    if res.rows_affected == 1 {
+        return Ok(());
+    }
+    let started = att::Entity::find_by_id(email_norm.to_string())
+        .one(db)
+        .await?
+        .map(|r| r.window_started_at)
+        .unwrap_or(now);
+    let wait = (CODE_WINDOW_SECS - (now - started).num_seconds()).clamp(1, CODE_WINDOW_SECS);
+    Err(IdentityError::OverRequestRateLimit(wait))
+}
+
+/// Clears the code-check window of `email_norm` (a code or link of it was used).
+pub async fn clear_code_attempts<C: ConnectionTrait>(
+    db: &C,
+    email_norm: &str,
+) -> Result<(), IdentityError> {
+    use crate::entities::auth_code_attempts as att;
+    att::Entity::delete_many()
+        .filter(att::Column::EmailNorm.eq(email_norm))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Deletes the mail slots and code windows that no longer hold anything
+/// back (older than a day by the database's clock). Returns how many.
+pub async fn delete_stale_address_rows<C: ConnectionTrait>(db: &C) -> Result<u64, IdentityError> {
+    use crate::entities::{auth_code_attempts as att, auth_mail_slots as slot};
+    let now = crate::db::now(db).await?;
+    let day_cutoff = now - chrono::Duration::seconds(DAY_SECS);
+    let slots = slot::Entity::delete_many()
+        .filter(slot::Column::LastSentAt.lt(day_cutoff))
+        .filter(slot::Column::DayStartedAt.lt(day_cutoff))
+        .exec(db)
+        .await?
+        .rows_affected;
+    let windows = att::Entity::delete_many()
+        .filter(att::Column::WindowStartedAt.lt(now - chrono::Duration::seconds(CODE_WINDOW_SECS)))
+        .exec(db)
+        .await?
+        .rows_affected;
+    Ok(slots + windows)
+}
+
+/// Stamps the `kind` mail of `user_id` as sent now (the account's
+/// `*_sent_at`, shown to the user and read by the expiry of unconfirmed
+/// accounts); the interval itself is [`claim_mail_slot`]'s.
 pub async fn stamp_mail_sent<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
@@ -172,50 +329,84 @@ pub struct IssuedOtp {
     pub token_hash: String,
 }
 
-/// Issues a `kind` token for `user_id`, replacing any outstanding one of
-/// that kind. `email_norm` is the address the code is bound to (the new
-/// address for an email change); `flow_state_id` links a PKCE flow.
-pub async fn issue<C: ConnectionTrait>(
-    db: &C,
-    user_id: Uuid,
-    kind: MailKind,
-    email_norm: &str,
-    flow_state_id: Option<Uuid>,
-) -> Result<IssuedOtp, IdentityError> {
-    ott::Entity::delete_many()
-        .filter(ott::Column::UserId.eq(user_id))
-        .filter(ott::Column::Kind.eq(kind.as_str()))
-        .exec(db)
-        .await?;
-    issue_another(db, user_id, kind, email_norm, flow_state_id).await
+/// What a token is issued for.
+#[derive(Debug, Clone, Copy)]
+pub struct Issue<'a> {
+    /// The account.
+    pub user_id: Uuid,
+    /// Which mail.
+    pub kind: MailKind,
+    /// The address the code is bound to (the new address for an email change).
+    pub email_norm: &'a str,
+    /// The PKCE flow, if any.
+    pub flow_state_id: Option<Uuid>,
+    /// The sign-up a confirmation mail is issued for.
+    pub signup_id: Option<Uuid>,
 }
 
-/// Issues a `kind` token for `user_id` next to the outstanding ones (the
-/// second mail of an email change, to the current address).
+/// Issues a token, replacing the outstanding one of its kind of the user,
+/// except for confirmations: a later confirmation mail voids the earlier
+/// codes, not the earlier links.
+pub async fn issue<C: ConnectionTrait>(db: &C, t: Issue<'_>) -> Result<IssuedOtp, IdentityError> {
+    if t.kind != MailKind::Confirmation {
+        ott::Entity::delete_many()
+            .filter(ott::Column::UserId.eq(t.user_id))
+            .filter(ott::Column::Kind.eq(t.kind.as_str()))
+            .exec(db)
+            .await?;
+    }
+    issue_another(db, t).await
+}
+
+/// Issues a token next to the outstanding ones of the user (the second mail
+/// of an email change, to the current address). Every other code mailed to
+/// the same address, of any account, is void from now on (at most one live
+/// code per address); their links stay.
 pub async fn issue_another<C: ConnectionTrait>(
     db: &C,
-    user_id: Uuid,
-    kind: MailKind,
-    email_norm: &str,
-    flow_state_id: Option<Uuid>,
+    t: Issue<'_>,
 ) -> Result<IssuedOtp, IdentityError> {
+    ott::Entity::update_many()
+        .col_expr(
+            ott::Column::FailedAttempts,
+            Expr::value(MAX_FAILED_ATTEMPTS),
+        )
+        .filter(ott::Column::RelatesTo.eq(t.email_norm))
+        .exec(db)
+        .await?;
     let code = tokens::otp_code();
     let token_hash = tokens::random_hex(32);
     let now = crate::db::now(db).await?;
     ott::ActiveModel {
         id: Set(Uuid::new_v4()),
-        user_id: Set(user_id),
-        kind: Set(kind.as_str().into()),
+        user_id: Set(t.user_id),
+        kind: Set(t.kind.as_str().into()),
         token_hash_digest: Set(tokens::sha256_hex(&token_hash)),
-        otp_digest: Set(tokens::otp_digest(email_norm, &code)),
-        relates_to: Set(Some(email_norm.to_string())),
-        flow_state_id: Set(flow_state_id),
+        otp_digest: Set(tokens::otp_digest(t.email_norm, &code)),
+        relates_to: Set(Some(t.email_norm.to_string())),
+        flow_state_id: Set(t.flow_state_id),
         failed_attempts: Set(0),
+        signup_id: Set(t.signup_id),
         created_at: Set(now),
     }
     .insert(db)
     .await?;
     Ok(IssuedOtp { code, token_hash })
+}
+
+/// Voids the outstanding `kind` tokens of `user_id`, codes and links (the
+/// confirmation links left once the email is confirmed).
+pub async fn void_kind<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    kind: MailKind,
+) -> Result<(), IdentityError> {
+    ott::Entity::delete_many()
+        .filter(ott::Column::UserId.eq(user_id))
+        .filter(ott::Column::Kind.eq(kind.as_str()))
+        .exec(db)
+        .await?;
+    Ok(())
 }
 
 /// Voids every outstanding token of `user_id` (all kinds).
@@ -256,17 +447,23 @@ pub enum Proof<'a> {
     },
 }
 
-/// Consumes the token proven by `proof` among `kinds`: unknown, used,
-/// expired or void after [`MAX_FAILED_ATTEMPTS`] wrong codes →
-/// [`IdentityError::OtpExpired`]. Single use by conditional DELETE (which
-/// also requires fewer than [`MAX_FAILED_ATTEMPTS`] wrong codes). A code that
-/// matches no token counts one wrong try against every token mailed to that
-/// email, in one UPDATE.
+/// Consumes the token proven by `proof` among `kinds`: unknown, used or
+/// expired → [`IdentityError::OtpExpired`]. Single use by conditional
+/// DELETE.
+///
+/// A code check is first claimed against its address's window
+/// ([`claim_code_attempt`], `max_code_checks` per hour; past it
+/// [`IdentityError::OverRequestRateLimit`], whether or not the address has
+/// an account); a code void after [`MAX_FAILED_ATTEMPTS`] wrong codes is
+/// refused, and a code that matches no token counts one wrong try against
+/// every token mailed to that address, in one UPDATE. A link (`token_hash`)
+/// is never refused by either rule. Any success clears the address's window.
 pub async fn consume<C: ConnectionTrait>(
     db: &C,
     kinds: &[MailKind],
     proof: Proof<'_>,
     expiry_secs: i64,
+    max_code_checks: u32,
 ) -> Result<ott::Model, IdentityError> {
     let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
     let q = ott::Entity::find().filter(ott::Column::Kind.is_in(kinds));
@@ -281,6 +478,7 @@ pub async fn consume<C: ConnectionTrait>(
             q.filter(ott::Column::TokenHashDigest.eq(tokens::sha256_hex(h)))
         }
         Proof::Code { email_norm, code } => {
+            claim_code_attempt(db, email_norm, max_code_checks).await?;
             let code = code.trim();
             if code.is_empty() || code.len() > 64 {
                 return Err(IdentityError::OtpExpired);
@@ -293,7 +491,7 @@ pub async fn consume<C: ConnectionTrait>(
             ott::Entity::update_many()
                 .col_expr(
                     ott::Column::FailedAttempts,
-                    Expr::cust("failed_attempts + 1"),
+                    Expr::col(ott::Column::FailedAttempts).add(1),
                 )
                 .filter(ott::Column::RelatesTo.eq(email_norm))
                 .exec(db)
@@ -301,18 +499,19 @@ pub async fn consume<C: ConnectionTrait>(
         }
         return Err(IdentityError::OtpExpired);
     };
-    let deleted = ott::Entity::delete_many()
-        .filter(ott::Column::Id.eq(row.id))
-        .filter(ott::Column::FailedAttempts.lt(MAX_FAILED_ATTEMPTS))
-        .exec(db)
-        .await?
-        .rows_affected;
-    if deleted != 1 {
+    let mut delete = ott::Entity::delete_many().filter(ott::Column::Id.eq(row.id));
+    if let Proof::Code { .. } = proof {
+        delete = delete.filter(ott::Column::FailedAttempts.lt(MAX_FAILED_ATTEMPTS));
+    }
+    if delete.exec(db).await?.rows_affected != 1 {
         return Err(IdentityError::OtpExpired);
     }
     let now = crate::db::now(db).await?;
     if (now - row.created_at).num_milliseconds() > expiry_secs.saturating_mul(1000) {
         return Err(IdentityError::OtpExpired);
+    }
+    if let Some(address) = row.relates_to.as_deref() {
+        clear_code_attempts(db, address).await?;
     }
     Ok(row)
 }

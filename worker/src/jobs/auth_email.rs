@@ -4,8 +4,10 @@
 //!
 //! Templates: `<kind>.txt` (first line `Subject: …`, a blank line, then the
 //! plain-text body) and optionally `<kind>.html` (HTML body), where `<kind>`
-//! is `confirmation`, `magic_link`, `recovery`, `email_change` or
-//! `reauthentication` (the nonce of a password change; code only). The
+//! is `confirmation`, `magic_link`, `recovery`, `email_change`,
+//! `reauthentication` (the nonce of a password change; code only) or
+//! `password_notice` (a confirmation dropped a password chosen before the
+//! mailbox was proven; a set-password link). The
 //! defaults are compiled in from `config/templates/auth/`; a file of the same
 //! name in `AUTH_TEMPLATES_DIR` replaces one. Variables use the hosted auth
 //! platform's names: `{{ .ConfirmationURL }}`, `{{ .Token }}`,
@@ -50,6 +52,7 @@ pub fn template_name(kind: MailKind) -> &'static str {
         MailKind::Magiclink => "magic_link",
         MailKind::EmailChange => "email_change",
         MailKind::Reauthentication => "reauthentication",
+        MailKind::PasswordNotice => "password_notice",
     }
 }
 
@@ -62,6 +65,9 @@ fn default_text(kind: MailKind) -> &'static str {
         MailKind::Reauthentication => {
             include_str!("../../../config/templates/auth/reauthentication.txt")
         }
+        MailKind::PasswordNotice => {
+            include_str!("../../../config/templates/auth/password_notice.txt")
+        }
     }
 }
 
@@ -73,6 +79,9 @@ fn default_html(kind: MailKind) -> &'static str {
         MailKind::EmailChange => include_str!("../../../config/templates/auth/email_change.html"),
         MailKind::Reauthentication => {
             include_str!("../../../config/templates/auth/reauthentication.html")
+        }
+        MailKind::PasswordNotice => {
+            include_str!("../../../config/templates/auth/password_notice.html")
         }
     }
 }
@@ -187,6 +196,7 @@ mod tests {
             MailKind::Recovery,
             MailKind::Magiclink,
             MailKind::EmailChange,
+            MailKind::PasswordNotice,
         ] {
             let m = build(&job(kind), None);
             assert!(!m.subject.is_empty());

@@ -292,8 +292,19 @@ async fn limit(
     name: &'static str,
     max: u32,
 ) -> Result<RateInfo, AuthApiError> {
-    let deadline = Instant::now() + state.settings.dependency_timeout;
     let ip = state.client_ip(req);
+    limit_subject(state, name, max, &ip).await
+}
+
+/// Limit `name` of one subject (an IP, a user id): `max` per 5 minutes;
+/// 429 `over_request_rate_limit`.
+async fn limit_subject(
+    state: &AppState,
+    name: &'static str,
+    max: u32,
+    subject: &str,
+) -> Result<RateInfo, AuthApiError> {
+    let deadline = Instant::now() + state.settings.dependency_timeout;
     let d = state
         .limiter
         .check(
@@ -302,7 +313,7 @@ async fn limit(
                 max,
                 window: Duration::from_secs(300),
             },
-            &ip,
+            subject,
             deadline,
         )
         .await;
@@ -324,9 +335,16 @@ impl AuthApi {
     /// Creates the account (argon2id hash) with the default rows. With
     /// `AUTH_AUTOCONFIRM=true` the answer is a session; otherwise a
     /// confirmation mail is queued and the answer is the unconfirmed user. A
-    /// repeated sign-up of an existing email answers the same status and shape
-    /// (a look-alike user; no email enumeration), except with autoconfirm
-    /// (422 `user_already_exists`). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// repeated sign-up of an existing email answers the same status, shape
+    /// and clocks (a look-alike user; no email enumeration), except with
+    /// autoconfirm (422 `user_already_exists`). Until the email is confirmed
+    /// every sign-up replaces the pending password; its mail is held back
+    /// quietly (200 all the same) within `AUTH_MAIL_INTERVAL_SECS` of the
+    /// previous mail to the address or past `AUTH_CONFIRMATION_MAILS_PER_DAY`;
+    /// a mail sent voids the address's earlier codes, not its links. A
+    /// confirmation keeps the pre-proof password only when its mail was issued
+    /// for the sign-up that set it and no later sign-up used another one.
+    /// Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/signup", method = "post", operation_id = "authSignUp")]
     async fn signup(
         &self,
@@ -368,6 +386,7 @@ impl AuthApi {
     /// `password`: `{email, password}` → session (400 `invalid_credentials`
     /// for an unknown email or a wrong password alike, 400 `email_not_confirmed`).
     /// `refresh_token`: `{refresh_token}` → a new session; the token rotates.
+    /// A `pkce` exchange of a sign-up's flow installs that sign-up's password.
     /// The previous token still yields the active one for
     /// `AUTH_REFRESH_REUSE_INTERVAL_SECS`; any other reuse revokes the session
     /// (400 `refresh_token_already_used`). `pkce`: `{auth_code, code_verifier}`
@@ -441,7 +460,14 @@ impl AuthApi {
     ///
     /// `{type, token_hash}` (the mail's `{{ .TokenHash }}`) or `{type, email,
     /// token}` (the 6-digit `{{ .Token }}`) → session. Unknown, used or expired
-    /// (`AUTH_OTP_EXPIRY_SECS`) tokens: 403 `otp_expired`. Per-IP limit
+    /// (`AUTH_OTP_EXPIRY_SECS`) tokens: 403 `otp_expired`; a code after five
+    /// wrong codes for its address, or after a later mail to that address: 403
+    /// `otp_expired` (its link still works). Code checks per address, known or
+    /// not: `AUTH_CODE_FAILURES_PER_HOUR` per hour, then 429
+    /// `over_request_rate_limit` with `Retry-After` until the hour is over or a
+    /// link of the address is used; links are never refused by it. A
+    /// confirmation that drops a password chosen before the mailbox was proven
+    /// signs in and mails a set-password notice. Per-IP limit
     /// `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/verify", method = "post", operation_id = "authVerify")]
     async fn verify_post(
@@ -535,8 +561,10 @@ impl AuthApi {
     /// Send a magic link / one-time code
     ///
     /// Queues a mail with a link and a 6-digit code (a confirmation mail for a
-    /// new or unconfirmed user). `create_user: false` and an unknown email:
-    /// 422 `otp_disabled`. At most one mail of a kind per user per
+    /// new or unconfirmed user; it drops a password chosen before the mailbox
+    /// was proven). `create_user: false` and an unknown email: 422
+    /// `otp_disabled` (the one answer that shows whether an address has an
+    /// account, as on the platform). At most one mail of a kind per address per
     /// `AUTH_MAIL_INTERVAL_SECS` (60 s; 429 `over_email_send_rate_limit`).
     /// Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/otp", method = "post", operation_id = "authOtp")]
@@ -575,8 +603,9 @@ impl AuthApi {
     /// Send a password-recovery mail
     ///
     /// Always `{}` (whether the email exists is not revealed), except the
-    /// mail interval rule (`AUTH_MAIL_INTERVAL_SECS`, 429
-    /// `over_email_send_rate_limit`) and the per-IP limit.
+    /// mail interval rule, applied per address whether or not an account has
+    /// it (`AUTH_MAIL_INTERVAL_SECS`, 429 `over_email_send_rate_limit`), and
+    /// the per-IP limit.
     #[oai(path = "/recover", method = "post", operation_id = "authRecover")]
     async fn recover(
         &self,
@@ -606,6 +635,11 @@ impl AuthApi {
     }
 
     /// Send the confirmation or email-change mail again
+    ///
+    /// `{}` whether or not the address has an account. The mail interval is
+    /// claimed per address for both (429 `over_email_send_rate_limit`), and
+    /// `AUTH_CONFIRMATION_MAILS_PER_DAY` bounds confirmation mails. Per-IP
+    /// limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/resend", method = "post", operation_id = "authResend")]
     async fn resend(
         &self,
@@ -649,8 +683,11 @@ impl AuthApi {
     /// Update the signed-in user
     ///
     /// `password` (422 `weak_password` / `same_password`), `email` (a
-    /// confirmation mail to the new address; applied when verified), `data`
-    /// (merged into `user_metadata`).
+    /// confirmation mail to the new address and one to the current one;
+    /// applied when both are verified), `data` (merged into `user_metadata`).
+    /// A request carrying `password` or `email` is limited per IP and per user
+    /// (`AUTH_RATE_LIMIT_PER_5MIN` each; 429 `over_request_rate_limit` with
+    /// `Retry-After`); `data`-only updates are not.
     #[oai(path = "/user", method = "put", operation_id = "authUpdateUser")]
     async fn put_user(
         &self,
@@ -663,6 +700,23 @@ impl AuthApi {
             async {
                 let idp = idp(&state)?;
                 let claims = idp.authenticate(bearer(req)).await?;
+                let rate = if body.password.is_some() || body.email.is_some() {
+                    let by_ip = limit(&state, req, "auth_user_change", general(&state)).await?;
+                    let by_user = limit_subject(
+                        &state,
+                        "auth_user_change_user",
+                        general(&state),
+                        &claims.sub.to_string(),
+                    )
+                    .await?;
+                    Some(if by_user.remaining < by_ip.remaining {
+                        by_user
+                    } else {
+                        by_ip
+                    })
+                } else {
+                    None
+                };
                 let u = idp
                     .update_user(
                         &claims,
@@ -678,7 +732,7 @@ impl AuthApi {
                         },
                     )
                     .await?;
-                Ok((Json(u), None))
+                Ok((Json(u), rate))
             }
             .await,
         )

@@ -1,0 +1,731 @@
+//! The built-in identity provider's per-address rules against an attacker:
+//! guessing codes across many sign-ups and IPv6 /64s, one live code per
+//! address, contested confirmations (who ends up with a password), what the
+//! answers give away about who has an account, and the limit on password and
+//! email changes. The real api and worker on PostgreSQL + Redis, mails read
+//! from the SMTP sink.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use sha2::Digest as _;
+use tests::{random_ip, reqwest, Reply, SmtpSink, Stack};
+
+const PASSWORD: &str = "correct horse battery";
+const ATTACKER_PASSWORD: &str = "attacker's own password";
+const APP: &str = "https://app.example.com";
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// An address in a /64 of its own.
+fn random_v6() -> String {
+    let b = uuid::Uuid::new_v4().into_bytes();
+    format!(
+        "2001:db8:{:x}:{:x}::{:x}",
+        u16::from_be_bytes([b[0], b[1]]),
+        u16::from_be_bytes([b[2], b[3]]),
+        u16::from_be_bytes([b[4], b[5]]).max(1)
+    )
+}
+
+/// A running provider: api + worker + SMTP sink, and a pool on its database.
+struct Idp {
+    api: tests::Proc,
+    _worker: tests::Proc,
+    sink: SmtpSink,
+    pool: sea_orm::sqlx::PgPool,
+    _stack: Stack,
+}
+
+impl Idp {
+    async fn start(extra: &[(&str, &str)]) -> Idp {
+        let stack = Stack::new().await;
+        let sink = SmtpSink::start().await;
+        let mut env = stack
+            .env()
+            .with("SMTP_URL", sink.url())
+            .with("APP_URL", APP)
+            .with("JOB_RETRY_BASE_SECS", "1")
+            .with("AUTH_RATE_LIMIT_PER_5MIN", "100000")
+            .with("AUTH_RATE_LIMIT_REFRESH_PER_5MIN", "100000");
+        for (k, v) in extra {
+            env = env.with(k, *v);
+        }
+        let api = stack.api(&env).await;
+        let worker = stack.worker(&env).await;
+        let pool = stack.db.pool().await;
+        Idp {
+            api,
+            _worker: worker,
+            sink,
+            pool,
+            _stack: stack,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        self.api.url(&format!("/auth/v1{path}"))
+    }
+
+    /// `POST /auth/v1{path}` from a fresh IPv6 /64 each time.
+    async fn post(&self, path: &str, body: &Value) -> Reply {
+        Reply::send(
+            client()
+                .post(self.url(path))
+                .header("x-forwarded-for", random_v6())
+                .header("x-supabase-api-version", "2024-01-01")
+                .json(body),
+        )
+        .await
+    }
+
+    async fn put_user(&self, token: &str, body: &Value, ip: &str) -> Reply {
+        Reply::send(
+            client()
+                .put(self.url("/user"))
+                .header("x-forwarded-for", ip)
+                .header("x-supabase-api-version", "2024-01-01")
+                .bearer_auth(token)
+                .json(body),
+        )
+        .await
+    }
+
+    /// Waits for mail number `n` (1-based): (to, text with the
+    /// quoted-printable soft breaks undone).
+    async fn mail(&self, n: usize) -> (String, String) {
+        let mails = self.sink.wait_for(n, Duration::from_secs(30)).await;
+        let m = &mails[n - 1];
+        let text = m
+            .data
+            .replace("=\r\n", "")
+            .replace("=\n", "")
+            .replace("=3D", "=");
+        (m.envelope_to.join(","), text)
+    }
+
+    async fn signup(&self, email: &str, password: &str) -> Reply {
+        self.post("/signup", &json!({"email": email, "password": password}))
+            .await
+    }
+
+    async fn signup_pkce(&self, email: &str, password: &str, verifier: &str) -> Reply {
+        self.post(
+            "/signup",
+            &json!({"email": email, "password": password,
+                    "code_challenge": challenge(verifier), "code_challenge_method": "s256"}),
+        )
+        .await
+    }
+
+    async fn sign_in(&self, email: &str, password: &str) -> Reply {
+        self.post(
+            "/token?grant_type=password",
+            &json!({"email": email, "password": password}),
+        )
+        .await
+    }
+
+    async fn verify_hash(&self, kind: &str, text: &str) -> Reply {
+        self.post(
+            "/verify",
+            &json!({"type": kind, "token_hash": token_hash(text)}),
+        )
+        .await
+    }
+
+    async fn verify_code(&self, kind: &str, email: &str, code: &str) -> Reply {
+        self.post(
+            "/verify",
+            &json!({"type": kind, "email": email, "token": code}),
+        )
+        .await
+    }
+
+    /// Follows a mail's link (`GET /verify`): the `Location`.
+    async fn follow_link(&self, text: &str, kind: &str) -> String {
+        let r = Reply::send(client().get(format!(
+            "{}?token={}&type={kind}&redirect_to=https%3A%2F%2Fapp.example.com%2Fwelcome",
+            self.url("/verify"),
+            token_hash(text)
+        )))
+        .await;
+        assert_eq!(r.status, 303, "{}", r.text);
+        r.header("location").unwrap().to_string()
+    }
+
+    async fn exchange(&self, auth_code: &str, verifier: &str) -> Reply {
+        self.post(
+            "/token?grant_type=pkce",
+            &json!({"auth_code": auth_code, "code_verifier": verifier}),
+        )
+        .await
+    }
+
+    async fn scalar(&self, sql: &str, arg: &str) -> i64 {
+        sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.to_string()))
+            .bind(arg)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+
+    /// The confirmation tokens mailed to `address` whose code still counts.
+    async fn live_codes(&self, address: &str) -> i64 {
+        self.scalar(
+            "SELECT COUNT(*) FROM auth_one_time_tokens WHERE relates_to = $1 AND failed_attempts < 5",
+            address,
+        )
+        .await
+    }
+
+    async fn role_of(&self, user: &str) -> String {
+        sea_orm::sqlx::query_scalar("SELECT role FROM user_roles WHERE user_id::text = $1")
+            .bind(user)
+            .fetch_one(&self.pool)
+            .await
+            .expect("role row")
+    }
+}
+
+fn challenge(verifier: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(sha2::Sha256::digest(verifier.as_bytes()))
+}
+
+fn token_hash(text: &str) -> String {
+    let i = text.find("token=").expect("a link with token= in the mail");
+    let rest = &text[i + 6..];
+    let end = rest.find(['&', '"', '\r', '\n', ' ']).unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+fn code(text: &str) -> String {
+    let i = text.find("code: ").expect("a code in the mail");
+    text[i + 6..i + 12].to_string()
+}
+
+/// A 6-digit code that is not `c`.
+fn wrong(c: &str, k: u32) -> String {
+    let n: u32 = c.parse().expect("6 digits");
+    format!("{:06}", (n + k) % 1_000_000)
+}
+
+fn assert_error(r: &Reply, status: u16, code: &str) {
+    assert_eq!(r.status, status, "{}", r.text);
+    assert_eq!(r.json["code"], code, "{}", r.text);
+}
+
+fn auth_code(location: &str) -> String {
+    assert!(
+        location.starts_with("https://app.example.com/welcome?code="),
+        "{location}"
+    );
+    location.split("code=").nth(1).unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
+    let idp = Idp::start(&[("ADMIN_EMAILS", "vic@example.com")]).await;
+    let victim = "vic@example.com";
+    let r = idp.signup(victim, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let user = r.json["id"].as_str().unwrap().to_string();
+    let (_, mail) = idp.mail(1).await;
+    let right = code(&mail);
+    // Another address with its own mail.
+    let r = idp.signup("other@example.com", PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (to, other_mail) = idp.mail(2).await;
+    assert!(to.contains("other@example.com"), "{to}");
+
+    // The attack: a sign-up (for a fresh code) and a wrong code, each from
+    // another /64, twenty times over.
+    let mut answers = Vec::new();
+    for k in 1..=20 {
+        let r = idp.signup(victim, ATTACKER_PASSWORD).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let r = idp.verify_code("signup", victim, &wrong(&right, k)).await;
+        if r.status == 429 {
+            let wait = r.header_u64("retry-after");
+            assert!((1..=3600).contains(&wait), "{wait}");
+        }
+        answers.push((
+            r.status.as_u16(),
+            r.json["code"].as_str().unwrap_or("").to_string(),
+        ));
+    }
+    let expired = answers
+        .iter()
+        .filter(|a| a.1 == "otp_expired" && a.0 == 403)
+        .count();
+    let limited = answers
+        .iter()
+        .filter(|a| a.1 == "over_request_rate_limit" && a.0 == 429)
+        .count();
+    assert_eq!((expired, limited), (10, 10), "{answers:?}");
+    // The repeated sign-ups were held to the interval: no new code was mailed.
+    assert_eq!(
+        idp.live_codes(victim).await,
+        0,
+        "five wrong codes void the code"
+    );
+    assert_eq!(
+        idp.scalar(
+            "SELECT COUNT(*) FROM auth_one_time_tokens WHERE relates_to = $1",
+            victim
+        )
+        .await,
+        1,
+        "one mail, one token"
+    );
+    // Once the window is spent, the right code is refused too.
+    let r = idp.verify_code("signup", victim, &right).await;
+    assert_error(&r, 429, "over_request_rate_limit");
+    // An unknown address is counted and answered the same way.
+    for k in 1..=10 {
+        let r = idp
+            .verify_code("signup", "nobody@example.com", &wrong(&right, k))
+            .await;
+        assert_error(&r, 403, "otp_expired");
+    }
+    let r = idp
+        .verify_code("signup", "nobody@example.com", &right)
+        .await;
+    assert_error(&r, 429, "over_request_rate_limit");
+    assert!(r.header("retry-after").is_some());
+    // Another address is not affected.
+    let r = idp
+        .verify_code("signup", "other@example.com", &code(&other_mail))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    // The same mail's link still works: the owner is signed in. The sign-ups
+    // that came later used another password, so no password is active, the
+    // owner is mailed a set-password notice, and the attacker's password
+    // never signs in.
+    let r = idp.verify_hash("signup", &mail).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], victim);
+    assert_eq!(idp.role_of(&user).await, "admin");
+    let (to, notice) = idp.mail(3).await;
+    assert!(to.contains(victim), "{to}");
+    assert!(notice.contains("choose a password"), "{notice}");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_error(
+        &idp.sign_in(victim, PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    // The link cleared the window: codes of the address are checked again.
+    let r = idp.verify_code("recovery", victim, &code(&notice)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn four_wrong_codes_then_the_right_one_is_accepted() {
+    let idp = Idp::start(&[]).await;
+    let email = "quinn@example.com";
+    let r = idp.signup(email, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, mail) = idp.mail(1).await;
+    let right = code(&mail);
+    for k in 1..=4 {
+        let r = idp.verify_code("signup", email, &wrong(&right, k)).await;
+        assert_error(&r, 403, "otp_expired");
+    }
+    let r = idp.verify_code("signup", email, &right).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], email);
+    // Nobody else signed up: the password chosen at the sign-up is kept.
+    let r = idp.sign_in(email, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_live_code_per_address_whatever_sent_it() {
+    // No interval here, so every request mails and the rule itself is tested.
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let target = "target@example.com";
+    for n in 0..3 {
+        let r = idp
+            .signup(&format!("changer{n}@example.com"), PASSWORD)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    // Confirm the three accounts.
+    let mails = idp.sink.wait_for(3, Duration::from_secs(30)).await;
+    let mut sessions = Vec::new();
+    for m in &mails[..3] {
+        let text = m
+            .data
+            .replace("=\r\n", "")
+            .replace("=\n", "")
+            .replace("=3D", "=");
+        let r = idp.verify_hash("signup", &text).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        sessions.push(r.json["access_token"].as_str().unwrap().to_string());
+    }
+    // Each asks to change its email to the same address.
+    for s in &sessions {
+        let r = idp
+            .put_user(s, &json!({"email": target}), &random_ip())
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    // Two mails per change (new and current address): 3 + 6.
+    let mails = idp.sink.wait_for(9, Duration::from_secs(30)).await;
+    assert_eq!(
+        idp.live_codes(target).await,
+        1,
+        "one live code for the address"
+    );
+    // A sign-up to that address now leaves one live code too (its own).
+    let r = idp.signup(target, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.sink.wait_for(10, Duration::from_secs(30)).await;
+    assert_eq!(idp.live_codes(target).await, 1);
+    // The earlier codes to the address are refused.
+    for m in mails[3..]
+        .iter()
+        .filter(|m| m.envelope_to.iter().any(|t| t.contains(target)))
+    {
+        let text = m
+            .data
+            .replace("=\r\n", "")
+            .replace("=\n", "")
+            .replace("=3D", "=");
+        let r = idp.verify_code("email_change", target, &code(&text)).await;
+        assert_error(&r, 403, "otp_expired");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn contested_confirmations_in_the_implicit_flow() {
+    let idp = Idp::start(&[]).await;
+
+    // Attacker first: the victim's own sign-up is held back by the interval,
+    // so the only mail in the inbox is the one issued for the attacker's.
+    let victim = "amy@example.com";
+    assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
+    let (_, attackers) = idp.mail(1).await;
+    let r = idp.signup(victim, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = idp.verify_hash("signup", &attackers).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], victim);
+    let (to, notice) = idp.mail(2).await;
+    assert!(
+        to.contains(victim) && notice.contains("choose a password"),
+        "{notice}"
+    );
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_error(
+        &idp.sign_in(victim, PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    // The notice's link signs the owner in; they choose their password.
+    let r = idp.verify_hash("recovery", &notice).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = idp
+        .put_user(
+            r.json["access_token"].as_str().unwrap(),
+            &json!({"password": PASSWORD}),
+            &random_ip(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(idp.sign_in(victim, PASSWORD).await.status, 200);
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+
+    // Victim first: the attacker's later sign-up is held back but counts.
+    let victim = "bea@example.com";
+    assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
+    let (_, own) = idp.mail(3).await;
+    assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
+    let r = idp.verify_hash("signup", &own).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], victim);
+    let (to, notice) = idp.mail(4).await;
+    assert!(
+        to.contains(victim) && notice.contains("choose a password"),
+        "{notice}"
+    );
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    // Attacker first, then the victim's sign-up is mailed: confirming the
+    // victim's own mail keeps the victim's password.
+    let victim = "cal@example.com";
+    assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
+    let (_, attackers) = idp.mail(1).await;
+    assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
+    let (_, own) = idp.mail(2).await;
+    let r = idp.verify_code("signup", victim, &code(&attackers)).await;
+    assert_error(&r, 403, "otp_expired");
+    let r = idp.verify_code("signup", victim, &code(&own)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(idp.sign_in(victim, PASSWORD).await.status, 200);
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    // The other links are void once the email is confirmed.
+    assert_error(
+        &idp.verify_hash("signup", &attackers).await,
+        403,
+        "otp_expired",
+    );
+
+    // Victim first, then the attacker's sign-up is mailed: the victim's code
+    // is void, the victim's link is not, and it drops the pre-proof password.
+    let victim = "dan@example.com";
+    assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
+    let (_, own) = idp.mail(3).await;
+    assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
+    idp.mail(4).await;
+    let r = idp.verify_code("signup", victim, &code(&own)).await;
+    assert_error(&r, 403, "otp_expired");
+    let r = idp.verify_hash("signup", &own).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], victim);
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    let (_, notice) = idp.mail(5).await;
+    assert!(notice.contains("choose a password"), "{notice}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn contested_confirmations_in_the_pkce_flow() {
+    let idp = Idp::start(&[]).await;
+    let victims_verifier = "v".repeat(64);
+    let attackers_verifier = "a".repeat(64);
+
+    // Victim first: the victim's link gives an auth code; no password is
+    // active until the exchange with the victim's verifier installs theirs.
+    let victim = "eve@example.com";
+    let r = idp.signup_pkce(victim, PASSWORD, &victims_verifier).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, own) = idp.mail(1).await;
+    let r = idp
+        .signup_pkce(victim, ATTACKER_PASSWORD, &attackers_verifier)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let code = auth_code(&idp.follow_link(&own, "signup").await);
+    assert_error(
+        &idp.sign_in(victim, PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    let r = idp.exchange(&code, &attackers_verifier).await;
+    assert_error(&r, 400, "bad_code_verifier");
+    let r = idp.exchange(&code, &victims_verifier).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], victim);
+    assert_eq!(idp.sign_in(victim, PASSWORD).await.status, 200);
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    idp.mail(2).await; // the notice
+
+    // Attacker first: the only link in the inbox is the attacker's flow. The
+    // victim's browser cannot exchange it (its verifier is the victim's), the
+    // attacker never sees the code; the notice's link signs the owner in.
+    let victim = "fay@example.com";
+    let r = idp
+        .signup_pkce(victim, ATTACKER_PASSWORD, &attackers_verifier)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, attackers) = idp.mail(3).await;
+    let r = idp.signup_pkce(victim, PASSWORD, &victims_verifier).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let code = auth_code(&idp.follow_link(&attackers, "signup").await);
+    let r = idp.exchange(&code, &victims_verifier).await;
+    assert_error(&r, 400, "bad_code_verifier");
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    let (to, notice) = idp.mail(4).await;
+    assert!(
+        to.contains(victim) && notice.contains("choose a password"),
+        "{notice}"
+    );
+    let r = idp.verify_hash("recovery", &notice).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], victim);
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+}
+
+/// The fields of a sign-up answer that could tell a new account from a
+/// look-alike: each field's presence and type, and how the times relate.
+fn shape(v: &Value) -> Value {
+    fn kind(v: &Value) -> Value {
+        match v {
+            Value::Null => json!("null"),
+            Value::Bool(_) => json!("bool"),
+            Value::Number(_) => json!("number"),
+            Value::String(_) => json!("string"),
+            Value::Array(a) => Value::Array(a.iter().map(kind).collect()),
+            Value::Object(o) => {
+                Value::Object(o.iter().map(|(k, v)| (k.clone(), kind(v))).collect())
+            }
+        }
+    }
+    let t = |k: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[k].as_str().unwrap_or_else(|| panic!("{k} in {v}")))
+            .unwrap()
+    };
+    let i = &v["identities"][0];
+    json!({
+        "kinds": kind(v),
+        "created_is_updated": v["created_at"] == v["updated_at"],
+        "sent_after_created": t("confirmation_sent_at") > t("created_at"),
+        "identity_times_are_created": i["created_at"] == v["created_at"] && i["updated_at"] == v["created_at"],
+        "identity_data": [i["identity_data"]["email"].clone(), i["identity_data"]["email_verified"].clone()],
+        "ids": [i["user_id"] == v["id"], i["id"] == v["id"], i["identity_data"]["sub"] == v["id"]],
+        "email": v["email"].clone(),
+        "metadata": v["user_metadata"].clone(),
+        "app_metadata": v["app_metadata"].clone(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_do_not_tell_registered_addresses_from_unknown_ones() {
+    let idp = Idp::start(&[]).await;
+    let body = |email: &str| json!({"email": email, "password": PASSWORD, "data": {"name": "N"}});
+    // A registered (unconfirmed) address, signed up again, against a new one.
+    let first = idp.post("/signup", &body("gil@example.com")).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    let again = idp.post("/signup", &body("gil@example.com")).await;
+    let fresh = idp.post("/signup", &body("hal@example.com")).await;
+    assert_eq!((again.status, fresh.status), (first.status, first.status));
+    assert_eq!(shape(&again.json), {
+        let mut s = shape(&fresh.json);
+        s["email"] = json!("gil@example.com");
+        s
+    });
+    assert_ne!(
+        again.json["id"], first.json["id"],
+        "a look-alike, not the account"
+    );
+    // A confirmed one, against a new one.
+    let (_, text) = idp.mail(1).await;
+    assert_eq!(idp.verify_hash("signup", &text).await.status, 200);
+    let confirmed = idp.post("/signup", &body("gil@example.com")).await;
+    let fresh = idp.post("/signup", &body("ian@example.com")).await;
+    assert_eq!(confirmed.status, fresh.status);
+    assert_eq!(shape(&confirmed.json), {
+        let mut s = shape(&fresh.json);
+        s["email"] = json!("gil@example.com");
+        s
+    });
+
+    // `/recover` twice: the same answers for a registered and an unknown address.
+    let recover = |email: &'static str| idp.post("/recover", &json!({"email": email}));
+    let answers = |r: &Reply| {
+        (
+            r.status.as_u16(),
+            r.json["code"].clone(),
+            r.header("retry-after").is_some(),
+        )
+    };
+    let registered = [
+        answers(&recover("gil@example.com").await),
+        answers(&recover("gil@example.com").await),
+    ];
+    let unknown = [
+        answers(&recover("who@example.com").await),
+        answers(&recover("who@example.com").await),
+    ];
+    assert_eq!(registered, unknown);
+    assert_eq!(registered[1].0, 429, "{registered:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn password_and_email_changes_are_rate_limited_per_user() {
+    let idp = Idp::start(&[("AUTH_RATE_LIMIT_PER_5MIN", "5")]).await;
+    let email = "kim@example.com";
+    assert_eq!(idp.signup(email, PASSWORD).await.status, 200);
+    let (_, text) = idp.mail(1).await;
+    let s = idp.verify_hash("signup", &text).await;
+    assert_eq!(s.status, 200, "{}", s.text);
+    let token = s.json["access_token"].as_str().unwrap().to_string();
+    // Profile data is free: more updates than the limit, each from its own IP.
+    for n in 0..8 {
+        let r = idp
+            .put_user(&token, &json!({"data": {"n": n}}), &random_ip())
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    // Password changes from many IPs: the user's limit stops them.
+    let mut statuses = Vec::new();
+    for n in 0..8 {
+        let r = idp
+            .put_user(
+                &token,
+                &json!({"password": format!("new password {n}")}),
+                &random_ip(),
+            )
+            .await;
+        if r.status == 429 {
+            assert_eq!(r.json["code"], "over_request_rate_limit", "{}", r.text);
+            assert!(r.header_u64("retry-after") >= 1);
+        }
+        statuses.push(r.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429]);
+    // An email change counts against the same limit.
+    let r = idp
+        .put_user(&token, &json!({"email": "kim@example.org"}), &random_ip())
+        .await;
+    assert_error(&r, 429, "over_request_rate_limit");
+    // Data-only updates still pass.
+    let r = idp
+        .put_user(&token, &json!({"data": {"after": true}}), &random_ip())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
