@@ -66,9 +66,7 @@ impl Example for AdminUserPage {
                 current_period_end: Some("2026-12-26T10:00:00Z".parse().expect("example date")),
                 created_at: "2026-11-01T08:30:00Z".parse().expect("example date"),
             }],
-            next_cursor: Some(
-                "MTc2NDE1MDQwMDAwMDAwMC4wMTkzYjNkYzU2YjA3MDAwYTBmMWUyZDNjNGI1YTY5Nw".into(),
-            ),
+            next_cursor: Some("1764150400000000.0193b3dc56b07000a0f1e2d3c4b5a697".into()),
         }
     }
 }

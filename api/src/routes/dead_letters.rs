@@ -96,6 +96,7 @@ pub struct DeadLetterPage {
     /// In the order they were queued (ids are ULIDs).
     pub items: Vec<DeadLetterItem>,
     /// Pass as `cursor` for the next page; `null` on the last page.
+    #[oai(nullable)]
     pub next_cursor: Option<String>,
 }
 
