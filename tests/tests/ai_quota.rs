@@ -361,7 +361,9 @@ async fn aborted_streams_are_charged_what_they_reserved() {
     let t = token(user);
     let mut admitted = 0;
     for i in 0..10 {
-        let text = tests::rand_hex(5000);
+        // 5,000 random bytes of text (random base64-like noise, as the
+        // reproduction sent).
+        let text: String = (0..157).map(|_| tests::rand_hex(32)).collect::<String>()[..5000].into();
         let body = json!({"messages": [{"role": "user", "content": text}]});
         let resp = client()
             .post(api.url("/api/ai/chat"))
