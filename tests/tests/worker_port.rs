@@ -57,12 +57,12 @@ async fn unready_while_down(stack: &Stack, env: EnvMap, proxy: &TcpProxy, down: 
     let base = worker_http(&worker).await;
     let ok = json!({"database": "ok", "queue": "ok"});
     let r = readyz_until(&base, 200, &ok).await;
-    assert_eq!((r.status, &r.json), (200, &ok), "{}", r.text);
+    assert_eq!((r.status.as_u16(), &r.json), (200, &ok), "{}", r.text);
 
     proxy.set(ProxyMode::Refuse);
     let r = readyz_until(&base, 503, &down).await;
     assert_eq!(
-        (r.status, &r.json),
+        (r.status.as_u16(), &r.json),
         (503, &down),
         "{}; worker stderr (tail):\n{}",
         r.text,
@@ -73,7 +73,7 @@ async fn unready_while_down(stack: &Stack, env: EnvMap, proxy: &TcpProxy, down: 
 
     proxy.on();
     let r = readyz_until(&base, 200, &ok).await;
-    assert_eq!((r.status, &r.json), (200, &ok), "{}", r.text);
+    assert_eq!((r.status.as_u16(), &r.json), (200, &ok), "{}", r.text);
 }
 
 #[tokio::test(flavor = "multi_thread")]
