@@ -28,11 +28,12 @@ async fn has_session(db: &DatabaseConnection, id: &Identity, session: Option<Uui
         .await
         .expect("ensure_user_with_plan");
     assert_eq!(user.is_some(), with_plan.is_some(), "both loads agree");
+    let found = user.is_some();
     if let (Some(user), Some((with, plan))) = (user, with_plan) {
         assert_eq!(user, with);
         assert_eq!(plan, "FREE");
     }
-    user.is_some()
+    found
 }
 
 #[tokio::test]

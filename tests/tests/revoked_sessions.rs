@@ -170,10 +170,7 @@ async fn assert_session_ended(api: &Proc, token: &str, grant_url: &str) {
         &save_profile(api, token, "Mallory").await,
         "POST /api/profile",
     );
-    assert_ended(
-        &request_grant(api, token).await,
-        "POST /api/profile/avatar",
-    );
+    assert_ended(&request_grant(api, token).await, "POST /api/profile/avatar");
     assert_ended(&upload(grant_url).await, "the upload with an earlier grant");
 }
 
@@ -266,7 +263,10 @@ async fn two_apis_accept_a_new_session_at_once_and_share_a_revocation() {
         me(&b, &second).await.status == 401
     })
     .await;
-    assert!(refused, "B still serves the signed-out session from its cache");
+    assert!(
+        refused,
+        "B still serves the signed-out session from its cache"
+    );
     assert_session_ended(&b, &second, &second_grant).await;
     // The first session is untouched, on both.
     for api in [&a, &b] {
