@@ -139,8 +139,6 @@ impl Idp {
         .await
     }
 
-    /// Waits for mail number `n` (1-based) and returns (to, text with the
-    /// quoted-printable soft breaks undone).
     /// Runs `sql` on the provider's database: how a test moves a row past an
     /// interval on the database's clock instead of sleeping through it.
     async fn sql(&self, sql: &str) {
@@ -151,13 +149,15 @@ impl Idp {
             .db
             .pool()
             .await;
-        sea_orm::sqlx::query(sql)
+        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql.to_string()))
             .execute(&pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         pool.close().await;
     }
 
+    /// Waits for mail number `n` (1-based) and returns (to, text with the
+    /// quoted-printable soft breaks undone).
     async fn mail(&self, n: usize) -> (String, String) {
         let mails = self.sink.wait_for(n, Duration::from_secs(30)).await;
         let m = &mails[n - 1];
