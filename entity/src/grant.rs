@@ -23,8 +23,8 @@
 
 use chrono::{DateTime, Months, Utc};
 use sea_orm::{
-    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr,
-    EntityTrait, IntoActiveModel, PaginatorTrait, QueryFilter, QuerySelect, Set,
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait,
+    IntoActiveModel, PaginatorTrait, QueryFilter, QuerySelect, Set,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -352,16 +352,12 @@ pub async fn take_back<T: ConnectionTrait>(
                 .count(txn)
                 .await?;
             match (&refunded.grant_from_plan, refunded.grant_from_end) {
-                (Some(from), Some(from_end)) if later == 0 => {
-                    (from.clone(), None, from_end, true)
-                }
+                (Some(from), Some(from_end)) if later == 0 => (from.clone(), None, from_end, true),
                 _ => (sub.plan.clone(), sub.current_period_start, end - own, false),
             }
         }
         _ if refunded.plan == sub.plan => {
-            let back = end
-                .checked_sub_months(Months::new(1))
-                .unwrap_or(end);
+            let back = end.checked_sub_months(Months::new(1)).unwrap_or(end);
             (sub.plan.clone(), sub.current_period_start, back, false)
         }
         _ => return Ok(None),
@@ -500,7 +496,10 @@ mod tests {
             plan: "PRO",
             period_end: Some(t("2026-01-01T00:00:00Z")),
         };
-        assert_eq!(compute(lapsed, &[], "BASIC", 49_000, paid_at).start, paid_at);
+        assert_eq!(
+            compute(lapsed, &[], "BASIC", 49_000, paid_at).start,
+            paid_at
+        );
         // Another plan with no payment behind the period carries nothing.
         let gift = compute(running, &[], "BASIC", 49_000, paid_at);
         assert_eq!(gift.carried_seconds, 0);
@@ -527,7 +526,11 @@ mod tests {
             49_000,
             paid_at,
         );
-        assert_eq!(g.carried_seconds, 31 * 86_400, "same price: the whole month");
+        assert_eq!(
+            g.carried_seconds,
+            31 * 86_400,
+            "same price: the whole month"
+        );
         let half = Running {
             value: 24_500,
             ..later

@@ -431,8 +431,14 @@ mod tests {
             Some(Refunded)
         );
         assert_eq!(provider_a_report("refund", None, &part), Some(Refunded));
-        assert_eq!(provider_a_partial_refund("partial_refund", &part), Some(1_000));
-        assert_eq!(provider_a_partial_refund("partial_refund", &listed), Some(99_000));
+        assert_eq!(
+            provider_a_partial_refund("partial_refund", &part),
+            Some(1_000)
+        );
+        assert_eq!(
+            provider_a_partial_refund("partial_refund", &listed),
+            Some(99_000)
+        );
         assert_eq!(provider_a_partial_refund("settlement", &part), None);
         assert_eq!(
             provider_a_partial_refund("partial_chargeback", &serde_json::json!({})),
@@ -571,5 +577,4 @@ mod tests {
         assert!(!is_order_id("ORD", "XYZ-12-ABCDEFGH"));
         assert!(!is_order_id("ORD", "ORD--ABCDEFGH"));
     }
-
 }

@@ -127,7 +127,9 @@ where
     }
     let reported = reported_status(&event.provider, &event.provider_status, &event.payload);
     if event.provider == payments::PROVIDER_A {
-        if let Some(back) = payment::provider_a_partial_refund(&event.provider_status, &event.payload) {
+        if let Some(back) =
+            payment::provider_a_partial_refund(&event.provider_status, &event.payload)
+        {
             grant::record_partial_refund(&txn, &event.order_id, back).await?;
         }
     }
@@ -396,7 +398,10 @@ async fn refund_notice<T: ConnectionTrait>(
             v["plan"].as_str().unwrap_or(FREE).to_string(),
             v["period_end"].clone(),
         ),
-        None => match subscriptions::Entity::find_by_id(pay.user_id).one(txn).await? {
+        None => match subscriptions::Entity::find_by_id(pay.user_id)
+            .one(txn)
+            .await?
+        {
             Some(s) => (s.plan, json!(s.current_period_end)),
             None => (FREE.to_string(), serde_json::Value::Null),
         },

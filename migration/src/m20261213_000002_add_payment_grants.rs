@@ -48,7 +48,10 @@ fn columns() -> Vec<ColumnDef> {
             .big_integer()
             .null()
             .to_owned(),
-        ColumnDef::new(Payments::CarriedInto).uuid().null().to_owned(),
+        ColumnDef::new(Payments::CarriedInto)
+            .uuid()
+            .null()
+            .to_owned(),
         ColumnDef::new(Payments::RefundedAmount)
             .big_integer()
             .not_null()

@@ -103,7 +103,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         "refunded_amount",
     ];
     for column in grant_columns {
-        assert!(manager.has_column("payments", column).await?, "payments.{column}");
+        assert!(
+            manager.has_column("payments", column).await?,
+            "payments.{column}"
+        );
     }
     Migrator::down(db, Some(1)).await?;
     for column in grant_columns {

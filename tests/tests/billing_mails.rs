@@ -93,7 +93,10 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
     let db = connect_db(&stack).await;
     let (user, order) = pending_payment(&db, "provider_b").await;
 
-    assert_eq!(notify(&api, &order, "SUCCESS").await, json!({"received": true}));
+    assert_eq!(
+        notify(&api, &order, "SUCCESS").await,
+        json!({"received": true})
+    );
     assert_eq!(
         notify(&api, &order, "SUCCESS").await,
         json!({"received": true, "duplicate": true}),
@@ -160,7 +163,10 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
     assert_eq!(sink.count(), 1, "one receipt for one payment");
 
     // A refund: one notice, with the plan the take-back left.
-    assert_eq!(notify(&api, &order, "REFUND").await, json!({"received": true}));
+    assert_eq!(
+        notify(&api, &order, "REFUND").await,
+        json!({"received": true})
+    );
     wait_payment_status(&db, &order, PaymentStatus::Refunded).await;
     let mails = sink.wait_for(2, Duration::from_secs(30)).await;
     let notice = &mails[1];

@@ -140,7 +140,8 @@ fn expected_carry(
 ) -> i64 {
     let us = |d: chrono::Duration| i128::from(d.num_microseconds().unwrap());
     let month = us(paid_at.checked_add_months(Months::new(1)).unwrap() - paid_at);
-    let carried_us = i128::from(value) * us(end - paid_at) * month / (us(end - start) * i128::from(price));
+    let carried_us =
+        i128::from(value) * us(end - paid_at) * month / (us(end - start) * i128::from(price));
     (carried_us / 1_000_000) as i64
 }
 
@@ -177,10 +178,14 @@ async fn a_downgrade_carries_exactly_and_its_refund_gives_the_old_plan_back() {
     assert_eq!(b.grant_from_plan.as_deref(), Some("PRO"));
     assert_eq!(b.grant_from_end, Some(pro_end));
     assert_eq!(b.grant_start, Some(paid_at));
-    let end = paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
+    let end =
+        paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
     assert_eq!(b.grant_end, Some(end));
     let s = subscription(&db, user).await;
-    assert_eq!((s.plan.as_str(), s.current_period_end), ("BASIC", Some(end)));
+    assert_eq!(
+        (s.plan.as_str(), s.current_period_end),
+        ("BASIC", Some(end))
+    );
     assert_eq!(payment_row(&db, &pro).await.carried_into, Some(b.id));
 
     // The quote a moment before: same plan, amount and month; paid that
@@ -198,7 +203,10 @@ async fn a_downgrade_carries_exactly_and_its_refund_gives_the_old_plan_back() {
     );
     assert!(quoted_carry >= carried);
     let lag = (paid_at - quoted_at).num_seconds() + 1;
-    assert!(quoted_carry - carried <= 3 * lag, "{quoted_carry} vs {carried}");
+    assert!(
+        quoted_carry - carried <= 3 * lag,
+        "{quoted_carry} vs {carried}"
+    );
 
     // The receipt says what the stored grant says.
     let mails = sink.wait_for(2, Duration::from_secs(30)).await;
@@ -221,9 +229,16 @@ async fn a_downgrade_carries_exactly_and_its_refund_gives_the_old_plan_back() {
     notify(&api, body, headers).await;
     wait_payment_status(&db, &basic, PaymentStatus::Refunded).await;
     let s = subscription(&db, user).await;
-    assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(pro_end)));
+    assert_eq!(
+        (s.plan.as_str(), s.current_period_end),
+        ("PRO", Some(pro_end))
+    );
     assert_eq!(s.current_period_start, Some(pro_start));
-    assert_eq!(payment_row(&db, &pro).await.carried_into, None, "PRO runs again");
+    assert_eq!(
+        payment_row(&db, &pro).await.carried_into,
+        None,
+        "PRO runs again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -246,7 +261,8 @@ async fn an_upgrade_carries_exactly_and_a_same_plan_quote_is_the_receipt() {
         "20 days of BASIC are worth about 10 days of PRO: {carried} s"
     );
     assert_eq!(p.carried_seconds, Some(carried));
-    let end = paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
+    let end =
+        paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
     assert_eq!(p.grant_end, Some(end));
     let s = subscription(&db, user).await;
     assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));

@@ -145,8 +145,7 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     let providers = crate::providers::Providers::new(settings.clone())
         .context("payment providers' HTTP client")?;
     let billing = Arc::new(
-        crate::billing_mail::BillingTemplates::load(&settings)
-            .context("billing mail templates")?,
+        crate::billing_mail::BillingTemplates::load(&settings).context("billing mail templates")?,
     );
     let ctx = JobContext {
         billing,

@@ -16,15 +16,17 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use entity::{
     checkout::{self, Begun, CheckoutError, NewCheckout, Started},
-    grant,
     entities::payments::{self, PaymentStatus},
+    grant,
     validate::FieldError,
     Feature,
 };
 use poem::web::Data;
 use poem_openapi::{
     param::{Header, Query},
-    payload::Json, types::Example, ApiResponse, Object, OpenApi, Union,
+    payload::Json,
+    types::Example,
+    ApiResponse, Object, OpenApi, Union,
 };
 use worker::providers::checkout::{Checkout, CheckoutOrder};
 
@@ -351,7 +353,11 @@ fn purchasable<'a>(
     })
 }
 
-async fn quote_inner(state: &AppState, auth: &BearerAuth, plan_id: Option<&str>) -> Result<Quote, ApiError> {
+async fn quote_inner(
+    state: &AppState,
+    auth: &BearerAuth,
+    plan_id: Option<&str>,
+) -> Result<Quote, ApiError> {
     let user = state
         .session(auth, Gate::Feature(Feature::Payments))
         .await?;
