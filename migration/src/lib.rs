@@ -36,6 +36,8 @@ mod m20261130_000045_identity_trust;
 mod m20261201_000040_create_ai_quota_counters;
 mod m20261202_000050_notify_identity_and_usage;
 mod m20261210_000001_identity_address_rules;
+mod m20261213_000001_create_billing_mails;
+mod m20261213_000002_add_payment_grants;
 
 mod lock;
 pub use lock::{up_locked, MIGRATION_LOCK_KEY};
@@ -68,6 +70,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261201_000040_create_ai_quota_counters::Migration),
             Box::new(m20261202_000050_notify_identity_and_usage::Migration),
             Box::new(m20261210_000001_identity_address_rules::Migration),
+            Box::new(m20261213_000001_create_billing_mails::Migration),
+            Box::new(m20261213_000002_add_payment_grants::Migration),
         ]
     }
 }

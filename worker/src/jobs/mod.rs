@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 pub mod ai_usage;
 pub mod auth_email;
 pub mod avatar_cleanup;
+pub mod billing_mail;
 pub mod email;
 pub mod reconcile;
 pub mod settlement;
@@ -92,6 +93,10 @@ pub enum Job {
     RecordAiUsage(RecordAiUsage),
     /// Render and send one identity mail (confirmation, magic link, recovery, email change).
     SendAuthEmail(SendAuthEmail),
+    /// Render and send one billing mail (receipt, refund notice, reminder,
+    /// past-due, lapse), once per idempotency key. Queued by the model
+    /// through the job outbox ([`entity::billing_mail::queue`]).
+    SendBillingMail(entity::billing_mail::BillingMailJob),
 }
 
 impl Job {
@@ -103,7 +108,7 @@ impl Job {
             Job::SettlePayment(_) | Job::ReconcilePayment(_) => QueueName::Settlement,
 
             Job::RecordAiUsage(_) => QueueName::AiUsage,
-            Job::SendAuthEmail(_) => QueueName::Email,
+            Job::SendAuthEmail(_) | Job::SendBillingMail(_) => QueueName::Email,
         }
     }
 
@@ -116,6 +121,7 @@ impl Job {
             Job::ReconcilePayment(_) => "reconcile_payment",
             Job::RecordAiUsage(_) => "record_ai_usage",
             Job::SendAuthEmail(_) => "send_auth_email",
+            Job::SendBillingMail(_) => entity::billing_mail::JOB_TYPE,
         }
     }
 }
@@ -162,6 +168,8 @@ pub struct JobContext {
     pub storage: Storage,
     /// The payment providers' HTTP client (status checks of reconciliation).
     pub providers: Providers,
+    /// The billing mails' templates, loaded at start.
+    pub billing: Arc<crate::billing_mail::BillingTemplates>,
 }
 
 /// How a job attempt ended when it did not succeed.
@@ -202,5 +210,6 @@ pub async fn handle(
         Job::ReconcilePayment(j) => reconcile::handle(j, task_id, attempt, ctx).await,
         Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
         Job::SendAuthEmail(j) => auth_email::handle(j, task_id, attempt, ctx).await,
+        Job::SendBillingMail(j) => billing_mail::handle(j, task_id, attempt, ctx).await,
     }
 }
