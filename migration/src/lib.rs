@@ -35,6 +35,7 @@ mod m20261130_000030_create_job_outbox;
 mod m20261130_000045_identity_trust;
 mod m20261201_000040_create_ai_quota_counters;
 mod m20261202_000050_notify_identity_and_usage;
+mod m20261214_000001_create_renewals;
 
 mod lock;
 pub use lock::{up_locked, MIGRATION_LOCK_KEY};
@@ -66,6 +67,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000045_identity_trust::Migration),
             Box::new(m20261201_000040_create_ai_quota_counters::Migration),
             Box::new(m20261202_000050_notify_identity_and_usage::Migration),
+            Box::new(m20261214_000001_create_renewals::Migration),
         ]
     }
 }

@@ -34,6 +34,7 @@ fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveMod
         canceled_at: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
+        renewal_plan: Set(None),
     }
 }
 
@@ -82,6 +83,7 @@ pub async fn pending_payment_at(
         reconciled_at: Set(None),
         created_at: Set(created_at),
         updated_at: Set(created_at),
+        renewal_id: Set(None),
     }
     .insert(db)
     .await
@@ -250,6 +252,7 @@ pub async fn pending_pro_payments(db: &DatabaseConnection, n: usize) -> Vec<Stri
             reconciled_at: Set(None),
             created_at: Set(now),
             updated_at: Set(now),
+            renewal_id: Set(None),
         }
     }))
     .exec(db)

@@ -55,6 +55,7 @@ async fn pending(db: &DatabaseConnection, user: Uuid, plan: &str, provider: &str
         reconciled_at: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
+        renewal_id: Set(None),
     }
     .insert(db)
     .await

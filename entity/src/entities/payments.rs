@@ -100,6 +100,9 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     /// When the row was last changed (UTC).
     pub updated_at: DateTimeUtc,
+    /// The renewal this payment pays (`renewals.id`), when it was started
+    /// from a renewal's pay link; `None` for a checkout of `POST /api/payments`.
+    pub renewal_id: Option<Uuid>,
 }
 
 /// A payment belongs to one user.

@@ -11,6 +11,7 @@ pub mod auth_email;
 pub mod avatar_cleanup;
 pub mod email;
 pub mod reconcile;
+pub mod renewal;
 pub mod settlement;
 
 pub use ai_usage::RecordAiUsage;
@@ -18,6 +19,7 @@ pub use auth_email::SendAuthEmail;
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
 pub use reconcile::ReconcilePayment;
+pub use renewal::RenewalBatch;
 pub use settlement::SettlePayment;
 
 use crate::{mailer::Mailer, providers::Providers, retry::RetryState, storage::Storage};
@@ -92,6 +94,8 @@ pub enum Job {
     RecordAiUsage(RecordAiUsage),
     /// Render and send one identity mail (confirmation, magic link, recovery, email change).
     SendAuthEmail(SendAuthEmail),
+    /// Run one page of one pass of the renewal loop.
+    RenewalBatch(RenewalBatch),
 }
 
 impl Job {
@@ -100,7 +104,9 @@ impl Job {
         match self {
             Job::SendEmail(_) => QueueName::Email,
             Job::DeleteAvatar(_) => QueueName::Storage,
-            Job::SettlePayment(_) | Job::ReconcilePayment(_) => QueueName::Settlement,
+            Job::SettlePayment(_) | Job::ReconcilePayment(_) | Job::RenewalBatch(_) => {
+                QueueName::Settlement
+            }
 
             Job::RecordAiUsage(_) => QueueName::AiUsage,
             Job::SendAuthEmail(_) => QueueName::Email,
@@ -116,6 +122,7 @@ impl Job {
             Job::ReconcilePayment(_) => "reconcile_payment",
             Job::RecordAiUsage(_) => "record_ai_usage",
             Job::SendAuthEmail(_) => "send_auth_email",
+            Job::RenewalBatch(_) => "renewal_batch",
         }
     }
 }
@@ -202,5 +209,6 @@ pub async fn handle(
         Job::ReconcilePayment(j) => reconcile::handle(j, task_id, attempt, ctx).await,
         Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
         Job::SendAuthEmail(j) => auth_email::handle(j, task_id, attempt, ctx).await,
+        Job::RenewalBatch(j) => renewal::handle(j, task_id, attempt, ctx).await,
     }
 }
