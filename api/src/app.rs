@@ -15,9 +15,9 @@ use crate::{
     routes::confirm::ConfirmApi,
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
-        dead_letters::DeadLetterApi, health::HealthApi, pay::PayAndReadApis, payments::PaymentApi, profile::ProfileApi,
-        storage::StorageApi, subscription::SubscriptionApi, waitlist::WaitlistApi,
-        webhooks::WebhookApi,
+        dead_letters::DeadLetterApi, health::HealthApi, pay::PayAndReadApis, payments::PaymentApi,
+        profile::ProfileApi, storage::StorageApi, subscription::SubscriptionApi,
+        waitlist::WaitlistApi, webhooks::WebhookApi,
     },
     state::AppState,
 };

@@ -30,9 +30,8 @@ use chrono::{DateTime, Duration, Utc};
 use hmac::{Hmac, KeyInit, Mac};
 use sea_orm::{
     sea_query::{Expr, ExprTrait as _, Query},
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait,
-    IntoActiveModel, QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionSession,
-    TransactionTrait,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IntoActiveModel,
+    QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionSession, TransactionTrait,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -248,7 +247,9 @@ pub async fn due_page<C: ConnectionTrait>(
         Step::Lapse => q.filter(
             S::CurrentPeriodEnd
                 .lt(now - policy.grace)
-                .or(S::CancelAtPeriodEnd.eq(true).and(S::CurrentPeriodEnd.lt(now))),
+                .or(S::CancelAtPeriodEnd
+                    .eq(true)
+                    .and(S::CurrentPeriodEnd.lt(now))),
         ),
         Step::Remind => unreachable!("handled above"),
     };
@@ -362,7 +363,10 @@ async fn create_one<C: ConnectionTrait>(
         created_at: Set(now),
         updated_at: Set(now),
     };
-    match renewals::Entity::insert(row).exec_without_returning(db).await {
+    match renewals::Entity::insert(row)
+        .exec_without_returning(db)
+        .await
+    {
         Ok(_) => Ok(Some(Outcome::Created)),
         // Another worker (or an earlier run of this job) created it.
         Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => Ok(None),
@@ -466,8 +470,8 @@ where
     let Some(end) = sub.current_period_end else {
         return Ok(None);
     };
-    let due = sub.plan != FREE
-        && (end < now - policy.grace || (sub.cancel_at_period_end && end < now));
+    let due =
+        sub.plan != FREE && (end < now - policy.grace || (sub.cancel_at_period_end && end < now));
     if !due {
         return Ok(None);
     }
@@ -507,8 +511,14 @@ pub async fn void_open<C: ConnectionTrait>(
     now: DateTime<Utc>,
 ) -> Result<u64, DbErr> {
     Ok(renewals::Entity::update_many()
-        .col_expr(renewals::Column::Status, Expr::value(RenewalStatus::Void.as_str()))
-        .col_expr(renewals::Column::NextReminderAt, Expr::value(None::<DateTime<Utc>>))
+        .col_expr(
+            renewals::Column::Status,
+            Expr::value(RenewalStatus::Void.as_str()),
+        )
+        .col_expr(
+            renewals::Column::NextReminderAt,
+            Expr::value(None::<DateTime<Utc>>),
+        )
         .col_expr(renewals::Column::UpdatedAt, Expr::value(now))
         .filter(renewals::Column::UserId.eq(user_id))
         .filter(renewals::Column::Status.eq(RenewalStatus::Open))

@@ -13,8 +13,8 @@
 
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Set, TransactionSession, TransactionTrait,
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, TransactionSession, TransactionTrait,
 };
 use uuid::Uuid;
 

@@ -257,7 +257,10 @@ async fn grace_ends_then_free_once() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(audits(&db, user, "subscription.expire").await, 1);
     let s = subscription(&db, user).await;
-    assert_eq!((s.status, s.current_period_end), (SubscriptionStatus::Active, None));
+    assert_eq!(
+        (s.status, s.current_period_end),
+        (SubscriptionStatus::Active, None)
+    );
 }
 
 /// provider_b's checkout answer with a page unique to each call.
@@ -341,11 +344,17 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
     // First click: one payment, one provider checkout, 303 to its page.
     let r = click(&link).await;
     assert_eq!(r.status, 303, "{}", r.text);
-    assert_eq!(r.header("location"), Some("https://pay.example.test/checkout/1"));
+    assert_eq!(
+        r.header("location"),
+        Some("https://pay.example.test/checkout/1")
+    );
     // Repeated clicks (a mail scanner, the customer): the same checkout.
     for _ in 0..3 {
         let r = click(&link).await;
-        assert_eq!(r.header("location"), Some("https://pay.example.test/checkout/1"));
+        assert_eq!(
+            r.header("location"),
+            Some("https://pay.example.test/checkout/1")
+        );
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let rows = payments::Entity::find()
@@ -372,7 +381,10 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
     old.update(&db).await.unwrap();
     let r = click(&link).await;
     assert_eq!(r.status, 303, "{}", r.text);
-    assert_eq!(r.header("location"), Some("https://pay.example.test/checkout/2"));
+    assert_eq!(
+        r.header("location"),
+        Some("https://pay.example.test/checkout/2")
+    );
     let old = payments::Entity::find_by_id(rows[0].id)
         .one(&db)
         .await

@@ -190,7 +190,12 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
                 let begun = state
                     .bounded_db(
                         "creating the payment",
-                        renewal_pay::begin(&state.db, &r, provider, &state.settings.order_id_prefix),
+                        renewal_pay::begin(
+                            &state.db,
+                            &r,
+                            provider,
+                            &state.settings.order_id_prefix,
+                        ),
                     )
                     .await?;
                 match begun {
@@ -206,7 +211,9 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
             }
         }
     }
-    Err(ApiError::internal("the renewal kept changing under the pay link"))
+    Err(ApiError::internal(
+        "the renewal kept changing under the pay link",
+    ))
 }
 
 /// Asks the provider about a stale checkout `p`: paid → settled, the billing
@@ -220,8 +227,9 @@ async fn settle_stale(
         tracing::warn!(order_id = %p.order_id, error = %e, "pay link: could not ask the provider about the last checkout");
         ApiError::Unavailable {
             code: "provider_unavailable",
-            detail: "the payment provider could not be asked about the last checkout; try again shortly"
-                .into(),
+            detail:
+                "the payment provider could not be asked about the last checkout; try again shortly"
+                    .into(),
         }
     };
     let answer = tokio::time::timeout(
