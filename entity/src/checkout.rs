@@ -193,7 +193,7 @@ async fn insert_row<C: ConnectionTrait>(
         reconciled_at: Set(None),
         created_at: sea_orm::NotSet,
         updated_at: sea_orm::NotSet,
-        renewal_id: Set(None),
+        ..Default::default()
     })
     .exec_with_returning(db)
     .await

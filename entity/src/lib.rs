@@ -6,12 +6,14 @@
 
 pub mod ai;
 pub mod avatar;
+pub mod billing_mail;
 pub mod checkout;
 pub mod contact;
 pub mod db;
 pub mod dead_letters;
 pub mod entities;
 pub mod features;
+pub mod grant;
 pub mod identity;
 pub mod mail;
 pub mod oauth;

@@ -1,6 +1,6 @@
 //! Payment rules, free of HTTP and queues: the payment state machine, the two
 //! providers' status maps and signature formulas, the webhook dedupe keys, the
-//! order id, and the subscription period a settlement grants.
+//! order id. The period a settlement grants is [`crate::grant`]'s.
 //!
 //! Sources (decisions.md, "Payments"):
 //! * provider_a is the Snap protocol of Midtrans: notification signature =
@@ -13,7 +13,7 @@
 //!   for a body, `Digest` = base64 SHA-256 of the body).
 
 use base64::Engine as _;
-use chrono::{DateTime, Months, Utc};
+use chrono::{DateTime, Utc};
 use hmac::{Hmac, KeyInit, Mac};
 use sha1::Sha1;
 use sha2::{Digest, Sha256, Sha512};
@@ -156,6 +156,18 @@ pub fn provider_a_report(
     let Some(gross) = hundredths(&payload["gross_amount"]) else {
         return Some(status);
     };
+    let back = refunded_hundredths(payload);
+    Some(if gross > 0 && back >= gross {
+        PaymentStatus::Refunded
+    } else {
+        status
+    })
+}
+
+/// What a provider_a report says went back so far, in hundredths: the
+/// larger of `refund_amount`, `chargeback_amount` and the sum of
+/// `refunds[].refund_amount` (0 when none is given).
+fn refunded_hundredths(payload: &serde_json::Value) -> i128 {
     let listed: i128 = payload["refunds"]
         .as_array()
         .map(|rs| {
@@ -164,19 +176,28 @@ pub fn provider_a_report(
                 .sum()
         })
         .unwrap_or(0);
-    let back = [
+    [
         hundredths(&payload["refund_amount"]).unwrap_or(0),
         hundredths(&payload["chargeback_amount"]).unwrap_or(0),
         listed,
     ]
     .into_iter()
     .max()
-    .unwrap_or(0);
-    Some(if gross > 0 && back >= gross {
-        PaymentStatus::Refunded
-    } else {
-        status
-    })
+    .unwrap_or(0)
+}
+
+/// What a provider_a `partial_refund` or `partial_chargeback` report says
+/// went back so far, in whole units rounded up (the value a grant loses);
+/// `None` for any other status or when nothing is given.
+pub fn provider_a_partial_refund(
+    transaction_status: &str,
+    payload: &serde_json::Value,
+) -> Option<i64> {
+    if !matches!(transaction_status, "partial_refund" | "partial_chargeback") {
+        return None;
+    }
+    let back = refunded_hundredths(payload);
+    (back > 0).then(|| i64::try_from((back + 99) / 100).unwrap_or(i64::MAX))
 }
 
 /// provider_b's `transaction.status` as a payment status: `SUCCESS` → PAID;
@@ -334,36 +355,6 @@ pub fn is_order_id(prefix: &str, s: &str) -> bool {
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
 }
 
-/// The paid period of a subscription, as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CurrentPlan<'a> {
-    /// The plan id.
-    pub plan: &'a str,
-    /// Whether the subscription is `active`.
-    pub active: bool,
-    /// End of the paid period, if any.
-    pub period_end: Option<DateTime<Utc>>,
-}
-
-/// The period a settled payment grants: one calendar month. A renewal of the
-/// same plan that is still running extends from its current period end;
-/// anything else (another plan, a lapsed or FREE subscription) starts at
-/// `paid_at`.
-pub fn paid_period(
-    current: CurrentPlan<'_>,
-    plan: &str,
-    paid_at: DateTime<Utc>,
-) -> (DateTime<Utc>, DateTime<Utc>) {
-    let start = match current.period_end {
-        Some(end) if current.active && current.plan == plan && end > paid_at => end,
-        _ => paid_at,
-    };
-    let end = start
-        .checked_add_months(Months::new(1))
-        .expect("a month after a real date is representable");
-    (start, end)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +431,19 @@ mod tests {
             Some(Refunded)
         );
         assert_eq!(provider_a_report("refund", None, &part), Some(Refunded));
+        assert_eq!(
+            provider_a_partial_refund("partial_refund", &part),
+            Some(1_000)
+        );
+        assert_eq!(
+            provider_a_partial_refund("partial_refund", &listed),
+            Some(99_000)
+        );
+        assert_eq!(provider_a_partial_refund("settlement", &part), None);
+        assert_eq!(
+            provider_a_partial_refund("partial_chargeback", &serde_json::json!({})),
+            None
+        );
         assert_eq!(provider_a_report("settlement", None, &whole), Some(Paid));
     }
 
@@ -572,45 +576,5 @@ mod tests {
         assert!(!is_order_id("ORD", "ORD-12-ABCDEFG"));
         assert!(!is_order_id("ORD", "XYZ-12-ABCDEFGH"));
         assert!(!is_order_id("ORD", "ORD--ABCDEFGH"));
-    }
-
-    #[test]
-    fn paid_periods() {
-        let t = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
-        let paid_at = t("2026-01-31T10:00:00Z");
-        let free = CurrentPlan {
-            plan: "FREE",
-            active: true,
-            period_end: None,
-        };
-        assert_eq!(
-            paid_period(free, "PRO", paid_at),
-            (paid_at, t("2026-02-28T10:00:00Z"))
-        );
-        let running = CurrentPlan {
-            plan: "PRO",
-            active: true,
-            period_end: Some(t("2026-02-15T00:00:00Z")),
-        };
-        assert_eq!(
-            paid_period(running, "PRO", paid_at),
-            (t("2026-02-15T00:00:00Z"), t("2026-03-15T00:00:00Z")),
-            "a renewal of the same plan extends from the period end"
-        );
-        assert_eq!(
-            paid_period(running, "BASIC", paid_at),
-            (paid_at, t("2026-02-28T10:00:00Z")),
-            "another plan starts now"
-        );
-        let lapsed = CurrentPlan {
-            period_end: Some(t("2026-01-01T00:00:00Z")),
-            ..running
-        };
-        assert_eq!(paid_period(lapsed, "PRO", paid_at).0, paid_at);
-        let canceled = CurrentPlan {
-            active: false,
-            ..running
-        };
-        assert_eq!(paid_period(canceled, "PRO", paid_at).0, paid_at);
     }
 }

@@ -39,6 +39,7 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use crate::{
+    billing_mail::{BillingMail, BillingMailKind, Queued},
     entities::{
         audit_logs,
         renewals::{self, RenewalStatus},
@@ -54,6 +55,36 @@ use crate::{
 /// grace began (`status` → `past_due`).
 pub const ACTION_PAST_DUE: &str = "subscription.past_due";
 
+/// `audit_logs.action` when a subscription lapsed and its user has no email
+/// address, so no reminder or lapse mail could tell them.
+pub const ACTION_NO_EMAIL: &str = "no_email";
+
+/// Queues billing mail `kind` for `user_id` under idempotency `key` in the
+/// caller's transaction ([`crate::billing_mail::queue`]).
+async fn mail<C: ConnectionTrait>(
+    db: &C,
+    kind: BillingMailKind,
+    user_id: Uuid,
+    key: String,
+    vars: serde_json::Value,
+) -> Result<Queued, DbErr> {
+    let serde_json::Value::Object(vars) = vars else {
+        return Err(DbErr::Custom(
+            "billing mail variables must be an object".into(),
+        ));
+    };
+    crate::billing_mail::queue(
+        db,
+        BillingMail {
+            kind,
+            user_id,
+            key,
+            vars,
+        },
+    )
+    .await
+}
+
 /// The renewal settings in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
@@ -63,6 +94,10 @@ pub struct Policy {
     /// Reminder offsets in days before the period end, largest first
     /// (`RENEWAL_REMINDER_DAYS`).
     pub reminder_days: Vec<u32>,
+    /// The secret pay links are signed with (`BACKEND_SERVICE_ROLE_KEY`).
+    pub pay_secret: Option<String>,
+    /// `API_EXTERNAL_URL`, the base of pay links.
+    pub api_url: String,
 }
 
 impl Policy {
@@ -71,7 +106,19 @@ impl Policy {
         Policy {
             grace: Duration::from_std(settings.renewal_grace).unwrap_or(Duration::MAX),
             reminder_days: settings.renewal_reminder_days.clone(),
+            pay_secret: settings.backend_service_role_key.clone(),
+            api_url: settings.api_external_url.trim_end_matches('/').to_string(),
         }
+    }
+
+    /// The pay link of renewal `id` (`None` without a signing secret).
+    pub fn pay_url(&self, id: Uuid) -> Option<String> {
+        let secret = self.pay_secret.as_deref()?;
+        Some(format!(
+            "{}/api/payments/pay/{}",
+            self.api_url,
+            pay_token(secret, id)
+        ))
     }
 
     /// How long before the period end the renewal is created: the largest
@@ -403,6 +450,24 @@ where
         // Due already: the past-due mail speaks from now on.
         None
     };
+    if let (Some(d), Some(_)) = (sent, outcome) {
+        let vars = json!({
+            "plan": r.plan,
+            "amount": r.amount,
+            "currency": r.currency,
+            "due_at": r.period_end,
+            "seconds_left": (r.period_end - now).num_seconds(),
+            "pay_url": policy.pay_url(r.id),
+        });
+        mail(
+            &txn,
+            BillingMailKind::RenewalReminder,
+            r.user_id,
+            format!("reminder:{}:{}:{d}", r.user_id, r.period_end.timestamp()),
+            vars,
+        )
+        .await?;
+    }
     let mut am = r.into_active_model();
     am.next_reminder_at = Set(if outcome.is_some() { next } else { None });
     am.updated_at = Set(now);
@@ -437,6 +502,23 @@ where
     }
     let grace_end = end + policy.grace;
     let plan = sub.plan.clone();
+    let renewal = open_of(&txn, &sub).await?;
+    let vars = json!({
+        "plan": plan,
+        "amount": renewal.as_ref().map(|r| r.amount),
+        "currency": renewal.as_ref().map(|r| r.currency.clone()),
+        "period_end": end,
+        "grace_end": grace_end,
+        "pay_url": renewal.as_ref().and_then(|r| policy.pay_url(r.id)),
+    });
+    mail(
+        &txn,
+        BillingMailKind::PastDue,
+        user_id,
+        format!("past_due:{user_id}:{}", end.timestamp()),
+        vars,
+    )
+    .await?;
     let mut am = sub.into_active_model();
     am.status = Set(SubscriptionStatus::PastDue);
     am.updated_at = Set(now);
@@ -490,6 +572,25 @@ where
     am.updated_at = Set(now);
     am.update(&txn).await?;
     void_open(&txn, user_id, now).await?;
+    let mailed = mail(
+        &txn,
+        BillingMailKind::Lapsed,
+        user_id,
+        format!("lapsed:{user_id}:{}", end.timestamp()),
+        json!({ "plan": old["plan"], "period_end": end, "lapsed_at": now }),
+    )
+    .await?;
+    if mailed == Queued::NoEmail {
+        audit(
+            &txn,
+            ACTION_NO_EMAIL,
+            user_id,
+            old.clone(),
+            json!({ "plan": FREE, "reason": "no email address: no reminder or lapse mail was sent" }),
+            now,
+        )
+        .await?;
+    }
     audit(
         &txn,
         ACTION_SUBSCRIPTION_EXPIRE,
@@ -627,6 +728,8 @@ mod tests {
         let p = Policy {
             grace: Duration::days(3),
             reminder_days: vec![7, 3, 1],
+            pay_secret: None,
+            api_url: String::new(),
         };
         let end = at("2026-12-20T10:00:00Z");
         assert_eq!(p.lead(), Duration::days(7));
@@ -640,6 +743,8 @@ mod tests {
         let none = Policy {
             grace: Duration::zero(),
             reminder_days: vec![],
+            pay_secret: None,
+            api_url: String::new(),
         };
         assert_eq!(none.first_reminder(end), None);
         assert_eq!(none.lead(), Duration::days(1));

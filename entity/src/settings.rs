@@ -463,6 +463,13 @@ pub struct Settings {
     /// `{API_EXTERNAL_URL}/auth/v1`; avatar upload URLs and the OAuth callback
     /// are under it). Default `APP_URL` (one origin for page and API).
     pub api_external_url: String,
+    /// `APP_NAME`: the product's name in billing mails (default `App`;
+    /// 1–100 characters, no line breaks).
+    pub app_name: String,
+    /// `BILLING_TIME_ZONE`: the IANA time zone billing mails write their
+    /// times in, named in the text (default `Asia/Jakarta`); JSON answers
+    /// stay UTC.
+    pub billing_time_zone: chrono_tz::Tz,
     /// `AUTH_RATE_LIMIT_PER_5MIN`: per-IP requests per 5 minutes on sign-up,
     /// password and PKCE sign-in, OTP, recover, resend and verify, each route
     /// counted apart (default 30).
@@ -536,6 +543,39 @@ impl Source for HashMap<&str, &str> {
         HashMap::get(self, name)
             .map(|v| v.to_string())
             .filter(|v| !v.trim().is_empty())
+    }
+}
+
+/// `APP_NAME`: 1–100 characters without control characters (it goes into
+/// mail subjects); default `App`.
+fn read_app_name<S: Source + ?Sized>(r: &Reader<'_, S>) -> Result<String, SettingsError> {
+    let Some(name) = r.opt("APP_NAME") else {
+        return Ok("App".to_string());
+    };
+    let name = name.trim().to_string();
+    if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+        return Err(err(
+            "APP_NAME",
+            "expected 1–100 characters without line breaks or control characters",
+        ));
+    }
+    Ok(name)
+}
+
+/// An IANA time zone name (`Asia/Jakarta`, `UTC`), else `default`.
+fn read_time_zone<S: Source + ?Sized>(
+    r: &Reader<'_, S>,
+    var: &'static str,
+    default: chrono_tz::Tz,
+) -> Result<chrono_tz::Tz, SettingsError> {
+    match r.opt(var) {
+        None => Ok(default),
+        Some(v) => v.trim().parse::<chrono_tz::Tz>().map_err(|_| {
+            err(
+                var,
+                format!("expected an IANA time zone name such as Asia/Jakarta, got {v:?}"),
+            )
+        }),
     }
 }
 
@@ -1221,6 +1261,8 @@ impl Settings {
             auth_jwt_previous_keys: r.opt("AUTH_JWT_PREVIOUS_KEYS"),
             auth_templates_dir: r.opt("AUTH_TEMPLATES_DIR").map(PathBuf::from),
             api_external_url,
+            app_name: read_app_name(&r)?,
+            billing_time_zone: read_time_zone(&r, "BILLING_TIME_ZONE", chrono_tz::Asia::Jakarta)?,
             auth_rate_limit_per_5min: r.num_or(
                 "AUTH_RATE_LIMIT_PER_5MIN",
                 30u32,
@@ -1451,6 +1493,32 @@ mod tests {
                 "AUTH_MAIL_INTERVAL_SECS"
             );
         }
+    }
+
+    #[test]
+    fn billing_mails_name_the_product_and_a_real_time_zone() {
+        let s = with(&[]).unwrap();
+        assert_eq!(s.app_name, "App");
+        assert_eq!(s.billing_time_zone, chrono_tz::Asia::Jakarta);
+        let s = with(&[
+            ("APP_NAME", " Acme Cloud "),
+            ("BILLING_TIME_ZONE", "Europe/Berlin"),
+        ])
+        .unwrap();
+        assert_eq!(s.app_name, "Acme Cloud");
+        assert_eq!(s.billing_time_zone, chrono_tz::Europe::Berlin);
+        for bad in ["Mars/Olympus", "Asia/Nowhere", "+07:00"] {
+            assert_eq!(
+                with(&[("BILLING_TIME_ZONE", bad)]).unwrap_err().var,
+                "BILLING_TIME_ZONE"
+            );
+        }
+        assert_eq!(
+            with(&[("APP_NAME", "Acme\nCloud")]).unwrap_err().var,
+            "APP_NAME"
+        );
+        let long: &'static str = Box::leak("x".repeat(101).into_boxed_str());
+        assert_eq!(with(&[("APP_NAME", long)]).unwrap_err().var, "APP_NAME");
     }
 
     #[test]

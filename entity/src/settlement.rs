@@ -20,12 +20,14 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::{
+    billing_mail::{self, BillingMail, BillingMailKind},
     entities::{
         audit_logs, payments,
         subscriptions::{self, SubscriptionStatus},
         webhook_events,
     },
-    payment::{self, CurrentPlan, PaymentStatus, Transition},
+    grant,
+    payment::{self, PaymentStatus, Transition},
     plans::FREE,
     users::begin_write,
 };
@@ -124,6 +126,13 @@ where
         return Ok(Settled::AlreadySettled);
     }
     let reported = reported_status(&event.provider, &event.provider_status, &event.payload);
+    if event.provider == payments::PROVIDER_A {
+        if let Some(back) =
+            payment::provider_a_partial_refund(&event.provider_status, &event.payload)
+        {
+            grant::record_partial_refund(&txn, &event.order_id, back).await?;
+        }
+    }
     let outcome = match reported {
         None => Settled::Invalid("the event reports a status its provider does not define"),
         Some(reported) => {
@@ -248,6 +257,7 @@ async fn apply<T: ConnectionTrait>(
     // expiry task, whichever host runs that.
     let now = crate::db::now(txn).await?;
     let mut period_end = None;
+    let mut granted = None;
     let mut taken_back = None;
     if to == PaymentStatus::Paid {
         let mut find = subscriptions::Entity::find_by_id(pay.user_id);
@@ -255,28 +265,17 @@ async fn apply<T: ConnectionTrait>(
             find = find.lock_exclusive();
         }
         let sub = find.one(txn).await?;
-        let current = sub.as_ref().map_or(
-            CurrentPlan {
-                plan: FREE,
-                active: false,
-                period_end: None,
-            },
-            |s| CurrentPlan {
-                plan: &s.plan,
-                active: s.status == SubscriptionStatus::Active,
-                period_end: s.current_period_end,
-            },
-        );
-        let (start, end) = payment::paid_period(current, &pay.plan, now);
-        period_end = Some(end);
+        let g = grant::plan(txn, pay.user_id, sub.as_ref(), &pay.plan, pay.amount, now).await?;
+        grant::store(txn, pay.id, &g).await?;
+        period_end = Some(g.end);
         match sub {
             Some(s) => {
                 let mut am = s.into_active_model();
                 am.plan = Set(pay.plan.clone());
                 am.status = Set(SubscriptionStatus::Active);
                 am.cancel_at_period_end = Set(false);
-                am.current_period_start = Set(Some(start));
-                am.current_period_end = Set(Some(end));
+                am.current_period_start = Set(Some(g.start));
+                am.current_period_end = Set(Some(g.end));
                 am.canceled_at = Set(None);
                 am.updated_at = Set(now);
                 am.update(txn).await?;
@@ -287,8 +286,8 @@ async fn apply<T: ConnectionTrait>(
                     plan: Set(pay.plan.clone()),
                     status: Set(SubscriptionStatus::Active),
                     cancel_at_period_end: Set(false),
-                    current_period_start: Set(Some(start)),
-                    current_period_end: Set(Some(end)),
+                    current_period_start: Set(Some(g.start)),
+                    current_period_end: Set(Some(g.end)),
                     canceled_at: Set(None),
                     created_at: Set(now),
                     updated_at: Set(now),
@@ -298,11 +297,17 @@ async fn apply<T: ConnectionTrait>(
                 .await?;
             }
         }
+        granted = Some(g);
     } else if to == PaymentStatus::Refunded {
-        taken_back = take_back(txn, &pay, now, request_id.clone()).await?;
+        taken_back = grant::take_back(txn, &pay, now, request_id.clone()).await?;
     }
     let user_id = pay.user_id;
     let plan = pay.plan.clone();
+    if let Some(g) = &granted {
+        receipt(txn, &pay, now, g).await?;
+    } else if to == PaymentStatus::Refunded {
+        refund_notice(txn, &pay, now, taken_back.as_ref()).await?;
+    }
     let mut am = pay.into_active_model();
     am.status = Set(to);
     if to == PaymentStatus::Paid {
@@ -347,136 +352,89 @@ async fn apply<T: ConnectionTrait>(
     })
 }
 
-/// A plan and its paid period (start, end).
-type Period = (String, DateTime<Utc>, DateTime<Utc>);
-/// One payment's own period: its id, start and end.
-type PaymentPeriod = (Uuid, DateTime<Utc>, DateTime<Utc>);
-
-/// The subscription the paid payments `paid` (in `paid_at` order) make, by
-/// the rule of [`payment::paid_period`] from a FREE start: the plan and the
-/// period of the last one, and each payment's own period.
-fn replay<'a>(
-    paid: impl Iterator<Item = &'a payments::Model>,
-) -> (Option<Period>, Vec<PaymentPeriod>) {
-    let mut state: Option<Period> = None;
-    let mut periods = Vec::new();
-    for p in paid {
-        let Some(paid_at) = p.paid_at else { continue };
-        let current = state.as_ref().map_or(
-            CurrentPlan {
-                plan: FREE,
-                active: false,
-                period_end: None,
-            },
-            |(plan, _, end)| CurrentPlan {
-                plan,
-                active: true,
-                period_end: Some(*end),
-            },
-        );
-        let (start, end) = payment::paid_period(current, &p.plan, paid_at);
-        periods.push((p.id, start, end));
-        state = Some((p.plan.clone(), start, end));
-    }
-    (state, periods)
+/// Queues the receipt of `pay`, which became `PAID` at `paid_at` and
+/// granted `g`, in the settlement's transaction.
+async fn receipt<T: ConnectionTrait>(
+    txn: &T,
+    pay: &payments::Model,
+    paid_at: DateTime<Utc>,
+    g: &grant::Grant,
+) -> Result<(), DbErr> {
+    let vars = json!({
+        "order_id": pay.order_id,
+        "plan": pay.plan,
+        "amount": pay.amount,
+        "currency": pay.currency,
+        "provider": pay.provider,
+        "paid_at": paid_at,
+        "period_start": g.start,
+        "period_end": g.end,
+        "from_plan": g.from_plan,
+        "carried_seconds": g.carried_seconds,
+    });
+    billing_mail::queue(
+        txn,
+        BillingMail {
+            kind: BillingMailKind::Receipt,
+            user_id: pay.user_id,
+            key: billing_mail::receipt_key(&pay.order_id),
+            vars: as_map(vars),
+        },
+    )
+    .await?;
+    Ok(())
 }
 
-/// Takes back the period the payment `refunded` (still `PAID` here) bought,
-/// under the subscription's row lock: the subscription becomes what it would
-/// be without that payment. When the subscription is what the user's paid
-/// payments make ([`replay`]), it becomes what the others make; otherwise,
-/// while it is on the payment's plan, its end moves back by the payment's
-/// own period. A period that then ends before `now` falls back to FREE at
-/// once. A period already over or superseded by another plan is left alone.
-/// Writes an [`ACTION_SUBSCRIPTION_TAKE_BACK`] audit row; answers the
-/// subscription's new plan and period end (`None`: nothing changed).
-async fn take_back<T: ConnectionTrait>(
+/// Queues the refund notice of `pay`, refunded (or charged back) at `now`;
+/// `subscription` is what the take-back left (`{plan, period_end}`; `None`:
+/// the subscription did not change, read as it is).
+async fn refund_notice<T: ConnectionTrait>(
     txn: &T,
-    refunded: &payments::Model,
+    pay: &payments::Model,
     now: DateTime<Utc>,
-    request_id: Option<String>,
-) -> Result<Option<serde_json::Value>, DbErr> {
-    use sea_orm::QueryOrder;
-    let postgres = txn.get_database_backend() == DbBackend::Postgres;
-    let mut find = subscriptions::Entity::find_by_id(refunded.user_id);
-    if postgres {
-        find = find.lock_exclusive();
-    }
-    let Some(sub) = find.one(txn).await? else {
-        return Ok(None);
+    subscription: Option<&serde_json::Value>,
+) -> Result<(), DbErr> {
+    let (plan, end) = match subscription {
+        Some(v) => (
+            v["plan"].as_str().unwrap_or(FREE).to_string(),
+            v["period_end"].clone(),
+        ),
+        None => match subscriptions::Entity::find_by_id(pay.user_id)
+            .one(txn)
+            .await?
+        {
+            Some(s) => (s.plan, json!(s.current_period_end)),
+            None => (FREE.to_string(), serde_json::Value::Null),
+        },
     };
-    let paid: Vec<payments::Model> = payments::Entity::find()
-        .filter(payments::Column::UserId.eq(refunded.user_id))
-        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
-        .filter(payments::Column::PaidAt.is_not_null())
-        .order_by_asc(payments::Column::PaidAt)
-        .all(txn)
-        .await?;
-    let (with, periods) = replay(paid.iter());
-    let (without, _) = replay(paid.iter().filter(|p| p.id != refunded.id));
-    let Some(&(_, own_start, own_end)) = periods.iter().find(|(id, _, _)| *id == refunded.id)
-    else {
-        return Ok(None);
-    };
-    let derived = with
-        .as_ref()
-        .is_some_and(|(plan, _, end)| *plan == sub.plan && sub.current_period_end == Some(*end));
-    let target: Option<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = if derived {
-        without.map(|(plan, start, end)| (plan, Some(start), end))
-    } else {
-        match sub.current_period_end {
-            Some(end) if sub.plan == refunded.plan && end > now => Some((
-                sub.plan.clone(),
-                sub.current_period_start,
-                end - (own_end - own_start),
-            )),
-            _ => return Ok(None),
-        }
-    };
-    let target = target.filter(|(_, _, end)| *end > now);
-    let old = json!({
-        "plan": sub.plan,
-        "status": sub.status.as_str(),
-        "period_end": sub.current_period_end,
+    let vars = json!({
+        "order_id": pay.order_id,
+        "plan": pay.plan,
+        "amount": pay.amount,
+        "currency": pay.currency,
+        "provider": pay.provider,
+        "refunded_at": now,
+        "subscription_plan": plan,
+        "subscription_period_end": end,
     });
-    let mut am = sub.into_active_model();
-    let new = match target {
-        Some((plan, start, end)) => {
-            am.plan = Set(plan.clone());
-            am.current_period_start = Set(start.map(|s| s.min(end)));
-            am.current_period_end = Set(Some(end));
-            json!({ "plan": plan, "period_end": end })
-        }
-        None => {
-            am.plan = Set(FREE.to_string());
-            am.status = Set(SubscriptionStatus::Active);
-            am.cancel_at_period_end = Set(false);
-            am.current_period_start = Set(None);
-            am.current_period_end = Set(None);
-            json!({ "plan": FREE, "period_end": null })
-        }
-    };
-    am.updated_at = Set(now);
-    am.update(txn).await?;
-    audit_logs::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        actor_id: Set(None),
-        action: Set(ACTION_SUBSCRIPTION_TAKE_BACK.to_string()),
-        target_type: Set(TARGET_TYPE_SUBSCRIPTION.to_string()),
-        target_id: Set(refunded.user_id.to_string()),
-        old_value: Set(Some(old)),
-        new_value: Set(Some(json!({
-            "plan": new["plan"],
-            "period_end": new["period_end"],
-            "refunded_order_id": refunded.order_id,
-        }))),
-        request_id: Set(request_id),
-        client_request_id: Set(None),
-        created_at: Set(now),
-    }
-    .insert(txn)
+    billing_mail::queue(
+        txn,
+        BillingMail {
+            kind: BillingMailKind::RefundNotice,
+            user_id: pay.user_id,
+            key: billing_mail::refund_key(&pay.order_id),
+            vars: as_map(vars),
+        },
+    )
     .await?;
-    Ok(Some(new))
+    Ok(())
+}
+
+fn as_map(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match v {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    }
 }
 
 /// Moves every paid subscription whose period ended before `now` back to

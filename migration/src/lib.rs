@@ -35,6 +35,8 @@ mod m20261130_000030_create_job_outbox;
 mod m20261130_000045_identity_trust;
 mod m20261201_000040_create_ai_quota_counters;
 mod m20261202_000050_notify_identity_and_usage;
+mod m20261213_000001_create_billing_mails;
+mod m20261213_000002_add_payment_grants;
 mod m20261214_000001_create_renewals;
 
 mod lock;
@@ -67,6 +69,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_000045_identity_trust::Migration),
             Box::new(m20261201_000040_create_ai_quota_counters::Migration),
             Box::new(m20261202_000050_notify_identity_and_usage::Migration),
+            Box::new(m20261213_000001_create_billing_mails::Migration),
+            Box::new(m20261213_000002_add_payment_grants::Migration),
             Box::new(m20261214_000001_create_renewals::Migration),
         ]
     }

@@ -89,6 +89,40 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
+    // The billing migrations first, newest first: the payments' stored
+    // grants, then the billing mails' keys.
+    let grant_columns = [
+        "grant_plan",
+        "grant_start",
+        "grant_end",
+        "grant_from_plan",
+        "grant_from_end",
+        "carried_seconds",
+        "carried_value",
+        "carried_into",
+        "refunded_amount",
+    ];
+    for column in grant_columns {
+        assert!(
+            manager.has_column("payments", column).await?,
+            "payments.{column}"
+        );
+    }
+    Migrator::down(db, Some(1)).await?;
+    for column in grant_columns {
+        assert!(
+            !manager.has_column("payments", column).await?,
+            "payments.{column} after down"
+        );
+    }
+    assert!(manager.has_table("billing_mails").await?);
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager.has_table("billing_mails").await?,
+        "billing_mails after down"
+    );
+    const BILLING_STEPS: usize = 2;
+
     // The newest migrations, newest first: the account cache's triggers
     // (PostgreSQL only), the AI quota counters, then the identity provider's
     // trust columns, then the job outbox.
@@ -126,8 +160,11 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("job_outbox").await?,
         "job_outbox after down"
     );
-    assert_eq!(Migrator::get_pending_migrations(db).await?.len(), 4);
-    const OUTBOX_STEPS: usize = 4;
+    assert_eq!(
+        Migrator::get_pending_migrations(db).await?.len(),
+        BILLING_STEPS + 4
+    );
+    const OUTBOX_STEPS: usize = BILLING_STEPS + 4;
 
     // Then, on PostgreSQL, one account-change trigger on each of users,
     // user_roles and subscriptions; on SQLite, nothing.

@@ -83,7 +83,7 @@ pub async fn pending_payment_at(
         reconciled_at: Set(None),
         created_at: Set(created_at),
         updated_at: Set(created_at),
-        renewal_id: Set(None),
+        ..Default::default()
     }
     .insert(db)
     .await
@@ -252,7 +252,7 @@ pub async fn pending_pro_payments(db: &DatabaseConnection, n: usize) -> Vec<Stri
             reconciled_at: Set(None),
             created_at: Set(now),
             updated_at: Set(now),
-            renewal_id: Set(None),
+            ..Default::default()
         }
     }))
     .exec(db)
@@ -293,4 +293,106 @@ pub async fn count(pool: &sea_orm::sqlx::PgPool, sql: &'static str) -> i64 {
 /// How many payments are PAID.
 pub async fn paid_payments(pool: &sea_orm::sqlx::PgPool) -> i64 {
     count(pool, "SELECT count(*) FROM payments WHERE status = 'PAID'").await
+}
+
+/// A PENDING payment of `plan` for `amount` IDR by `user` with `provider`,
+/// created now; answers its order id.
+pub async fn pending_plan_payment(
+    db: &DatabaseConnection,
+    user: Uuid,
+    plan: &str,
+    amount: i64,
+    provider: &str,
+) -> String {
+    let now = Utc::now();
+    let order_id = entity::payment::new_order_id("ORD", now);
+    payments::ActiveModel {
+        id: Set(Uuid::new_v4()),
+        order_id: Set(order_id.clone()),
+        user_id: Set(user),
+        plan: Set(plan.into()),
+        amount: Set(amount),
+        currency: Set("IDR".into()),
+        provider: Set(provider.into()),
+        status: Set(PaymentStatus::Pending),
+        checkout_token: Set(None),
+        payment_url: Set(None),
+        provider_reference: Set(None),
+        paid_at: Set(None),
+        idempotency_key: Set(None),
+        reconciled_at: Set(None),
+        created_at: Set(now),
+        updated_at: Set(now),
+        ..Default::default()
+    }
+    .insert(db)
+    .await
+    .expect("insert payment");
+    order_id
+}
+
+/// A provider_b notification as DOKU documents it (`check_word` over
+/// `amount` and `status`, the `Signature` header over the exact body for the
+/// webhook path `target`), with the headers to send it with.
+pub fn provider_b_notice(
+    client_id: &str,
+    secret: &str,
+    target: &str,
+    order_id: &str,
+    amount: i64,
+    status: &str,
+) -> (Vec<u8>, Vec<(&'static str, String)>) {
+    let word = entity::payment::provider_b_check_word(
+        client_id,
+        order_id,
+        &amount.to_string(),
+        status,
+        secret,
+    );
+    let request_id = Uuid::new_v4().to_string();
+    let body = format!(
+        r#"{{"service":{{"id":"VIRTUAL_ACCOUNT"}},"acquirer":{{"id":"BCA"}},"channel":{{"id":"VIRTUAL_ACCOUNT_BCA"}},"order":{{"invoice_number":"{order_id}","amount":{amount}}},"transaction":{{"status":"{status}","date":"2026-11-23T10:00:00Z","original_request_id":"req-{order_id}"}},"security":{{"check_word":"{word}"}}}}"#
+    );
+    let ts = "2026-11-23T10:00:01Z";
+    let sig = entity::payment::provider_b_signature(
+        secret,
+        &entity::payment::ProviderBRequest {
+            client_id,
+            request_id: &request_id,
+            timestamp: ts,
+            target,
+            body: Some(body.as_bytes()),
+        },
+    );
+    let headers = vec![
+        ("client-id", client_id.to_string()),
+        ("request-id", request_id),
+        ("request-timestamp", ts.to_string()),
+        ("signature", sig),
+    ];
+    (body.into_bytes(), headers)
+}
+
+/// The payment row of `order_id`.
+pub async fn payment_row(db: &DatabaseConnection, order_id: &str) -> payments::Model {
+    use sea_orm::{ColumnTrait, QueryFilter};
+    payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(order_id))
+        .one(db)
+        .await
+        .unwrap()
+        .expect("payment row")
+}
+
+/// Waits (30 s at most) until payment `order_id` has `status`.
+pub async fn wait_payment_status(db: &DatabaseConnection, order_id: &str, status: PaymentStatus) {
+    let ok = crate::wait_until(std::time::Duration::from_secs(30), || async {
+        payment_row(db, order_id).await.status == status
+    })
+    .await;
+    assert!(
+        ok,
+        "{order_id} is {:?}, not {status:?}",
+        payment_row(db, order_id).await.status
+    );
 }

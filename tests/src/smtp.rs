@@ -58,6 +58,37 @@ impl Mail {
             .collect()
     }
 
+    /// The decoded part of content type `content_type` (`text/plain`,
+    /// `text/html`) of a multipart message; the body of a single-part one
+    /// of that type; empty when there is none.
+    pub fn part(&self, content_type: &str) -> String {
+        let ct = self.header("content-type").unwrap_or_default();
+        let boundary = ct.split(';').find_map(|p| {
+            p.trim()
+                .strip_prefix("boundary=")
+                .map(|b| b.trim_matches('"').to_string())
+        });
+        let Some(boundary) = boundary else {
+            return if ct.to_ascii_lowercase().starts_with(content_type) {
+                self.body()
+            } else {
+                String::new()
+            };
+        };
+        for chunk in self.split().1.split(&format!("--{boundary}")) {
+            let part = Mail {
+                envelope_from: String::new(),
+                envelope_to: vec![],
+                data: chunk.trim_start_matches(['\r', '\n']).to_string(),
+            };
+            let found = part.part(content_type);
+            if !found.is_empty() {
+                return found;
+            }
+        }
+        String::new()
+    }
+
     /// The body decoded from its `Content-Transfer-Encoding` (7bit, 8bit,
     /// quoted-printable, base64). Single-part messages only.
     pub fn body(&self) -> String {

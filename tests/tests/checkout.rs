@@ -96,6 +96,28 @@ async fn rows_of(db: &DatabaseConnection, user: Uuid) -> Vec<payments::Model> {
         .unwrap()
 }
 
+/// The quote of a first checkout (the user is on FREE): the payment's plan
+/// and amount, a calendar month from the payment's creation, nothing
+/// carried.
+fn assert_fresh_quote(quote: &Value, p: &payments::Model) {
+    let start = p.created_at;
+    let end = start
+        .checked_add_months(chrono::Months::new(1))
+        .expect("a month later");
+    let at = |v: &Value| {
+        v.as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .unwrap_or_else(|| panic!("a UTC time: {quote}"))
+    };
+    assert_eq!(quote["plan"], p.plan.as_str(), "{quote}");
+    assert_eq!(quote["amount"], p.amount, "{quote}");
+    assert_eq!(quote["currency"], "IDR", "{quote}");
+    assert_eq!(quote["carried_seconds"], 0, "{quote}");
+    assert_eq!(at(&quote["period_start"]), start, "{quote}");
+    assert_eq!(at(&quote["period_end"]), end, "{quote}");
+}
+
 /// provider_a's documented answer: 201 `{token, redirect_url}`.
 fn a_created(token: &str) -> ResponseTemplate {
     ResponseTemplate::new(201).set_body_json(json!({
@@ -165,10 +187,16 @@ async fn provider_a_checkout_sends_the_snap_request_and_answers_the_token() {
     let r = pay(&api, Some(user), json!({"plan": "PRO"}), None).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let order_id = r.json["orderId"].as_str().expect("orderId").to_string();
+    let mut answer = r.json.clone();
+    let quote = answer
+        .as_object_mut()
+        .and_then(|o| o.remove("quote"))
+        .expect("the answer carries its quote");
     assert_eq!(
-        r.json,
+        answer,
         json!({"provider": "provider_a", "token": "snap-token-1", "orderId": order_id})
     );
+    assert_fresh_quote(&quote, &payment(&db, &order_id).await);
     assert!(entity::payment::is_order_id("ORD", &order_id), "{order_id}");
     assert_eq!(r.header_u64("x-ratelimit-limit"), 5);
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 4);
@@ -242,10 +270,16 @@ async fn provider_b_checkout_is_signed_over_the_exact_body_and_answers_the_url()
     let r = pay(&api, Some(user), json!({"plan": "ULTIMATE"}), None).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let order_id = r.json["orderId"].as_str().expect("orderId").to_string();
+    let mut answer = r.json.clone();
+    let quote = answer
+        .as_object_mut()
+        .and_then(|o| o.remove("quote"))
+        .expect("the answer carries its quote");
     assert_eq!(
-        r.json,
+        answer,
         json!({"provider": "provider_b", "payment_url": pay_url, "orderId": order_id})
     );
+    assert_fresh_quote(&quote, &payment(&db, &order_id).await);
 
     let received = fake.received_requests().await.unwrap();
     assert_eq!(received.len(), 1);

@@ -55,7 +55,7 @@ async fn pending(db: &DatabaseConnection, user: Uuid, plan: &str, provider: &str
         reconciled_at: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
-        renewal_id: Set(None),
+        ..Default::default()
     }
     .insert(db)
     .await

@@ -3,6 +3,7 @@
 //! worker runtime. The `api` crate enqueues [`Job`]s through a [`queue::Producer`].
 
 pub mod ai;
+pub mod billing_mail;
 pub mod drain;
 pub mod http;
 pub mod jobs;

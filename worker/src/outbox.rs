@@ -10,8 +10,10 @@
 //!   (`delete_avatar`, `record_ai_usage`) are idempotent. Every push of a row
 //!   carries the row id as the job's idempotency key.
 //!
-//! On the embedded SQLite queue the outbox is not used: that queue is a file
-//! on the same machine, with no network between the process and it to blink.
+//! On the embedded SQLite queue the api pushes its follow-ups directly (that
+//! queue is a file on the same machine, with no network to blink), but the
+//! relay runs there too: the model writes jobs into the outbox inside its
+//! own transactions (the billing mails of [`entity::billing_mail`]).
 
 use std::time::Duration;
 
@@ -52,13 +54,9 @@ pub async fn keep(db: &DatabaseConnection, job: &Job) -> Result<Uuid, DbErr> {
     outbox::insert(db, &to_row(job), Duration::ZERO).await
 }
 
-/// Relays due rows every [`RELAY_EVERY`] until `shutdown`; nothing on the
-/// SQLite queue. After a failed round the pause doubles, up to
+/// Relays due rows every [`RELAY_EVERY`] until `shutdown`. After a failed round the pause doubles, up to
 /// [`MAX_PAUSE`], so an outage is not logged every second.
 pub async fn run(db: DatabaseConnection, queues: Queues, shutdown: CancellationToken) {
-    if queues.kind() != "redis" {
-        return;
-    }
     let mut pause = RELAY_EVERY;
     loop {
         tokio::select! {

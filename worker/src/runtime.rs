@@ -144,7 +144,11 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
         .context("object store (STORAGE_URL)")?;
     let providers = crate::providers::Providers::new(settings.clone())
         .context("payment providers' HTTP client")?;
+    let billing = Arc::new(
+        crate::billing_mail::BillingTemplates::load(&settings).context("billing mail templates")?,
+    );
     let ctx = JobContext {
+        billing,
         db,
         mailer,
         storage,

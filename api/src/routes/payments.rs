@@ -1,5 +1,7 @@
 //! `POST /api/payments`: create a `PENDING` payment for a plan and start the
-//! configured provider's checkout (issue 8, item 2).
+//! configured provider's checkout (issue 8, item 2); `GET
+//! /api/payments/quote`: what paying a plan now grants ([`grant::quote`], the
+//! settlement's rule).
 //!
 //! Flow: session gate (payments toggle and provider credentials → 503, then
 //! 401) → 5 requests per 15 minutes per user (429) → plan (400
@@ -11,15 +13,20 @@
 
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use entity::{
     checkout::{self, Begun, CheckoutError, NewCheckout, Started},
     entities::payments::{self, PaymentStatus},
+    grant,
     validate::FieldError,
     Feature,
 };
 use poem::web::Data;
 use poem_openapi::{
-    param::Header, payload::Json, types::Example, ApiResponse, Object, OpenApi, Union,
+    param::{Header, Query},
+    payload::Json,
+    types::Example,
+    ApiResponse, Object, OpenApi, Union,
 };
 use worker::providers::checkout::{Checkout, CheckoutOrder};
 
@@ -60,6 +67,58 @@ impl Example for PaymentRequest {
     }
 }
 
+/// What paying a plan now grants: the period and the time carried over
+/// from the plan in force (the same rule as the settlement, so the receipt
+/// shows these figures when the payment settles at once; settled later, the
+/// period starts later and less time is left to carry).
+#[derive(Debug, Clone, Object)]
+#[oai(example)]
+pub struct Quote {
+    /// The plan.
+    pub plan: String,
+    /// Its price, whole units of `currency` (what the checkout charges).
+    pub amount: i64,
+    /// ISO 4217 currency (`IDR`).
+    pub currency: String,
+    /// Start of the period it grants (UTC): now, or the current period's end
+    /// when the plan in force is the same plan.
+    pub period_start: DateTime<Utc>,
+    /// End of the period (UTC): one calendar month after `period_start`,
+    /// plus `carried_seconds`.
+    pub period_end: DateTime<Utc>,
+    /// Unused paid time of another plan in force carried over, converted at
+    /// the ratio of what that time was worth to this plan's price; seconds,
+    /// rounded down, 0 when nothing carries.
+    pub carried_seconds: i64,
+}
+
+impl Example for Quote {
+    fn example() -> Self {
+        let start = "2026-11-28T10:05:00Z".parse().expect("a time");
+        Quote {
+            plan: "BASIC".into(),
+            amount: 49_000,
+            currency: "IDR".into(),
+            period_start: start,
+            period_end: "2027-01-17T15:01:00Z".parse().expect("a time"),
+            carried_seconds: 1_745_760,
+        }
+    }
+}
+
+impl Quote {
+    fn of(g: &grant::Grant, amount: i64, currency: &str) -> Self {
+        Quote {
+            plan: g.plan.clone(),
+            amount,
+            currency: currency.to_string(),
+            period_start: g.start,
+            period_end: g.end,
+            carried_seconds: g.carried_seconds,
+        }
+    }
+}
+
 /// provider_a's checkout (`provider` = `provider_a`): open the provider's
 /// client-side payment widget with `token`.
 #[derive(Debug, Clone, Object)]
@@ -70,6 +129,8 @@ pub struct ProviderACheckout {
     /// Our order id (`<prefix>-<epoch ms>-<8 upper-case alphanumerics>`).
     #[oai(rename = "orderId")]
     pub order_id: String,
+    /// What paying this checkout grants, as of its creation.
+    pub quote: Quote,
 }
 
 impl Example for ProviderACheckout {
@@ -77,6 +138,7 @@ impl Example for ProviderACheckout {
         ProviderACheckout {
             token: "66e4fa55-fdac-4ef9-91b5-733b97d1b862".into(),
             order_id: "ORD-1763892000000-K3Q9ZP2A".into(),
+            quote: Quote::example(),
         }
     }
 }
@@ -91,6 +153,8 @@ pub struct ProviderBCheckout {
     /// Our order id (`<prefix>-<epoch ms>-<8 upper-case alphanumerics>`).
     #[oai(rename = "orderId")]
     pub order_id: String,
+    /// What paying this checkout grants, as of its creation.
+    pub quote: Quote,
 }
 
 impl Example for ProviderBCheckout {
@@ -98,6 +162,7 @@ impl Example for ProviderBCheckout {
         ProviderBCheckout {
             payment_url: "https://sandbox.doku.com/checkout-link-v2/1a2b3c4d5e6f".into(),
             order_id: "ORD-1763892000000-K3Q9ZP2A".into(),
+            quote: Quote::example(),
         }
     }
 }
@@ -171,11 +236,55 @@ crate::problem_responses!(
     }
 );
 
+crate::problem_responses!(
+    /// Errors of `GET /api/payments/quote`.
+    QuoteErrorResponse {
+        BadRequest = 400: "`plan` is missing, unknown or not for sale, e.g. FREE (`invalid_plan`, `field` = `plan`).",
+        Unauthorized = 401: "No valid session token.",
+        InternalServerError = 500: "The quote could not be computed.",
+        ServiceUnavailable = 503: "Auth or payments are switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
+    }
+);
+
+/// Answers of `GET /api/payments/quote`.
+#[derive(Debug, ApiResponse)]
+pub enum QuoteResponse {
+    /// What paying `plan` now would grant.
+    #[oai(status = 200)]
+    Ok(Json<Quote>),
+}
+
 /// Checkout.
 pub struct PaymentApi;
 
 #[OpenApi(prefix_path = "/api")]
 impl PaymentApi {
+    /// What paying a plan now grants
+    ///
+    /// Answers the period a payment for `plan` settling now would grant and
+    /// the time carried over from another plan in force: one calendar month
+    /// from now plus the carried time, or, for the plan in force, one month
+    /// from its current end. The settlement applies the same rule at the
+    /// moment the payment is paid; the receipt mail says what it granted.
+    #[oai(
+        path = "/payments/quote",
+        method = "get",
+        operation_id = "quotePayment",
+        tag = "ApiTags::User"
+    )]
+    async fn quote(
+        &self,
+        state: Data<&AppState>,
+        auth: BearerAuth,
+        /// Plan identifier of the catalogue (`BASIC`, `PRO`, `ULTIMATE`);
+        /// required; `FREE` cannot be bought.
+        plan: Query<Option<String>>,
+    ) -> Result<QuoteResponse, QuoteErrorResponse> {
+        Ok(QuoteResponse::Ok(Json(
+            quote_inner(&state, &auth, plan.0.as_deref()).await?,
+        )))
+    }
+
     /// Start a plan payment
     ///
     /// Creates a `PENDING` payment for `plan` (its catalogue price) and starts
@@ -228,6 +337,40 @@ impl PaymentApi {
     }
 }
 
+/// The plan `plan_id` names, when it can be bought (else 400 `invalid_plan`).
+fn purchasable<'a>(
+    state: &'a AppState,
+    plan_id: Option<&str>,
+) -> Result<&'a entity::plans::Plan, ApiError> {
+    let id = plan_id.unwrap_or_default();
+    state.plans.purchasable(id).ok_or_else(|| {
+        FieldError::new(
+            "plan",
+            "invalid_plan",
+            format!("{id:?} is not a plan that can be bought"),
+        )
+        .into()
+    })
+}
+
+async fn quote_inner(
+    state: &AppState,
+    auth: &BearerAuth,
+    plan_id: Option<&str>,
+) -> Result<Quote, ApiError> {
+    let user = state
+        .session(auth, Gate::Feature(Feature::Payments))
+        .await?;
+    let plan = purchasable(state, plan_id)?;
+    let g = state
+        .bounded_db(
+            "computing the quote",
+            grant::quote(&state.db, user.user_id, &plan.id, plan.price, None),
+        )
+        .await?;
+    Ok(Quote::of(&g, plan.price, &state.plans.currency))
+}
+
 /// The `Idempotency-Key` header: absent, or 1–255 visible ASCII characters.
 pub fn parse_idempotency_key(raw: Option<&[u8]>) -> Result<Option<String>, FieldError> {
     let Some(raw) = raw else {
@@ -254,19 +397,33 @@ fn provider_failed() -> ApiError {
     )
 }
 
+/// The quote of payment `p` as of its creation (`created_at`, the
+/// database's clock): the same figures on the first answer and on a replay.
+async fn quote_of(state: &AppState, p: &payments::Model) -> Result<Quote, ApiError> {
+    let g = state
+        .bounded_db(
+            "computing the quote",
+            grant::quote(&state.db, p.user_id, &p.plan, p.amount, Some(p.created_at)),
+        )
+        .await?;
+    Ok(Quote::of(&g, p.amount, &p.currency))
+}
+
 /// The 200 body a payment with a started checkout answers (also on replay).
-fn answer_of(p: &payments::Model) -> Option<CheckoutAnswer> {
+fn answer_of(p: &payments::Model, quote: Quote) -> Option<CheckoutAnswer> {
     match p.provider.as_str() {
         payments::PROVIDER_A => p.checkout_token.clone().map(|token| {
             CheckoutAnswer::ProviderA(ProviderACheckout {
                 token,
                 order_id: p.order_id.clone(),
+                quote,
             })
         }),
         payments::PROVIDER_B => p.payment_url.clone().map(|payment_url| {
             CheckoutAnswer::ProviderB(ProviderBCheckout {
                 payment_url,
                 order_id: p.order_id.clone(),
+                quote,
             })
         }),
         _ => None,
@@ -292,14 +449,7 @@ async fn create_inner(
             deadline,
         )
         .await?;
-    let Some(plan) = state.plans.purchasable(plan_id) else {
-        return Err(FieldError::new(
-            "plan",
-            "invalid_plan",
-            format!("{plan_id:?} is not a plan that can be bought"),
-        )
-        .into());
-    };
+    let plan = purchasable(state, Some(plan_id))?;
     let key = parse_idempotency_key(raw_key)?;
     let provider = state.settings.payment_provider.as_str();
     let new = NewCheckout {
@@ -332,7 +482,8 @@ async fn create_inner(
             ));
         }
         Begun::Replay(p) => {
-            return match answer_of(&p) {
+            let quote = quote_of(state, &p).await?;
+            return match answer_of(&p, quote) {
                 Some(a) => Ok((a, rate, true)),
                 None if p.status == PaymentStatus::Pending => Err(ApiError::Conflict(
                     "idempotency_in_progress",
@@ -356,7 +507,8 @@ async fn create_inner(
     // The provider call and what it leads to run in their own task: a client
     // that hangs up mid-call does not cancel them, so the payment never stays
     // PENDING without its token/URL (a replay would answer 409 until expiry).
-    let task = tokio::spawn(start_checkout(state.clone(), payment, order));
+    let quote = quote_of(state, &payment).await?;
+    let task = tokio::spawn(start_checkout(state.clone(), payment, order, quote));
     let answer = task
         .await
         .map_err(|e| ApiError::internal(format!("checkout task: {e}")))??;
@@ -371,6 +523,7 @@ async fn start_checkout(
     state: AppState,
     payment: payments::Model,
     order: CheckoutOrder,
+    quote: Quote,
 ) -> Result<CheckoutAnswer, ApiError> {
     let provider = payment.provider.as_str();
     let result = match tokio::time::timeout(
@@ -409,6 +562,7 @@ async fn start_checkout(
             CheckoutAnswer::ProviderA(ProviderACheckout {
                 token: token.clone(),
                 order_id: payment.order_id.clone(),
+                quote,
             }),
             Started::Token(token),
         ),
@@ -416,6 +570,7 @@ async fn start_checkout(
             CheckoutAnswer::ProviderB(ProviderBCheckout {
                 payment_url: payment_url.clone(),
                 order_id: payment.order_id.clone(),
+                quote,
             }),
             Started::Url(payment_url),
         ),

@@ -100,6 +100,30 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     /// When the row was last changed (UTC).
     pub updated_at: DateTimeUtc,
+    /// The plan this payment granted when it settled `PAID` (`None`: never
+    /// paid, or paid before grants were stored).
+    #[sea_orm(column_type = "Text", nullable)]
+    pub grant_plan: Option<String>,
+    /// Start of the period it granted.
+    pub grant_start: Option<DateTimeUtc>,
+    /// End of the period it granted: its own calendar month plus
+    /// `carried_seconds`.
+    pub grant_end: Option<DateTimeUtc>,
+    /// The paid plan it replaced (`None`: it replaced nothing paid, or
+    /// extended the same plan).
+    #[sea_orm(column_type = "Text", nullable)]
+    pub grant_from_plan: Option<String>,
+    /// The replaced plan's period end, restored when this payment is refunded.
+    pub grant_from_end: Option<DateTimeUtc>,
+    /// Seconds of unused time carried into the period from the replaced plan.
+    pub carried_seconds: Option<i64>,
+    /// What the carried time was worth, whole units of `currency` (rounded down).
+    pub carried_value: Option<i64>,
+    /// Set when this grant's unused time was carried into a later payment's
+    /// period (that payment's id): the grant no longer runs.
+    pub carried_into: Option<Uuid>,
+    /// What partial refunds or chargebacks gave back so far (whole units).
+    pub refunded_amount: i64,
     /// The renewal this payment pays (`renewals.id`), when it was started
     /// from a renewal's pay link; `None` for a checkout of `POST /api/payments`.
     pub renewal_id: Option<Uuid>,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 pub mod ai_usage;
 pub mod auth_email;
 pub mod avatar_cleanup;
+pub mod billing_mail;
 pub mod email;
 pub mod reconcile;
 pub mod renewal;
@@ -94,6 +95,10 @@ pub enum Job {
     RecordAiUsage(RecordAiUsage),
     /// Render and send one identity mail (confirmation, magic link, recovery, email change).
     SendAuthEmail(SendAuthEmail),
+    /// Render and send one billing mail (receipt, refund notice, reminder,
+    /// past-due, lapse), once per idempotency key. Queued by the model
+    /// through the job outbox ([`entity::billing_mail::queue`]).
+    SendBillingMail(entity::billing_mail::BillingMailJob),
     /// Run one page of one pass of the renewal loop.
     RenewalBatch(RenewalBatch),
 }
@@ -109,7 +114,7 @@ impl Job {
             }
 
             Job::RecordAiUsage(_) => QueueName::AiUsage,
-            Job::SendAuthEmail(_) => QueueName::Email,
+            Job::SendAuthEmail(_) | Job::SendBillingMail(_) => QueueName::Email,
         }
     }
 
@@ -122,6 +127,7 @@ impl Job {
             Job::ReconcilePayment(_) => "reconcile_payment",
             Job::RecordAiUsage(_) => "record_ai_usage",
             Job::SendAuthEmail(_) => "send_auth_email",
+            Job::SendBillingMail(_) => entity::billing_mail::JOB_TYPE,
             Job::RenewalBatch(_) => "renewal_batch",
         }
     }
@@ -169,6 +175,8 @@ pub struct JobContext {
     pub storage: Storage,
     /// The payment providers' HTTP client (status checks of reconciliation).
     pub providers: Providers,
+    /// The billing mails' templates, loaded at start.
+    pub billing: Arc<crate::billing_mail::BillingTemplates>,
 }
 
 /// How a job attempt ended when it did not succeed.
@@ -209,6 +217,7 @@ pub async fn handle(
         Job::ReconcilePayment(j) => reconcile::handle(j, task_id, attempt, ctx).await,
         Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
         Job::SendAuthEmail(j) => auth_email::handle(j, task_id, attempt, ctx).await,
+        Job::SendBillingMail(j) => billing_mail::handle(j, task_id, attempt, ctx).await,
         Job::RenewalBatch(j) => renewal::handle(j, task_id, attempt, ctx).await,
     }
 }
