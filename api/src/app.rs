@@ -15,9 +15,9 @@ use crate::{
     routes::confirm::ConfirmApi,
     routes::{
         admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
-        dead_letters::DeadLetterApi, health::HealthApi, payments::PaymentApi, profile::ProfileApi,
-        reads::ReadApis, storage::StorageApi, subscription::SubscriptionApi, waitlist::WaitlistApi,
-        webhooks::WebhookApi,
+        dead_letters::DeadLetterApi, health::HealthApi, pay::PayAndReadApis, payments::PaymentApi,
+        profile::ProfileApi, storage::StorageApi, subscription::SubscriptionApi,
+        waitlist::WaitlistApi, webhooks::WebhookApi,
     },
     state::AppState,
 };
@@ -53,7 +53,7 @@ api_set!(
     AuthApi,
     AuthOAuthApi,
     ConfirmApi,
-    ReadApis,
+    PayAndReadApis,
 );
 
 const DESCRIPTION: &str = "\

@@ -229,17 +229,19 @@ pub fn check_quota(
 }
 
 /// The plan in force for `user_id`: the subscription's plan while it is
-/// `active` (also when cancelled at period end), else FREE.
+/// `active` (also when cancelled at period end) or `past_due` (in grace), else FREE.
 pub async fn plan_of<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<String, DbErr> {
     let sub = subscriptions::Entity::find_by_id(user_id).one(db).await?;
     Ok(plan_in_force(sub.map(|s| (s.plan, s.status))))
 }
 
 /// The rule of [`plan_of`] on a loaded subscription row (`None`: no row):
-/// its `plan` while its status is `active`, else FREE.
+/// its `plan` while its status is `active` or `past_due` (the renewal's
+/// grace keeps the plan and its limits), else FREE.
 pub fn plan_in_force(sub: Option<(String, subscriptions::SubscriptionStatus)>) -> String {
+    use subscriptions::SubscriptionStatus::{Active, PastDue};
     match sub {
-        Some((plan, subscriptions::SubscriptionStatus::Active)) => plan,
+        Some((plan, Active | PastDue)) => plan,
         _ => FREE.to_string(),
     }
 }

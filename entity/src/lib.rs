@@ -26,6 +26,8 @@ pub mod profile;
 pub mod reads;
 pub mod reconcile;
 pub mod redirect;
+pub mod renewal;
+pub mod renewal_pay;
 pub mod roles;
 pub mod secret_file;
 pub mod settings;

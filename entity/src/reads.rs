@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::{
     ai,
-    entities::{audit_logs, payments, profiles, subscriptions, user_roles, users},
+    entities::{audit_logs, payments, profiles, renewals, subscriptions, user_roles, users},
     page::{Cursor, Page},
 };
 
@@ -24,15 +24,24 @@ pub struct Details {
     pub profile: Option<profiles::Model>,
     /// The subscription row, if any.
     pub subscription: Option<subscriptions::Model>,
+    /// The open renewal of the subscription's current period, if any
+    /// ([`crate::renewal::open_of`]).
+    pub renewal: Option<renewals::Model>,
 }
 
-/// The profile and subscription rows of `user_id` (two reads by key).
+/// The profile and subscription rows of `user_id` (two reads by key) and
+/// the subscription's open renewal (a read on `renewals_open_uidx`).
 pub async fn details<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<Details, DbErr> {
     let profile = profiles::Entity::find_by_id(user_id).one(db).await?;
     let subscription = subscriptions::Entity::find_by_id(user_id).one(db).await?;
+    let renewal = match &subscription {
+        Some(s) => crate::renewal::open_of(db, s).await?,
+        None => None,
+    };
     Ok(Details {
         profile,
         subscription,
+        renewal,
     })
 }
 

@@ -309,6 +309,13 @@ pub struct Settings {
     /// created (or after the last status check) is checked with the provider's status
     /// API (default 900, 1–2592000).
     pub payment_reconcile_after: Duration,
+    /// `RENEWAL_GRACE_SECS`: how long a paid subscription whose period ended
+    /// unpaid stays `past_due` on its plan before it returns to FREE
+    /// (default 259200 = 3 days, 0–2592000; `0` lapses at the period end).
+    pub renewal_grace: Duration,
+    /// `RENEWAL_REMINDER_DAYS`: days before the period end a renewal reminder
+    /// goes out, largest first (default `7,3,1`; each 1–365; empty: none).
+    pub renewal_reminder_days: Vec<u32>,
     /// `PROVIDER_CONNECT_TIMEOUT_MS`: bound on connecting to a payment provider
     /// (default 3000, 50–60000).
     pub provider_connect_timeout: Duration,
@@ -1105,6 +1112,16 @@ impl Settings {
                 1,
                 30 * 86_400,
             )?),
+            renewal_grace: Duration::from_secs(r.num_or(
+                "RENEWAL_GRACE_SECS",
+                3 * 86_400u64,
+                0,
+                30 * 86_400,
+            )?),
+            renewal_reminder_days: parse_reminder_days(
+                "RENEWAL_REMINDER_DAYS",
+                r.opt("RENEWAL_REMINDER_DAYS").as_deref().unwrap_or("7,3,1"),
+            )?,
             provider_connect_timeout: Duration::from_millis(r.num_or(
                 "PROVIDER_CONNECT_TIMEOUT_MS",
                 3000u64,
@@ -1354,6 +1371,25 @@ impl Settings {
     pub fn contact_inbox(&self) -> Option<&str> {
         self.contact_email.as_deref().or(self.email_from.as_deref())
     }
+}
+
+/// Parses `RENEWAL_REMINDER_DAYS`: a comma list of whole days, each 1–365;
+/// answers them largest first without repeats. Empty (or only commas and
+/// spaces) → none.
+pub fn parse_reminder_days(var: &'static str, value: &str) -> Result<Vec<u32>, SettingsError> {
+    let mut out = Vec::new();
+    for raw in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        let d: u32 = raw
+            .parse()
+            .ok()
+            .filter(|d| (1..=365).contains(d))
+            .ok_or_else(|| err(var, format!("{raw:?} is not a whole number of days 1–365")))?;
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(out)
 }
 
 /// Parses a comma list of exact web origins (`CORS_ALLOWED_ORIGINS`): each

@@ -351,6 +351,7 @@ async fn apply<T: ConnectionTrait>(
                     canceled_at: Set(None),
                     created_at: Set(now),
                     updated_at: Set(now),
+                    renewal_plan: Set(None),
                 }
                 .insert(txn)
                 .await?;

@@ -1,12 +1,15 @@
 //! Cancel and resume: the user-driven moves of a subscription.
 //!
 //! Rules (decisions.md, "Subscriptions"):
-//! - only an `active` paid plan moves: cancel sets `cancel_at_period_end` and
-//!   `canceled_at = now`; resume clears both;
+//! - only an `active` paid plan, or one in its renewal grace (`past_due`),
+//!   moves: cancel sets `cancel_at_period_end` and `canceled_at = now` and
+//!   voids the open renewal (no reminders, no pay link; the plan returns to
+//!   FREE at the period end); resume clears both (the scheduler offers a new
+//!   renewal at its next tick);
 //! - cancelling a subscription that is already cancelling, or resuming one that
 //!   is not, succeeds without a change (idempotent) and answers the current state;
 //! - on the `FREE` plan → [`SubscriptionError::FreePlan`] (HTTP 409);
-//! - status `canceled` or `past_due` → [`SubscriptionError::NotActive`] (HTTP 409).
+//! - status `canceled` → [`SubscriptionError::NotActive`] (HTTP 409).
 
 use std::str::FromStr;
 
@@ -83,7 +86,7 @@ pub enum SubscriptionError {
     /// The user is on the `FREE` plan: nothing to cancel or resume (HTTP 409).
     #[error("the FREE plan cannot be canceled or resumed")]
     FreePlan,
-    /// The subscription's status is `canceled` or `past_due` (HTTP 409).
+    /// The subscription's status is `canceled` (HTTP 409).
     #[error("subscription is {}, not active", .0.as_str())]
     NotActive(SubscriptionStatus),
     /// The user has no subscription row; cannot happen after
@@ -158,7 +161,7 @@ where
         .col_expr(Column::UpdatedAt, Expr::value(now))
         .filter(Column::UserId.eq(user_id))
         .filter(Column::Plan.ne(plans::FREE))
-        .filter(Column::Status.eq(SubscriptionStatus::Active))
+        .filter(Column::Status.is_in([SubscriptionStatus::Active, SubscriptionStatus::PastDue]))
         .filter(Column::CancelAtPeriodEnd.eq(!target))
         .exec(&txn)
         .await?
@@ -174,7 +177,10 @@ where
         row
     } else if row.plan == plans::FREE {
         return Err(SubscriptionError::FreePlan);
-    } else if row.status != SubscriptionStatus::Active {
+    } else if !matches!(
+        row.status,
+        SubscriptionStatus::Active | SubscriptionStatus::PastDue
+    ) {
         return Err(SubscriptionError::NotActive(row.status));
     } else if row.cancel_at_period_end == target {
         // Idempotent repeat: nothing to write.
@@ -188,6 +194,9 @@ where
         am.updated_at = Set(now);
         am.update(&txn).await?
     };
+    if target {
+        crate::renewal::void_open(&txn, user_id, now).await?;
+    }
     txn.commit().await?;
     Ok(SubscriptionView::from(&row))
 }

@@ -401,6 +401,7 @@ where
             canceled_at: Set(None),
             created_at: Set(now),
             updated_at: Set(now),
+            renewal_plan: Set(None),
         },
     )
     .await?;

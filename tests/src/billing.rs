@@ -34,6 +34,7 @@ fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveMod
         canceled_at: Set(None),
         created_at: Set(now),
         updated_at: Set(now),
+        renewal_plan: Set(None),
     }
 }
 

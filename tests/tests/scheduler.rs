@@ -27,6 +27,8 @@ fn env(stack: &Stack) -> EnvMap {
         .with("SCHEDULER_TICK_SECS", "1")
         .with("SETTLEMENT_SWEEP_AFTER_SECS", "1")
         .with("PAYMENT_EXPIRE_AFTER_SECS", "3600")
+        // No renewal grace: a paid period that ended lapses at once.
+        .with("RENEWAL_GRACE_SECS", "0")
 }
 
 async fn status(db: &DatabaseConnection, order_id: &str) -> PaymentStatus {

@@ -15,6 +15,7 @@
 //!   [`QUEUE_OLDEST_AGE`] (api, read from the queue store on scrape);
 //! * [`JOBS`], [`JOB_DURATION`] (workers);
 //! * [`UPSTREAM_REQUESTS`], [`UPSTREAM_DURATION`] (whichever process calls);
+//! * [`RENEWALS`], [`PAST_DUE`] (workers: the renewal loop);
 //! * [`DB_POOL_CONNECTIONS`], [`DB_POOL_MAX`] (both, on scrape).
 
 use std::{
@@ -68,10 +69,27 @@ pub const UPSTREAM_REQUESTS: &str = "upstream_requests_total";
 /// `upstream_request_duration_seconds{upstream}`: time to the answer (for an
 /// AI stream: to its head).
 pub const UPSTREAM_DURATION: &str = "upstream_request_duration_seconds";
+/// `billing_renewals_total{outcome}`: rows the renewal loop acted on, by
+/// outcome (`created`, `unpriced`, `reminded`, `past_due`, `lapsed`, `paid`,
+/// `duplicate`; [`entity::renewal::Outcome`]).
+pub const RENEWALS: &str = "billing_renewals_total";
+/// `billing_subscriptions_past_due`: subscriptions in their grace
+/// (`past_due`), as counted by the last scheduler tick.
+pub const PAST_DUE: &str = "billing_subscriptions_past_due";
 /// `db_pool_connections{state}`: database pool connections `in_use` and `idle`.
 pub const DB_POOL_CONNECTIONS: &str = "db_pool_connections";
 /// `db_pool_max_connections`: the pool's bound (`DB_MAX_CONNECTIONS`).
 pub const DB_POOL_MAX: &str = "db_pool_max_connections";
+
+/// Counts one row the renewal loop acted on ([`RENEWALS`]).
+pub fn renewal(outcome: entity::renewal::Outcome) {
+    metrics::counter!(RENEWALS, "outcome" => outcome.as_str()).increment(1);
+}
+
+/// Sets the [`PAST_DUE`] gauge.
+pub fn past_due(count: u64) {
+    metrics::gauge!(PAST_DUE).set(count as f64);
+}
 
 /// Histogram buckets of every `_seconds` series, in seconds.
 pub const BUCKETS: &[f64] = &[

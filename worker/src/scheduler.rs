@@ -9,8 +9,12 @@
 //!   ([`entity::reconcile::claim_due_payments`] stamps `reconciled_at` so no
 //!   payment is queued twice in one round, even by two workers); payments
 //!   past `PAYMENT_EXPIRE_AFTER_SECS` are left to payment expiry;
-//! * subscription expiry: paid subscriptions past their period end fall back
-//!   to FREE, with an audit row;
+//! * the renewal loop ([`entity::renewal`]): lapse (paid subscriptions past
+//!   their grace, or cancelling and past their end, fall back to FREE with an
+//!   audit row), grace (`past_due` at the period end), renewal records and
+//!   reminders; each pass pages through what is due by keyset
+//!   ([`entity::renewal::due_page`]) until nothing is left and queues every
+//!   page as a `renewal_batch` job, which any worker runs;
 //! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
 //!   after creation get a `reconcile_payment` job too (claimed the same way,
 //!   [`entity::reconcile::claim_expiring_payments`]): the provider is asked
@@ -31,11 +35,11 @@
 
 use std::time::Duration;
 
-use entity::{reconcile, settlement, Settings};
+use entity::{reconcile, renewal, settlement, Settings};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    jobs::{Job, ReconcilePayment, SettlePayment},
+    jobs::{Job, ReconcilePayment, RenewalBatch, SettlePayment},
     queue::Queues,
 };
 
@@ -49,8 +53,8 @@ pub struct TickReport {
     pub swept: usize,
     /// Pending payments queued for a status check with their provider.
     pub reconciling: usize,
-    /// Subscriptions moved back to FREE.
-    pub subscriptions_expired: usize,
+    /// Pages of the renewal loop queued as `renewal_batch` jobs.
+    pub renewal_batches: usize,
     /// Payments past their expiry queued for a last status check.
     pub payments_expired: usize,
     /// Unconfirmed built-in accounts deleted.
@@ -89,7 +93,7 @@ pub async fn run(
             Ok(r) if r != TickReport::default() => tracing::info!(
                 swept = r.swept,
                 reconciling = r.reconciling,
-                subscriptions_expired = r.subscriptions_expired,
+                renewal_batches = r.renewal_batches,
                 payments_expired = r.payments_expired,
                 unconfirmed_deleted = r.unconfirmed_deleted,
                 address_rows_deleted = r.address_rows_deleted,
@@ -131,7 +135,7 @@ pub async fn run_tick(
     )
     .await?;
     report.reconciling += queue_checks(db, queues, now, &claimed).await?;
-    report.subscriptions_expired = settlement::expire_subscriptions(db, now, BATCH).await?;
+    report.renewal_batches = queue_renewals(db, queues, settings, now).await?;
     let expiring = reconcile::claim_expiring_payments(
         db,
         now,
@@ -149,6 +153,39 @@ pub async fn run_tick(
     .await?;
     report.address_rows_deleted = entity::identity::otp::delete_stale_address_rows(db).await?;
     Ok(report)
+}
+
+/// Pages through every pass of the renewal loop due at `now` and queues
+/// each page as a `renewal_batch` job; answers how many were queued. Also
+/// sets the `past_due` gauge.
+async fn queue_renewals(
+    db: &sea_orm::DatabaseConnection,
+    queues: &Queues,
+    settings: &Settings,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<usize> {
+    let policy = renewal::Policy::from_settings(settings);
+    let mut queued = 0;
+    for step in renewal::Step::ALL {
+        let mut after = None;
+        loop {
+            let page = renewal::due_page(db, step, &policy, now, after, BATCH).await?;
+            let Some(last) = page.last().copied() else {
+                break;
+            };
+            let ids = page.iter().map(|(_, id)| *id).collect();
+            queues
+                .push(Job::RenewalBatch(RenewalBatch { step, ids }))
+                .await?;
+            queued += 1;
+            if (page.len() as u64) < BATCH {
+                break;
+            }
+            after = Some(last);
+        }
+    }
+    crate::metrics::past_due(renewal::past_due_count(db).await?);
+    Ok(queued)
 }
 
 /// Queues a `reconcile_payment` job for each order `claimed` at `now`;

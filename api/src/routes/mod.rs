@@ -12,6 +12,7 @@ pub mod confirm;
 pub mod contact;
 pub mod dead_letters;
 pub mod health;
+pub mod pay;
 pub mod payments;
 pub mod profile;
 pub mod reads;

@@ -128,21 +128,45 @@ pub struct MeProfile {
     pub avatar_url: Option<String>,
 }
 
+/// The renewal offered for the current period (a record, not a payment:
+/// the payment is made through `pay_url`).
+#[derive(Debug, Clone, Object)]
+pub struct MeRenewal {
+    /// The plan it bills.
+    pub plan: String,
+    /// The amount, fixed when the renewal was created, in whole units of `currency`.
+    pub amount: i64,
+    /// ISO 4217 currency.
+    pub currency: String,
+    /// The pay link (`GET /api/payments/pay/{token}`, no session needed);
+    /// `null` when the server has no `BACKEND_SERVICE_ROLE_KEY` to sign it.
+    #[oai(nullable)]
+    pub pay_url: Option<String>,
+    /// When it is due: the current period end (RFC 3339, UTC).
+    pub due_at: DateTime<Utc>,
+}
+
 /// The caller's subscription.
 #[derive(Debug, Clone, Object)]
 pub struct MeSubscription {
     /// The plan in force: the subscription's plan while it is active
-    /// (also when it stops at period end), else `FREE`.
+    /// (also when it stops at period end) or in its renewal grace
+    /// (`past_due`), else `FREE`.
     pub plan: String,
     /// The subscription's status: `active`, `cancel_at_period_end`,
-    /// `canceled` or `past_due` (then `plan` is `FREE`); `active` for a user
-    /// who never subscribed.
+    /// `canceled` (then `plan` is `FREE`) or `past_due` (the period ended
+    /// unpaid; the plan stays in force until the grace ends); `active` for
+    /// a user who never subscribed.
     pub status: String,
     /// The paid period ends then (RFC 3339, UTC); `null` on FREE.
     #[oai(nullable)]
     pub current_period_end: Option<DateTime<Utc>>,
     /// Whether it stops at the end of the paid period.
     pub cancel_at_period_end: bool,
+    /// The open renewal of the current period; `null` when none is open
+    /// (FREE, cancelling, not yet due, or paid).
+    #[oai(nullable)]
+    pub renewal: Option<MeRenewal>,
 }
 
 /// This month's AI usage against the plan's quota.
@@ -201,6 +225,16 @@ impl Example for Me {
                 status: "active".into(),
                 current_period_end: Some(at("2026-12-26T10:00:00Z")),
                 cancel_at_period_end: false,
+                renewal: Some(MeRenewal {
+                    plan: "PRO".into(),
+                    amount: 99_000,
+                    currency: "IDR".into(),
+                    pay_url: Some(
+                        "https://api.example.com/api/payments/pay/0192f0c4d2a87c3e9f1a2b3c4d5e6f70.q1Yx8y5u0mYQ6r0d2m3D6l0J8pQ0yH1nRk2vA3wZ9cE"
+                            .into(),
+                    ),
+                    due_at: at("2026-12-26T10:00:00Z"),
+                }),
             },
             ai_usage: MeAiUsage {
                 tokens_used: 1_234,
@@ -513,6 +547,13 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
                 status: view.status.to_string(),
                 current_period_end: s.current_period_end,
                 cancel_at_period_end: s.cancel_at_period_end,
+                renewal: details.renewal.as_ref().map(|r| MeRenewal {
+                    plan: r.plan.clone(),
+                    amount: r.amount,
+                    currency: r.currency.clone(),
+                    pay_url: super::pay::pay_url(&state.settings, r.id),
+                    due_at: r.period_end,
+                }),
             }
         }
         _ => MeSubscription {
@@ -520,6 +561,7 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
             status: "active".into(),
             current_period_end: None,
             cancel_at_period_end: false,
+            renewal: None,
         },
     };
     Ok(Me {

@@ -124,6 +124,9 @@ pub struct Model {
     pub carried_into: Option<Uuid>,
     /// What partial refunds or chargebacks gave back so far (whole units).
     pub refunded_amount: i64,
+    /// The renewal this payment pays (`renewals.id`), when it was started
+    /// from a renewal's pay link; `None` for a checkout of `POST /api/payments`.
+    pub renewal_id: Option<Uuid>,
 }
 
 /// A payment belongs to one user.

@@ -57,6 +57,10 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     /// When the row was last changed (UTC).
     pub updated_at: DateTimeUtc,
+    /// The plan the next renewal bills when the customer chose another one
+    /// (`change`); `None`: the current plan.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub renewal_plan: Option<String>,
 }
 
 /// A subscription belongs to one user.

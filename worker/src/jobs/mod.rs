@@ -12,6 +12,7 @@ pub mod avatar_cleanup;
 pub mod billing_mail;
 pub mod email;
 pub mod reconcile;
+pub mod renewal;
 pub mod settlement;
 
 pub use ai_usage::RecordAiUsage;
@@ -19,6 +20,7 @@ pub use auth_email::SendAuthEmail;
 pub use avatar_cleanup::DeleteAvatar;
 pub use email::SendEmail;
 pub use reconcile::ReconcilePayment;
+pub use renewal::RenewalBatch;
 pub use settlement::SettlePayment;
 
 use crate::{mailer::Mailer, providers::Providers, retry::RetryState, storage::Storage};
@@ -97,6 +99,8 @@ pub enum Job {
     /// past-due, lapse), once per idempotency key. Queued by the model
     /// through the job outbox ([`entity::billing_mail::queue`]).
     SendBillingMail(entity::billing_mail::BillingMailJob),
+    /// Run one page of one pass of the renewal loop.
+    RenewalBatch(RenewalBatch),
 }
 
 impl Job {
@@ -105,7 +109,9 @@ impl Job {
         match self {
             Job::SendEmail(_) => QueueName::Email,
             Job::DeleteAvatar(_) => QueueName::Storage,
-            Job::SettlePayment(_) | Job::ReconcilePayment(_) => QueueName::Settlement,
+            Job::SettlePayment(_) | Job::ReconcilePayment(_) | Job::RenewalBatch(_) => {
+                QueueName::Settlement
+            }
 
             Job::RecordAiUsage(_) => QueueName::AiUsage,
             Job::SendAuthEmail(_) | Job::SendBillingMail(_) => QueueName::Email,
@@ -122,6 +128,7 @@ impl Job {
             Job::RecordAiUsage(_) => "record_ai_usage",
             Job::SendAuthEmail(_) => "send_auth_email",
             Job::SendBillingMail(_) => entity::billing_mail::JOB_TYPE,
+            Job::RenewalBatch(_) => "renewal_batch",
         }
     }
 }
@@ -211,5 +218,6 @@ pub async fn handle(
         Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
         Job::SendAuthEmail(j) => auth_email::handle(j, task_id, attempt, ctx).await,
         Job::SendBillingMail(j) => billing_mail::handle(j, task_id, attempt, ctx).await,
+        Job::RenewalBatch(j) => renewal::handle(j, task_id, attempt, ctx).await,
     }
 }

@@ -1,0 +1,766 @@
+//! The renewal loop (checkouts are one-time payments, so a paid plan is
+//! renewed by the customer paying again): renewal records, reminders, grace
+//! and lapse. Rules in decisions.md, "Subscriptions"; the README's "Renewal"
+//! section has the timeline.
+//!
+//! The scheduler runs four passes, each a keyset-paged scan of what is due
+//! ([`due_page`]) whose pages are queued as batch jobs ([`run_batch`]), so
+//! any number of workers share a large batch:
+//!
+//! * [`Step::Create`]: a paid subscription that is `active`, not cancelling,
+//!   and whose `current_period_end` is within [`Policy::lead`] gets one open
+//!   renewal (plan: `renewal_plan` when the customer changed it, else its
+//!   plan; amount: the catalogue price now, kept after). The partial unique
+//!   index `renewals_open_uidx` makes it one per user and period end under
+//!   concurrent ticks and repeated jobs. A plan gone from the catalogue gets
+//!   no renewal and counts as [`Outcome::Unpriced`].
+//! * [`Step::Remind`]: an open renewal whose `next_reminder_at` passed gets
+//!   the reminder of the latest offset due (earlier offsets not sent late).
+//! * [`Step::PastDue`]: a paid `active` subscription past its period end,
+//!   not cancelling, becomes `past_due` (the plan stays in force) for
+//!   [`Policy::grace`].
+//! * [`Step::Lapse`]: a paid subscription whose period ended more than the
+//!   grace ago (a cancelling one: at its end, without grace) returns to FREE,
+//!   its open renewal is voided, an audit row is written.
+//!
+//! Every time is the database's ([`crate::db::now`]); each row is re-checked
+//! under its lock, so a pass that runs twice changes nothing the second time.
+
+use chrono::{DateTime, Duration, Utc};
+use hmac::{Hmac, KeyInit, Mac};
+use sea_orm::{
+    sea_query::{Expr, ExprTrait as _, Query},
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IntoActiveModel,
+    QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionSession, TransactionTrait,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::Sha256;
+use uuid::Uuid;
+
+use crate::{
+    billing_mail::{BillingMail, BillingMailKind, Queued},
+    entities::{
+        audit_logs,
+        renewals::{self, RenewalStatus},
+        subscriptions::{self, SubscriptionStatus},
+    },
+    plans::{Catalogue, FREE},
+    settlement::{ACTION_SUBSCRIPTION_EXPIRE, TARGET_TYPE_SUBSCRIPTION},
+    users::begin_write,
+    Settings,
+};
+
+/// `audit_logs.action` when a subscription's period ended unpaid and its
+/// grace began (`status` → `past_due`).
+pub const ACTION_PAST_DUE: &str = "subscription.past_due";
+
+/// `audit_logs.action` when a subscription lapsed and its user has no email
+/// address, so no reminder or lapse mail could tell them.
+pub const ACTION_NO_EMAIL: &str = "no_email";
+
+/// Queues billing mail `kind` for `user_id` under idempotency `key` in the
+/// caller's transaction ([`crate::billing_mail::queue`]).
+async fn mail<C: ConnectionTrait>(
+    db: &C,
+    kind: BillingMailKind,
+    user_id: Uuid,
+    key: String,
+    vars: serde_json::Value,
+) -> Result<Queued, DbErr> {
+    let serde_json::Value::Object(vars) = vars else {
+        return Err(DbErr::Custom(
+            "billing mail variables must be an object".into(),
+        ));
+    };
+    crate::billing_mail::queue(
+        db,
+        BillingMail {
+            kind,
+            user_id,
+            key,
+            vars,
+        },
+    )
+    .await
+}
+
+/// The renewal settings in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// How long after the period end a `past_due` subscription keeps its
+    /// plan (`RENEWAL_GRACE_SECS`).
+    pub grace: Duration,
+    /// Reminder offsets in days before the period end, largest first
+    /// (`RENEWAL_REMINDER_DAYS`).
+    pub reminder_days: Vec<u32>,
+    /// The secret pay links are signed with (`BACKEND_SERVICE_ROLE_KEY`).
+    pub pay_secret: Option<String>,
+    /// `API_EXTERNAL_URL`, the base of pay links.
+    pub api_url: String,
+}
+
+impl Policy {
+    /// The policy of `settings`.
+    pub fn from_settings(settings: &Settings) -> Self {
+        Policy {
+            grace: Duration::from_std(settings.renewal_grace).unwrap_or(Duration::MAX),
+            reminder_days: settings.renewal_reminder_days.clone(),
+            pay_secret: settings.backend_service_role_key.clone(),
+            api_url: settings.api_external_url.trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// The pay link of renewal `id` (`None` without a signing secret).
+    pub fn pay_url(&self, id: Uuid) -> Option<String> {
+        let secret = self.pay_secret.as_deref()?;
+        Some(format!(
+            "{}/api/payments/pay/{}",
+            self.api_url,
+            pay_token(secret, id)
+        ))
+    }
+
+    /// How long before the period end the renewal is created: the largest
+    /// reminder offset, at least one day.
+    pub fn lead(&self) -> Duration {
+        Duration::days(i64::from(self.reminder_days.first().copied().unwrap_or(1)))
+    }
+
+    /// When the first reminder of a renewal due at `period_end` is due
+    /// (`None`: no reminders configured).
+    pub fn first_reminder(&self, period_end: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.reminder_days
+            .first()
+            .map(|d| period_end - Duration::days(i64::from(*d)))
+    }
+
+    /// The offset (days) of the latest reminder due at `now` for a renewal
+    /// due at `period_end`: the smallest offset whose time has come.
+    pub fn latest_due(&self, period_end: DateTime<Utc>, now: DateTime<Utc>) -> Option<u32> {
+        self.reminder_days
+            .iter()
+            .copied()
+            .filter(|d| period_end - Duration::days(i64::from(*d)) <= now)
+            .min()
+    }
+
+    /// When the reminder after the one of offset `sent` is due (`None`: it
+    /// was the last).
+    pub fn after(&self, period_end: DateTime<Utc>, sent: u32) -> Option<DateTime<Utc>> {
+        self.reminder_days
+            .iter()
+            .copied()
+            .filter(|d| *d < sent)
+            .max()
+            .map(|d| period_end - Duration::days(i64::from(d)))
+    }
+}
+
+/// One pass of the renewal loop (what a batch job runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Create the open renewal of subscriptions coming due.
+    Create,
+    /// Send the reminders due.
+    Remind,
+    /// Start the grace of subscriptions whose period ended unpaid.
+    PastDue,
+    /// Return to FREE what is past its grace (or cancelling and past its end).
+    Lapse,
+}
+
+impl Step {
+    /// Every pass, in the order a tick runs them.
+    pub const ALL: [Step; 4] = [Step::Lapse, Step::PastDue, Step::Create, Step::Remind];
+}
+
+/// What happened to one row, as counted in `billing_renewals_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// An open renewal was created (`created`).
+    Created,
+    /// The renewal's plan is gone from the catalogue (`unpriced`).
+    Unpriced,
+    /// A reminder was queued (`reminded`).
+    Reminded,
+    /// The period ended unpaid; grace began (`past_due`).
+    PastDue,
+    /// The subscription returned to FREE (`lapsed`).
+    Lapsed,
+    /// A renewal was paid (`paid`).
+    Paid,
+    /// A second payment of an already paid renewal (`duplicate`).
+    Duplicate,
+}
+
+impl Outcome {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::Unpriced => "unpriced",
+            Outcome::Reminded => "reminded",
+            Outcome::PastDue => "past_due",
+            Outcome::Lapsed => "lapsed",
+            Outcome::Paid => "paid",
+            Outcome::Duplicate => "duplicate",
+        }
+    }
+}
+
+/// A keyset position: the row's time column and id.
+pub type Key = (DateTime<Utc>, Uuid);
+
+/// The next page of at most `limit` rows due for `step` at `now`, after
+/// `after` (exclusive), in key order: subscriptions by
+/// `(current_period_end, user_id)` on the partial index of paid plans, or
+/// for [`Step::Remind`] open renewals by `(next_reminder_at, id)`. Answers
+/// the keys; the id is what [`run_batch`] takes.
+pub async fn due_page<C: ConnectionTrait>(
+    db: &C,
+    step: Step,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    after: Option<Key>,
+    limit: u64,
+) -> Result<Vec<Key>, DbErr> {
+    if step == Step::Remind {
+        use renewals::Column as R;
+        let mut q = renewals::Entity::find()
+            .select_only()
+            .column(R::NextReminderAt)
+            .column(R::Id)
+            .filter(R::Status.eq(RenewalStatus::Open))
+            .filter(R::NextReminderAt.lte(now));
+        if let Some((at, id)) = after {
+            q = q.filter(
+                R::NextReminderAt
+                    .gt(at)
+                    .or(R::NextReminderAt.eq(at).and(R::Id.gt(id))),
+            );
+        }
+        let rows: Vec<(Option<DateTime<Utc>>, Uuid)> = q
+            .order_by_asc(R::NextReminderAt)
+            .order_by_asc(R::Id)
+            .limit(limit)
+            .into_tuple()
+            .all(db)
+            .await?;
+        return Ok(rows
+            .into_iter()
+            .filter_map(|(at, id)| at.map(|at| (at, id)))
+            .collect());
+    }
+    use subscriptions::Column as S;
+    let mut q = subscriptions::Entity::find()
+        .select_only()
+        .column(S::CurrentPeriodEnd)
+        .column(S::UserId)
+        .filter(S::Plan.ne(FREE))
+        .filter(S::CurrentPeriodEnd.is_not_null());
+    q = match step {
+        Step::Create => q
+            .filter(S::Status.eq(SubscriptionStatus::Active))
+            .filter(S::CancelAtPeriodEnd.eq(false))
+            .filter(S::CurrentPeriodEnd.lte(now + policy.lead()))
+            .filter(
+                Expr::exists(
+                    Query::select()
+                        .expr(Expr::val(1))
+                        .from(renewals::Entity)
+                        .and_where(
+                            Expr::col((renewals::Entity, renewals::Column::UserId))
+                                .equals((subscriptions::Entity, S::UserId)),
+                        )
+                        .and_where(
+                            Expr::col((renewals::Entity, renewals::Column::PeriodEnd))
+                                .equals((subscriptions::Entity, S::CurrentPeriodEnd)),
+                        )
+                        .and_where(
+                            Expr::col((renewals::Entity, renewals::Column::Status))
+                                .eq(RenewalStatus::Open.as_str()),
+                        )
+                        .to_owned(),
+                )
+                .not(),
+            ),
+        Step::PastDue => q
+            .filter(S::Status.eq(SubscriptionStatus::Active))
+            .filter(S::CancelAtPeriodEnd.eq(false))
+            .filter(S::CurrentPeriodEnd.lt(now))
+            .filter(S::CurrentPeriodEnd.gte(now - policy.grace)),
+        Step::Lapse => q.filter(
+            S::CurrentPeriodEnd
+                .lt(now - policy.grace)
+                .or(S::CancelAtPeriodEnd
+                    .eq(true)
+                    .and(S::CurrentPeriodEnd.lt(now))),
+        ),
+        Step::Remind => unreachable!("handled above"),
+    };
+    if let Some((at, id)) = after {
+        q = q.filter(
+            S::CurrentPeriodEnd
+                .gt(at)
+                .or(S::CurrentPeriodEnd.eq(at).and(S::UserId.gt(id))),
+        );
+    }
+    let rows: Vec<(Option<DateTime<Utc>>, Uuid)> = q
+        .order_by_asc(S::CurrentPeriodEnd)
+        .order_by_asc(S::UserId)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(at, id)| at.map(|at| (at, id)))
+        .collect())
+}
+
+/// What one batch did: one entry per row that changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// The outcomes, one per row acted on (rows no longer due are skipped).
+    pub outcomes: Vec<Outcome>,
+}
+
+impl BatchReport {
+    /// How many rows had `outcome`.
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.outcomes.iter().filter(|o| **o == outcome).count()
+    }
+}
+
+/// Runs `step` at `now` on `ids` (user ids; renewal ids for
+/// [`Step::Remind`]), each row re-checked under its lock; rows no longer
+/// due are skipped. `catalogue` prices new renewals.
+pub async fn run_batch<C>(
+    db: &C,
+    step: Step,
+    policy: &Policy,
+    catalogue: &Catalogue,
+    now: DateTime<Utc>,
+    ids: &[Uuid],
+) -> Result<BatchReport, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let mut report = BatchReport::default();
+    for &id in ids {
+        let outcome = match step {
+            Step::Create => create_one(db, policy, catalogue, now, id).await?,
+            Step::Remind => remind_one(db, policy, now, id).await?,
+            Step::PastDue => past_due_one(db, policy, now, id).await?,
+            Step::Lapse => lapse_one(db, policy, now, id).await?,
+        };
+        report.outcomes.extend(outcome);
+    }
+    Ok(report)
+}
+
+/// Locks the subscription of `user_id` (`FOR UPDATE` on PostgreSQL).
+async fn locked_subscription<T: ConnectionTrait>(
+    txn: &T,
+    user_id: Uuid,
+) -> Result<Option<subscriptions::Model>, DbErr> {
+    let mut find = subscriptions::Entity::find_by_id(user_id);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        find = find.lock_exclusive();
+    }
+    find.one(txn).await
+}
+
+async fn create_one<C: ConnectionTrait>(
+    db: &C,
+    policy: &Policy,
+    catalogue: &Catalogue,
+    now: DateTime<Utc>,
+    user_id: Uuid,
+) -> Result<Option<Outcome>, DbErr> {
+    let Some(sub) = subscriptions::Entity::find_by_id(user_id).one(db).await? else {
+        return Ok(None);
+    };
+    let Some(end) = sub.current_period_end else {
+        return Ok(None);
+    };
+    if sub.plan == FREE
+        || sub.status != SubscriptionStatus::Active
+        || sub.cancel_at_period_end
+        || end > now + policy.lead()
+    {
+        return Ok(None);
+    }
+    let plan_id = sub.renewal_plan.as_deref().unwrap_or(&sub.plan);
+    let Some(plan) = catalogue.get(plan_id).filter(|p| p.price > 0) else {
+        tracing::warn!(%user_id, plan = plan_id, "renewal: the plan is not in the catalogue");
+        return Ok(Some(Outcome::Unpriced));
+    };
+    let row = renewals::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        user_id: Set(user_id),
+        period_end: Set(end),
+        plan: Set(plan.id.clone()),
+        amount: Set(plan.price),
+        currency: Set(catalogue.currency.clone()),
+        status: Set(RenewalStatus::Open),
+        next_reminder_at: Set(policy.first_reminder(end)),
+        created_at: Set(now),
+        updated_at: Set(now),
+    };
+    match renewals::Entity::insert(row)
+        .exec_without_returning(db)
+        .await
+    {
+        Ok(_) => Ok(Some(Outcome::Created)),
+        // Another worker (or an earlier run of this job) created it.
+        Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn remind_one<C>(
+    db: &C,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    renewal_id: Uuid,
+) -> Result<Option<Outcome>, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let txn = begin_write(db).await?;
+    let mut find = renewals::Entity::find_by_id(renewal_id);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        find = find.lock_exclusive();
+    }
+    let Some(r) = find.one(&txn).await? else {
+        return Ok(None);
+    };
+    let due = r.status == RenewalStatus::Open && r.next_reminder_at.is_some_and(|at| at <= now);
+    if !due {
+        return Ok(None);
+    }
+    let sent = policy.latest_due(r.period_end, now);
+    let next = sent.and_then(|d| policy.after(r.period_end, d));
+    let outcome = if r.period_end > now {
+        sent.map(|_| Outcome::Reminded)
+    } else {
+        // Due already: the past-due mail speaks from now on.
+        None
+    };
+    if let (Some(d), Some(_)) = (sent, outcome) {
+        let vars = json!({
+            "plan": r.plan,
+            "amount": r.amount,
+            "currency": r.currency,
+            "due_at": r.period_end,
+            "seconds_left": (r.period_end - now).num_seconds(),
+            "pay_url": policy.pay_url(r.id),
+        });
+        mail(
+            &txn,
+            BillingMailKind::RenewalReminder,
+            r.user_id,
+            format!("reminder:{}:{}:{d}", r.user_id, r.period_end.timestamp()),
+            vars,
+        )
+        .await?;
+    }
+    let mut am = r.into_active_model();
+    am.next_reminder_at = Set(if outcome.is_some() { next } else { None });
+    am.updated_at = Set(now);
+    am.update(&txn).await?;
+    txn.commit().await?;
+    Ok(outcome)
+}
+
+async fn past_due_one<C>(
+    db: &C,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    user_id: Uuid,
+) -> Result<Option<Outcome>, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let txn = begin_write(db).await?;
+    let Some(sub) = locked_subscription(&txn, user_id).await? else {
+        return Ok(None);
+    };
+    let Some(end) = sub.current_period_end else {
+        return Ok(None);
+    };
+    let due = sub.plan != FREE
+        && sub.status == SubscriptionStatus::Active
+        && !sub.cancel_at_period_end
+        && end < now
+        && end >= now - policy.grace;
+    if !due {
+        return Ok(None);
+    }
+    let grace_end = end + policy.grace;
+    let plan = sub.plan.clone();
+    let renewal = open_of(&txn, &sub).await?;
+    let vars = json!({
+        "plan": plan,
+        "amount": renewal.as_ref().map(|r| r.amount),
+        "currency": renewal.as_ref().map(|r| r.currency.clone()),
+        "period_end": end,
+        "grace_end": grace_end,
+        "pay_url": renewal.as_ref().and_then(|r| policy.pay_url(r.id)),
+    });
+    mail(
+        &txn,
+        BillingMailKind::PastDue,
+        user_id,
+        format!("past_due:{user_id}:{}", end.timestamp()),
+        vars,
+    )
+    .await?;
+    let mut am = sub.into_active_model();
+    am.status = Set(SubscriptionStatus::PastDue);
+    am.updated_at = Set(now);
+    am.update(&txn).await?;
+    audit(
+        &txn,
+        ACTION_PAST_DUE,
+        user_id,
+        json!({ "plan": plan, "status": "active", "period_end": end }),
+        json!({ "plan": plan, "status": "past_due", "grace_end": grace_end }),
+        now,
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(Some(Outcome::PastDue))
+}
+
+async fn lapse_one<C>(
+    db: &C,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    user_id: Uuid,
+) -> Result<Option<Outcome>, DbErr>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let txn = begin_write(db).await?;
+    let Some(sub) = locked_subscription(&txn, user_id).await? else {
+        return Ok(None);
+    };
+    let Some(end) = sub.current_period_end else {
+        return Ok(None);
+    };
+    let due =
+        sub.plan != FREE && (end < now - policy.grace || (sub.cancel_at_period_end && end < now));
+    if !due {
+        return Ok(None);
+    }
+    let old = json!({
+        "plan": sub.plan,
+        "status": sub.status.as_str(),
+        "period_end": sub.current_period_end,
+    });
+    let mut am = sub.into_active_model();
+    am.plan = Set(FREE.to_string());
+    am.status = Set(SubscriptionStatus::Active);
+    am.cancel_at_period_end = Set(false);
+    am.current_period_start = Set(None);
+    am.current_period_end = Set(None);
+    am.renewal_plan = Set(None);
+    am.updated_at = Set(now);
+    am.update(&txn).await?;
+    void_open(&txn, user_id, now).await?;
+    let mailed = mail(
+        &txn,
+        BillingMailKind::Lapsed,
+        user_id,
+        format!("lapsed:{user_id}:{}", end.timestamp()),
+        json!({ "plan": old["plan"], "period_end": end, "lapsed_at": now }),
+    )
+    .await?;
+    if mailed == Queued::NoEmail {
+        audit(
+            &txn,
+            ACTION_NO_EMAIL,
+            user_id,
+            old.clone(),
+            json!({ "plan": FREE, "reason": "no email address: no reminder or lapse mail was sent" }),
+            now,
+        )
+        .await?;
+    }
+    audit(
+        &txn,
+        ACTION_SUBSCRIPTION_EXPIRE,
+        user_id,
+        old,
+        json!({ "plan": FREE, "status": "active" }),
+        now,
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(Some(Outcome::Lapsed))
+}
+
+/// Voids every open renewal of `user_id` (a cancel, a lapse, a settlement
+/// that moved the plan or period end); answers how many.
+pub async fn void_open<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<u64, DbErr> {
+    Ok(renewals::Entity::update_many()
+        .col_expr(
+            renewals::Column::Status,
+            Expr::value(RenewalStatus::Void.as_str()),
+        )
+        .col_expr(
+            renewals::Column::NextReminderAt,
+            Expr::value(None::<DateTime<Utc>>),
+        )
+        .col_expr(renewals::Column::UpdatedAt, Expr::value(now))
+        .filter(renewals::Column::UserId.eq(user_id))
+        .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+        .exec(db)
+        .await?
+        .rows_affected)
+}
+
+/// The open renewal of `sub` (the one for its current period end), if any.
+pub async fn open_of<C: ConnectionTrait>(
+    db: &C,
+    sub: &subscriptions::Model,
+) -> Result<Option<renewals::Model>, DbErr> {
+    let Some(end) = sub.current_period_end else {
+        return Ok(None);
+    };
+    renewals::Entity::find()
+        .filter(renewals::Column::UserId.eq(sub.user_id))
+        .filter(renewals::Column::PeriodEnd.eq(end))
+        .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+        .one(db)
+        .await
+}
+
+/// How many subscriptions are `past_due` now (the `past_due` gauge).
+pub async fn past_due_count<C: ConnectionTrait>(db: &C) -> Result<u64, DbErr> {
+    use sea_orm::PaginatorTrait;
+    subscriptions::Entity::find()
+        .filter(subscriptions::Column::Status.eq(SubscriptionStatus::PastDue))
+        .count(db)
+        .await
+}
+
+async fn audit<C: ConnectionTrait>(
+    db: &C,
+    action: &str,
+    user_id: Uuid,
+    old: serde_json::Value,
+    new: serde_json::Value,
+    now: DateTime<Utc>,
+) -> Result<(), DbErr> {
+    audit_logs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        actor_id: Set(None),
+        action: Set(action.to_string()),
+        target_type: Set(TARGET_TYPE_SUBSCRIPTION.to_string()),
+        target_id: Set(user_id.to_string()),
+        old_value: Set(Some(old)),
+        new_value: Set(Some(new)),
+        request_id: Set(None),
+        client_request_id: Set(None),
+        created_at: Set(now),
+    }
+    .insert(db)
+    .await
+    .map(|_| ())
+}
+
+/// The pay link's token for renewal `renewal_id`:
+/// `<renewal id, 32 hex digits>.<HMAC-SHA256 of "renewal-pay:<id>" with
+/// `secret`, unpadded base64url>`. It carries no expiry: the link is valid
+/// while the renewal is payable (until its grace ends), which the database
+/// decides when it is used.
+pub fn pay_token(secret: &str, renewal_id: Uuid) -> String {
+    use base64::Engine as _;
+    let id = renewal_id.simple().to_string();
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sign(secret, &id));
+    format!("{id}.{sig}")
+}
+
+/// The renewal id a token of [`pay_token`] names, when its signature is
+/// right (compared in constant time); `None` for anything else.
+pub fn verify_pay_token(secret: &str, token: &str) -> Option<Uuid> {
+    use base64::Engine as _;
+    let (id, sig) = token.split_once('.')?;
+    if id.len() != 32 {
+        return None;
+    }
+    let uuid = Uuid::try_parse(id).ok()?;
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(sig)
+        .ok()?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).ok()?;
+    mac.update(format!("renewal-pay:{id}").as_bytes());
+    mac.verify_slice(&sig).ok()?;
+    Some(uuid)
+}
+
+fn sign(secret: &str, id: &str) -> Vec<u8> {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
+    mac.update(format!("renewal-pay:{id}").as_bytes());
+    mac.finalize().into_bytes().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn reminders_latest_due_only_then_the_next() {
+        let p = Policy {
+            grace: Duration::days(3),
+            reminder_days: vec![7, 3, 1],
+            pay_secret: None,
+            api_url: String::new(),
+        };
+        let end = at("2026-12-20T10:00:00Z");
+        assert_eq!(p.lead(), Duration::days(7));
+        assert_eq!(p.first_reminder(end), Some(at("2026-12-13T10:00:00Z")));
+        assert_eq!(p.latest_due(end, at("2026-12-13T09:59:59Z")), None);
+        assert_eq!(p.latest_due(end, at("2026-12-13T10:00:00Z")), Some(7));
+        // Came into range two days before the end: only the 3-day one.
+        assert_eq!(p.latest_due(end, at("2026-12-18T10:00:00Z")), Some(3));
+        assert_eq!(p.after(end, 3), Some(at("2026-12-19T10:00:00Z")));
+        assert_eq!(p.after(end, 1), None);
+        let none = Policy {
+            grace: Duration::zero(),
+            reminder_days: vec![],
+            pay_secret: None,
+            api_url: String::new(),
+        };
+        assert_eq!(none.first_reminder(end), None);
+        assert_eq!(none.lead(), Duration::days(1));
+    }
+
+    #[test]
+    fn pay_tokens_verify_only_when_signed_with_the_secret() {
+        let id = Uuid::now_v7();
+        let t = pay_token("secret-one", id);
+        assert_eq!(verify_pay_token("secret-one", &t), Some(id));
+        assert_eq!(verify_pay_token("secret-two", &t), None);
+        let other = pay_token("secret-one", Uuid::now_v7());
+        let forged = format!("{}.{}", id.simple(), other.split_once('.').unwrap().1);
+        assert_eq!(verify_pay_token("secret-one", &forged), None);
+        for bad in ["", ".", "abc", "x.y", &format!("{}.", id.simple())] {
+            assert_eq!(verify_pay_token("secret-one", bad), None);
+        }
+    }
+}

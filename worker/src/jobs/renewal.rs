@@ -1,0 +1,58 @@
+//! `renewal_batch`: one page of one pass of the renewal loop
+//! ([`entity::renewal`]), queued by the scheduler ([`crate::scheduler`]) so
+//! that every worker takes a share of a large batch. Each row is re-checked
+//! under its lock by the database's clock, so a repeated or concurrent batch
+//! changes nothing twice. Outcomes are counted in
+//! `billing_renewals_total{outcome}`.
+
+use std::sync::OnceLock;
+
+use entity::{plans::Catalogue, renewal};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{JobContext, JobError};
+
+/// Payload of the `renewal_batch` job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewalBatch {
+    /// Which pass.
+    pub step: renewal::Step,
+    /// User ids ([`renewal::Step::Remind`]: renewal ids), at most one page.
+    pub ids: Vec<Uuid>,
+}
+
+/// The plan catalogue (`PLANS_FILE`, else the built-in one), loaded once.
+fn catalogue(ctx: &JobContext) -> Result<&'static Catalogue, JobError> {
+    static CATALOGUE: OnceLock<Catalogue> = OnceLock::new();
+    if let Some(c) = CATALOGUE.get() {
+        return Ok(c);
+    }
+    let loaded = Catalogue::load_or_built_in(ctx.providers.settings().plans_file.as_deref())
+        .map_err(|e| JobError::Permanent(format!("the plan catalogue: {e}")))?;
+    Ok(CATALOGUE.get_or_init(|| loaded))
+}
+
+/// Runs the batch; database failures are retried.
+pub async fn handle(
+    job: RenewalBatch,
+    _task_id: &str,
+    _attempt: usize,
+    ctx: &JobContext,
+) -> Result<(), JobError> {
+    let catalogue = catalogue(ctx)?;
+    let policy = renewal::Policy::from_settings(ctx.providers.settings());
+    let now = entity::db::now(&ctx.db)
+        .await
+        .map_err(|e| JobError::Retry(format!("reading the database clock: {e}")))?;
+    let report = renewal::run_batch(&ctx.db, job.step, &policy, catalogue, now, &job.ids)
+        .await
+        .map_err(|e| JobError::Retry(format!("renewal batch {:?}: {e}", job.step)))?;
+    for outcome in &report.outcomes {
+        crate::metrics::renewal(*outcome);
+    }
+    if !report.outcomes.is_empty() {
+        tracing::info!(step = ?job.step, rows = job.ids.len(), changed = report.outcomes.len(), "renewal batch");
+    }
+    Ok(())
+}
