@@ -89,7 +89,17 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The billing migrations first, newest first: the payments' stored
+    // The renewals first: their table, `payments.renewal_id` and
+    // `subscriptions.renewal_plan` go with one step down.
+    assert!(manager.has_table("renewals").await?);
+    assert!(manager.has_column("payments", "renewal_id").await?);
+    assert!(manager.has_column("subscriptions", "renewal_plan").await?);
+    Migrator::down(db, Some(1)).await?;
+    assert!(!manager.has_table("renewals").await?, "renewals after down");
+    assert!(!manager.has_column("payments", "renewal_id").await?);
+    assert!(!manager.has_column("subscriptions", "renewal_plan").await?);
+
+    // Then the billing migrations, newest first: the payments' stored
     // grants, then the billing mails' keys.
     let grant_columns = [
         "grant_plan",
@@ -121,7 +131,7 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    const BILLING_STEPS: usize = 2;
+    const BILLING_STEPS: usize = 3;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the
