@@ -306,18 +306,31 @@ async fn cancel_and_resume_follow_the_rules() {
         assert!(!row.cancel_at_period_end);
         assert_eq!(row.canceled_at, None);
 
-        // Not active: refused, nothing written.
-        for status in [SubscriptionStatus::PastDue, SubscriptionStatus::Canceled] {
-            set_status(&db, uid, status).await;
-            for action in [SubscriptionAction::Cancel, SubscriptionAction::Resume] {
-                let e = subscription::change(&db, uid, action).await.unwrap_err();
-                assert!(
-                    matches!(e, SubscriptionError::NotActive(s) if s == status),
-                    "{e:?}"
-                );
-            }
-            assert!(!sub_row(&db, uid).await.cancel_at_period_end);
+        // In its renewal grace (`past_due`) it still moves: cancel, resume.
+        set_status(&db, uid, SubscriptionStatus::PastDue).await;
+        let v = subscription::change(&db, uid, SubscriptionAction::Cancel)
+            .await
+            .unwrap();
+        assert_eq!(
+            (v.status, v.cancel_at_period_end),
+            ("cancel_at_period_end", true)
+        );
+        let v = subscription::change(&db, uid, SubscriptionAction::Resume)
+            .await
+            .unwrap();
+        assert_eq!((v.status, v.cancel_at_period_end), ("past_due", false));
+
+        // Ended (`canceled`): refused, nothing written.
+        let status = SubscriptionStatus::Canceled;
+        set_status(&db, uid, status).await;
+        for action in [SubscriptionAction::Cancel, SubscriptionAction::Resume] {
+            let e = subscription::change(&db, uid, action).await.unwrap_err();
+            assert!(
+                matches!(e, SubscriptionError::NotActive(s) if s == status),
+                "{e:?}"
+            );
         }
+        assert!(!sub_row(&db, uid).await.cancel_at_period_end);
 
         // No row at all.
         let e = subscription::change(&db, Uuid::new_v4(), SubscriptionAction::Cancel)

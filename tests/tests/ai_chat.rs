@@ -537,8 +537,8 @@ async fn set_subscription(
 }
 
 /// The limits are the caller's plan in force, read with the session: a new
-/// user's FREE, an active paid plan's, and FREE again once that plan is no
-/// longer active. Each change reaches the api at once, cached account or not.
+/// user's FREE, an active paid plan's (also in its renewal grace,
+/// `past_due`), and FREE again once that plan has ended (`canceled`). Each change reaches the api at once, cached account or not.
 #[tokio::test]
 async fn the_callers_plan_in_force_sets_the_limits() {
     let stack = Stack::new().await;
@@ -569,9 +569,13 @@ async fn the_callers_plan_in_force_sets_the_limits() {
     assert_eq!(limit_of(&r), 40, "PRO, active");
     let r = post(&api, "/api/ai/generate", Some(&t), &gen).await;
     assert_eq!(limit_of(&r), 40, "PRO, active");
+    // In its renewal grace the plan keeps its limits.
     set_subscription(&db, user, "PRO", SubscriptionStatus::PastDue).await;
+    let r = post(&api, "/api/ai/chat", Some(&t), &chat).await;
+    assert_eq!(limit_of(&r), 40, "PRO, past due (grace): still PRO");
+    set_subscription(&db, user, "PRO", SubscriptionStatus::Canceled).await;
     let r = post_until_limit(&api, "/api/ai/chat", &t, &chat, 10).await;
-    assert_eq!(limit_of(&r), 10, "PRO, past due: FREE");
+    assert_eq!(limit_of(&r), 10, "PRO, canceled: FREE");
     set_subscription(&db, user, "ULTIMATE", SubscriptionStatus::Active).await;
     let r = post_until_limit(&api, "/api/ai/generate", &t, &gen, 80).await;
     assert_eq!(limit_of(&r), 80, "ULTIMATE, active");

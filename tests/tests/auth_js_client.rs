@@ -222,6 +222,9 @@ async fn check_main_report(api: &Proc, report: &Value) {
         "the scenario ran to its end: {steps:?}"
     );
 
+    // The PKCE session's token: the password reset at the end of the
+    // scenario ended every other session of the account, so `/api` refuses
+    // it at once (not only at its `exp`).
     let token = report["access_token"].as_str().expect("access_token");
     let r = save_profile(
         api,
@@ -230,16 +233,30 @@ async fn check_main_report(api: &Proc, report: &Value) {
     )
     .await;
     assert_eq!(
+        (r.status.as_u16(), r.json["code"].as_str()),
+        (401, Some("session_not_found")),
+        "POST /api/profile with the token of a session the reset ended: {}",
+        r.text
+    );
+
+    // The recovery session (the one that set the new password) goes on, as
+    // a bearer token and as the `/auth/confirm` cookie.
+    let cookie = report["cookie_access_token"]
+        .as_str()
+        .expect("cookie token");
+    let r = save_profile(
+        api,
+        ("authorization", &format!("Bearer {cookie}")),
+        "Ann Lee",
+    )
+    .await;
+    assert_eq!(
         r.status, 200,
-        "POST /api/profile with our token: {}",
+        "POST /api/profile with the recovery session's token: {}",
         r.text
     );
     assert_eq!(r.json["success"], true);
     assert_eq!(r.json["profile"]["full_name"], "Ann Lee");
-
-    let cookie = report["cookie_access_token"]
-        .as_str()
-        .expect("cookie token");
     let r = save_profile(
         api,
         ("cookie", &format!("sb-access-token={cookie}")),

@@ -78,10 +78,13 @@ impl Rng {
 
 /// The fake email API: answers 200 to `POST /emails` and records, per
 /// contact message (its number, read from the subject), the idempotency keys
-/// it arrived under; anything else it cannot attribute is kept in `stray`.
+/// it arrived under, and the receipts of settled payments (their key
+/// `receipt:<order id>`); anything else it cannot attribute is kept in
+/// `stray`.
 #[derive(Clone, Default)]
 struct EmailApi {
     keys: Arc<Mutex<HashMap<usize, BTreeSet<String>>>>,
+    receipts: Arc<Mutex<BTreeSet<String>>>,
     calls: Arc<AtomicUsize>,
     stray: Arc<Mutex<Vec<String>>>,
 }
@@ -123,6 +126,9 @@ impl wiremock::Respond for EmailApi {
         match n {
             Some(n) if !key.is_empty() && body["to"] == json!([CONTACT_EMAIL]) => {
                 self.keys.lock().unwrap().entry(n).or_default().insert(key);
+            }
+            _ if key.starts_with("receipt:") => {
+                self.receipts.lock().unwrap().insert(key);
             }
             _ => self
                 .stray
@@ -353,7 +359,33 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
     // Emails: one idempotency key per message, all distinct, none missing.
     let keys = email.keys.lock().unwrap().clone();
     let stray = email.stray.lock().unwrap().clone();
-    assert!(stray.is_empty(), "unattributable emails: {stray:?}");
+    assert!(
+        stray.is_empty(),
+        "unattributable emails: {} (the first: {:?})",
+        stray.len(),
+        stray.first()
+    );
+    // Every PAID payment's receipt, under its one key, and no other.
+    let paid: BTreeSet<String> = sea_orm::sqlx::query_scalar::<_, String>(
+        "SELECT order_id FROM payments WHERE status = 'PAID'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("paid orders")
+    .into_iter()
+    .map(|o| format!("receipt:{o}"))
+    .collect();
+    let receipts_arrived = wait_until(Duration::from_secs(60), || async {
+        *email.receipts.lock().unwrap() == paid
+    })
+    .await;
+    assert!(
+        receipts_arrived,
+        "receipts: {} of {} paid payments, {} not of a paid payment",
+        email.receipts.lock().unwrap().intersection(&paid).count(),
+        paid.len(),
+        email.receipts.lock().unwrap().difference(&paid).count()
+    );
     let missing: Vec<usize> = (0..contacts).filter(|n| !keys.contains_key(n)).collect();
     assert!(missing.is_empty(), "messages never delivered: {missing:?}");
     assert_eq!(keys.len(), contacts, "messages delivered");

@@ -791,8 +791,8 @@ async fn the_mail_interval_is_a_setting() {
     let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((60..=120).contains(&wait), "{wait}");
     idp.sql(
-        "UPDATE auth_accounts SET recovery_sent_at = recovery_sent_at - interval '121 seconds' \
-         WHERE recovery_sent_at IS NOT NULL",
+        "UPDATE auth_mail_slots SET last_sent_at = last_sent_at - interval '121 seconds' \
+         WHERE email_norm = 'una@example.com' AND kind = 'recovery'",
     )
     .await;
     assert_eq!(recover().await.status, 200);

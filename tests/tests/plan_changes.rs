@@ -304,3 +304,87 @@ async fn the_quote_refuses_what_cannot_be_bought() {
     assert_eq!(q.json["amount"], 299_000);
     assert_eq!(q.json["carried_seconds"], 0);
 }
+
+/// In its renewal grace (`past_due`: the period ended unpaid, the plan is
+/// kept) a payment for that plan extends from the old end, so the grace days
+/// are paid for and not given on top; the quote says the same beforehand.
+#[tokio::test(flavor = "multi_thread")]
+async fn paid_in_grace_extends_from_the_old_end() {
+    let stack = Stack::new().await;
+    let sink = SmtpSink::start().await;
+    let api = start(&stack, &sink).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+
+    let first = pay(&api, &db, user, "PRO", 99_000).await;
+    // The period ended two days ago, unpaid: in grace.
+    let (_, old_end) = move_period(&pool, &first, 28, -2).await;
+    sea_orm::sqlx::query("UPDATE subscriptions SET status = 'past_due' WHERE user_id = $1")
+        .bind(user)
+        .execute(&pool)
+        .await
+        .expect("into grace");
+
+    let q = quote(&api, Some(user), Some("PRO")).await;
+    assert_eq!(q.status, 200, "{}", q.text);
+    let month_after = old_end.checked_add_months(Months::new(1)).unwrap();
+    assert_eq!(at(&q.json["period_start"]), old_end, "{}", q.text);
+    assert_eq!(at(&q.json["period_end"]), month_after, "{}", q.text);
+
+    let renewal = pay(&api, &db, user, "PRO", 99_000).await;
+    let r = payment_row(&db, &renewal).await;
+    assert_eq!(
+        (r.grant_start, r.grant_end, r.carried_seconds),
+        (Some(old_end), Some(month_after), Some(0))
+    );
+    let s = subscription(&db, user).await;
+    assert_eq!(
+        (s.plan.as_str(), s.status.as_str(), s.current_period_end),
+        ("PRO", "active", Some(month_after))
+    );
+}
+
+/// The attack: buy PRO, change to BASIC (PRO's unused month is carried into
+/// BASIC as about two more months), then have the PRO payment refunded or
+/// charged back. The money goes back, so the time it bought goes too: the
+/// carried share leaves BASIC's period and its stored grant, and BASIC keeps
+/// only the month its own payment bought.
+#[tokio::test(flavor = "multi_thread")]
+async fn refunding_a_grant_carried_into_another_plan_takes_the_carried_time_back() {
+    let stack = Stack::new().await;
+    let sink = SmtpSink::start().await;
+    let api = start(&stack, &sink).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    move_period(&pool, &pro, 0, 30).await;
+    let basic = pay(&api, &db, user, "BASIC", 49_000).await;
+    let b = payment_row(&db, &basic).await;
+    let paid_at = b.paid_at.unwrap();
+    let own_month = paid_at.checked_add_months(Months::new(1)).unwrap();
+    let carried = b.carried_seconds.unwrap();
+    assert!(
+        carried > 50 * DAY,
+        "PRO's month carried into BASIC: {carried} s"
+    );
+    assert_eq!(
+        subscription(&db, user).await.current_period_end,
+        Some(own_month + chrono::Duration::seconds(carried))
+    );
+
+    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, &pro, 99_000, "REFUND");
+    notify(&api, body, headers).await;
+    wait_payment_status(&db, &pro, PaymentStatus::Refunded).await;
+
+    let s = subscription(&db, user).await;
+    assert_eq!(
+        (s.plan.as_str(), s.current_period_end),
+        ("BASIC", Some(own_month)),
+        "BASIC keeps its own month only"
+    );
+    let b = payment_row(&db, &basic).await;
+    assert_eq!((b.carried_seconds, b.grant_end), (Some(0), Some(own_month)));
+}
