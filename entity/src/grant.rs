@@ -14,6 +14,10 @@
 //!   microseconds, summed, then rounded down to the second, never below
 //!   zero. Time of Q with no payment behind it carries nothing. The sources
 //!   are marked `carried_into` the new payment.
+//! * **In its renewal grace** (`past_due`: the period ended unpaid, the plan
+//!   is kept): a payment for that plan extends it by one calendar month from
+//!   the old end, so the grace days are paid for; another plan starts at
+//!   `paid_at` and carries nothing.
 //! * **Nothing paid in force** (FREE, lapsed): one calendar month from
 //!   `paid_at`.
 //!
@@ -69,6 +73,9 @@ pub struct InForce<'a> {
     pub plan: &'a str,
     /// End of its paid period, if any.
     pub period_end: Option<DateTime<Utc>>,
+    /// In its renewal grace (`past_due`): the period ended unpaid and the
+    /// plan is kept until the grace ends.
+    pub in_grace: bool,
 }
 
 /// One running grant as the carry reads it.
@@ -104,6 +111,23 @@ pub fn compute(
     amount: i64,
     paid_at: DateTime<Utc>,
 ) -> Grant {
+    // In its renewal grace, a payment for the kept plan extends from the old
+    // end: the grace days are paid for, not given on top.
+    if let (true, Some(old_end)) = (
+        in_force.in_grace && in_force.plan == plan && plan != FREE,
+        in_force.period_end,
+    ) {
+        return Grant {
+            plan: plan.to_string(),
+            start: old_end,
+            end: month_after(old_end),
+            from_plan: None,
+            from_end: None,
+            carried_seconds: 0,
+            carried_value: 0,
+            sources: vec![],
+        };
+    }
     let paid_until = in_force
         .period_end
         .filter(|end| in_force.plan != FREE && *end > paid_at);
@@ -207,10 +231,12 @@ pub async fn plan<C: ConnectionTrait>(
         InForce {
             plan: FREE,
             period_end: None,
+            in_grace: false,
         },
         |s| InForce {
             plan: &s.plan,
             period_end: s.current_period_end,
+            in_grace: s.status == SubscriptionStatus::PastDue,
         },
     );
     let carries = in_force.plan != FREE
@@ -297,11 +323,55 @@ pub async fn store<C: ConnectionTrait>(
     Ok(())
 }
 
+/// The later payment the grant of `refunded` was carried into (still
+/// `PAID`), and the seconds of its carried time that `refunded`'s grant
+/// contributed: the rule of [`compute`] for that one source, from the stored
+/// grants (its amount over its own length, unused from the later payment's
+/// start, to a month of the later plan at its amount), rounded up to the
+/// second and at most what the later payment carried. `None` when there is
+/// nothing to take back.
+async fn carried_share<T: ConnectionTrait>(
+    txn: &T,
+    refunded: &payments::Model,
+) -> Result<Option<(payments::Model, i64)>, DbErr> {
+    let Some(into_id) = refunded.carried_into else {
+        return Ok(None);
+    };
+    let Some(into) = payments::Entity::find_by_id(into_id).one(txn).await? else {
+        return Ok(None);
+    };
+    let (Some(start), Some(end), Some(paid_at)) =
+        (refunded.grant_start, refunded.grant_end, into.grant_start)
+    else {
+        return Ok(None);
+    };
+    if into.status != PaymentStatus::Paid || into.amount <= 0 {
+        return Ok(None);
+    }
+    // The whole grant goes back with the refund (a refund or chargeback takes
+    // back the period a payment bought), so its whole share of the carry.
+    let value = i128::from(refunded.amount).max(0);
+    let length = micros(end - start);
+    let unused = micros(end - start.max(paid_at));
+    if length <= 0 || unused <= 0 {
+        return Ok(None);
+    }
+    let month = micros(month_after(paid_at) - paid_at);
+    let share_us = value * unused * month / (length * i128::from(into.amount));
+    let secs = i64::try_from((share_us + 999_999) / 1_000_000).unwrap_or(i64::MAX);
+    let secs = secs.min(into.carried_seconds.unwrap_or(0));
+    Ok(Some((into, secs)))
+}
+
 /// Takes back what the payment `refunded` (still `PAID` here) granted,
 /// under the subscription's row lock, from its stored grant:
 ///
-/// * a grant already over, carried on into a later plan change, or not of
-///   the plan in force is left alone (the later plan keeps its period);
+/// * a grant carried on into a later plan change gives back what it carried:
+///   while that later plan is in force, its end (and the later payment's
+///   stored grant) moves back by the refunded grant's share of the carried
+///   time, rounded up to the second ([`carried_share`]), so a refund never
+///   leaves the time its money bought running elsewhere;
+/// * a grant already over, or not of the plan in force, is left alone;
 /// * a grant that changed plan and is still the last one of its plan (no
 ///   later payment extended it) returns the carried value where it came
 ///   from: the replaced plan and its period end come back, and the source
@@ -336,8 +406,35 @@ pub async fn take_back<T: ConnectionTrait>(
         refunded.grant_start,
         refunded.grant_end,
     ) {
+        (Some(_), Some(_), Some(_)) if refunded.carried_into.is_some() => {
+            let Some((into, secs)) = carried_share(txn, refunded).await? else {
+                return Ok(None);
+            };
+            if into.grant_plan.as_deref() != Some(sub.plan.as_str()) || secs <= 0 {
+                return Ok(None);
+            }
+            let back = chrono::Duration::seconds(secs);
+            payments::Entity::update_many()
+                .col_expr(
+                    payments::Column::CarriedSeconds,
+                    Expr::value(into.carried_seconds.unwrap_or(0) - secs),
+                )
+                .col_expr(
+                    payments::Column::GrantEnd,
+                    Expr::value(into.grant_end.map(|e| e - back)),
+                )
+                .filter(payments::Column::Id.eq(into.id))
+                .exec(txn)
+                .await?;
+            (
+                sub.plan.clone(),
+                sub.current_period_start,
+                end - back,
+                false,
+            )
+        }
         (Some(gplan), Some(gstart), Some(gend)) => {
-            if gend <= now || refunded.carried_into.is_some() || gplan != sub.plan {
+            if gend <= now || gplan != sub.plan {
                 return Ok(None);
             }
             let carried = refunded.carried_seconds.unwrap_or(0);
@@ -451,6 +548,7 @@ mod tests {
             InForce {
                 plan: "PRO",
                 period_end: Some(pro.end),
+                in_grace: false,
             },
             &[pro],
             "BASIC",
@@ -476,6 +574,7 @@ mod tests {
             InForce {
                 plan: FREE,
                 period_end: None,
+                in_grace: false,
             },
             &[],
             "PRO",
@@ -486,6 +585,7 @@ mod tests {
         let running = InForce {
             plan: "PRO",
             period_end: Some(t("2026-02-15T00:00:00Z")),
+            in_grace: false,
         };
         let same = compute(running, &[], "PRO", 99_000, paid_at);
         assert_eq!(
@@ -495,6 +595,7 @@ mod tests {
         let lapsed = InForce {
             plan: "PRO",
             period_end: Some(t("2026-01-01T00:00:00Z")),
+            in_grace: false,
         };
         assert_eq!(
             compute(lapsed, &[], "BASIC", 49_000, paid_at).start,
@@ -505,6 +606,23 @@ mod tests {
         assert_eq!(gift.carried_seconds, 0);
         assert_eq!(gift.end, t("2026-02-28T10:00:00Z"));
         assert_eq!(gift.from_plan.as_deref(), Some("PRO"));
+    }
+
+    #[test]
+    fn paid_in_grace_extends_from_the_old_end() {
+        let end = t("2026-02-15T00:00:00Z");
+        let paid_at = t("2026-02-17T00:00:00Z");
+        let grace = InForce {
+            plan: "PRO",
+            period_end: Some(end),
+            in_grace: true,
+        };
+        let g = compute(grace, &[], "PRO", 99_000, paid_at);
+        assert_eq!((g.start, g.end), (end, t("2026-03-15T00:00:00Z")));
+        // Another plan paid in grace: a new period from `paid_at`, nothing
+        // carried (the grace days have no payment behind them).
+        let other = compute(grace, &[], "BASIC", 49_000, paid_at);
+        assert_eq!((other.start, other.carried_seconds), (paid_at, 0));
     }
 
     #[test]
@@ -520,6 +638,7 @@ mod tests {
             InForce {
                 plan: "BASIC",
                 period_end: Some(later.end),
+                in_grace: false,
             },
             &[later],
             "PRO",
@@ -539,6 +658,7 @@ mod tests {
             InForce {
                 plan: "BASIC",
                 period_end: Some(later.end),
+                in_grace: false,
             },
             &[half],
             "PRO",
