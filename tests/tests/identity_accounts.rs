@@ -481,8 +481,11 @@ async fn contested_confirmations_in_the_implicit_flow() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
     let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
-    // Attacker first, then the victim's sign-up is mailed: confirming the
-    // victim's own mail keeps the victim's password.
+    // Attacker first, then the victim's sign-up is mailed: the account is
+    // contested (two passwords before the mailbox was proven), so even the
+    // victim's own mail keeps no password: it signs the owner in, and the
+    // notice lets them choose one. (The owner cannot tell which of two
+    // identical mails is theirs: the rule must not depend on it.)
     let victim = "cal@example.com";
     assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
     let (_, attackers) = idp.mail(1).await;
@@ -492,12 +495,12 @@ async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
     assert_error(&r, 403, "otp_expired");
     let r = idp.verify_code("signup", victim, &code(&own)).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(idp.sign_in(victim, PASSWORD).await.status, 200);
-    assert_error(
-        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
-        400,
-        "invalid_credentials",
-    );
+    assert_eq!(r.json["user"]["email"], victim);
+    for pw in [PASSWORD, ATTACKER_PASSWORD] {
+        assert_error(&idp.sign_in(victim, pw).await, 400, "invalid_credentials");
+    }
+    let (_, notice) = idp.mail(3).await;
+    assert!(notice.contains("choose a password"), "{notice}");
     // The other links are void once the email is confirmed.
     assert_error(
         &idp.verify_hash("signup", &attackers).await,
@@ -509,9 +512,9 @@ async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
     // is void, the victim's link is not, and it drops the pre-proof password.
     let victim = "dan@example.com";
     assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
-    let (_, own) = idp.mail(3).await;
+    let (_, own) = idp.mail(4).await;
     assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
-    idp.mail(4).await;
+    idp.mail(5).await;
     let r = idp.verify_code("signup", victim, &code(&own)).await;
     assert_error(&r, 403, "otp_expired");
     let r = idp.verify_hash("signup", &own).await;
@@ -522,8 +525,79 @@ async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
         400,
         "invalid_credentials",
     );
-    let (_, notice) = idp.mail(5).await;
+    let (_, notice) = idp.mail(6).await;
     assert!(notice.contains("choose a password"), "{notice}");
+}
+
+/// The owner opens the NEWEST mail in the inbox, which a later sign-up of the
+/// attacker's issued (mailed, re-sent by `/resend`, or after a code sign-up
+/// that emptied the pending password): the attacker's password still never
+/// signs in, and `ADMIN_EMAILS` makes no one with a password of the
+/// attacker's an admin.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_newest_mail_of_a_contested_sign_up_keeps_no_password() {
+    let idp = Idp::start(&[
+        ("AUTH_MAIL_INTERVAL_SECS", "0"),
+        ("ADMIN_EMAILS", "gil@example.com"),
+    ])
+    .await;
+    let refused = |r: Reply| assert_error(&r, 400, "invalid_credentials");
+
+    // Victim first, the attacker's sign-up mailed after it; the owner opens
+    // the newest mail (the attacker's).
+    let victim = "gil@example.com";
+    assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
+    idp.mail(1).await;
+    assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
+    let (_, newest) = idp.mail(2).await;
+    let r = idp.verify_hash("signup", &newest).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], victim);
+    refused(idp.sign_in(victim, ATTACKER_PASSWORD).await);
+    refused(idp.sign_in(victim, PASSWORD).await);
+    let (_, notice) = idp.mail(3).await;
+    assert!(notice.contains("choose a password"), "{notice}");
+    // The admin is the owner signed in by the link, with no one's password.
+    let user = r.json["user"]["id"].as_str().unwrap().to_string();
+    assert_eq!(idp.role_of(&user).await, "admin");
+
+    // A code sign-up in between (it empties the pending password) does not
+    // make the attacker's next sign-up the account's only one.
+    let victim = "hal@example.com";
+    assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
+    idp.mail(4).await;
+    let r = idp.post("/otp", &json!({"email": victim})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mail(5).await;
+    assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
+    let (_, newest) = idp.mail(6).await;
+    let r = idp.verify_hash("signup", &newest).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    refused(idp.sign_in(victim, ATTACKER_PASSWORD).await);
+    idp.mail(7).await; // the notice
+
+    // The attacker's sign-up held back by the interval, then the mail sent
+    // again by `/resend` (the owner's own "resend" button).
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "60")]).await;
+    let victim = "ida@example.com";
+    assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
+    idp.mail(1).await;
+    assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
+    idp.scalar(
+        "WITH moved AS (UPDATE auth_mail_slots SET last_sent_at = last_sent_at - interval '61 seconds' \
+         WHERE email_norm = $1 RETURNING 1) SELECT COUNT(*) FROM moved",
+        victim,
+    )
+    .await;
+    let r = idp
+        .post("/resend", &json!({"type": "signup", "email": victim}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, resent) = idp.mail(2).await;
+    let r = idp.verify_hash("signup", &resent).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    refused(idp.sign_in(victim, ATTACKER_PASSWORD).await);
+    refused(idp.sign_in(victim, PASSWORD).await);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -116,8 +116,12 @@ impl Idp {
             }
             Some(a) => {
                 self.claim_slot(&norm, MailKind::Confirmation).await?;
+                // A code sign-up after a password sign-up contests the
+                // account: no later confirmation keeps a pre-proof password.
+                let pending = (a.password_hash.is_some() || a.signup_id.is_some())
+                    .then_some(account::CONTESTED);
                 self.bounded(account::retake_pending(
-                    &self.db, a.user_id, None, meta, None,
+                    &self.db, a.user_id, None, meta, pending,
                 ))
                 .await??;
                 self.user_changed(a.user_id);
@@ -225,7 +229,7 @@ impl Idp {
                         .redirect(redirect_to)
                         .request(request_id)
                         .slot(Slot::Claimed);
-                if let Some(s) = acc.signup_id {
+                if let Some(s) = acc.signup_id.filter(|s| *s != account::CONTESTED) {
                     mail = mail.signup(s, None);
                 }
                 self.send_mail(mail).await.map(|_| ())

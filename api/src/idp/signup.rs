@@ -17,11 +17,14 @@ impl Idp {
     /// `POST /signup`.
     ///
     /// Every sign-up of an unconfirmed address is its newest: its password
-    /// replaces the pending one under a new sign-up id (kept when the password
-    /// is the same), and its confirmation mail is sent when the address's
-    /// interval slot is free, else held back quietly (it still counts: a
-    /// confirmation through an earlier mail then drops the pre-proof
-    /// password, [`account::confirm_email`]). A sent mail voids the address's
+    /// replaces the pending one, and its confirmation mail is sent when the
+    /// address's interval slot is free, else held back quietly. A second
+    /// sign-up with another password (sent or held back) contests the
+    /// account: from then on no mail's confirmation keeps a pre-proof password
+    /// ([`account::confirm_email`]); the owner is signed in by the link and
+    /// mailed a set-password notice, and in a PKCE flow the password waits on
+    /// that flow's state for the exchange with its verifier. Repeating the
+    /// same password is the same sign-up. A sent mail voids the address's
     /// earlier codes, never its links. The answer to a repeated sign-up is a
     /// look-alike built from the same clocks as a new account's (the
     /// database's, read at the same steps), after the same hashing.
@@ -100,9 +103,26 @@ impl Idp {
                 // the same step.
                 let created_at = self.bounded(entity::db::now(&self.db)).await??;
                 if acc.email_confirmed_at.is_none() {
-                    let id = match acc.signup_id {
-                        Some(previous) if same_password => previous,
-                        _ => signup_id,
+                    // Which sign-up the pending password now belongs to: this
+                    // one when none was pending (an account a code sign-up
+                    // made), the same one when its password is repeated, and
+                    // none at all once two sign-ups chose different
+                    // passwords: a contested account, whose confirmation
+                    // keeps no password, whichever mail proves the mailbox.
+                    let pending_id = match (acc.signup_id, acc.password_hash.is_some()) {
+                        (None, false) => signup_id,
+                        (Some(previous), true)
+                            if previous != account::CONTESTED && same_password =>
+                        {
+                            previous
+                        }
+                        _ => account::CONTESTED,
+                    };
+                    // The mail's own sign-up id: never the contested marker.
+                    let id = if pending_id == account::CONTESTED {
+                        signup_id
+                    } else {
+                        pending_id
                     };
                     let taken = self
                         .bounded(account::retake_pending(
@@ -110,7 +130,7 @@ impl Idp {
                             acc.user_id,
                             Some(hash.clone()),
                             meta.clone(),
-                            Some(id),
+                            Some(pending_id),
                         ))
                         .await??;
                     self.user_changed(acc.user_id);

@@ -276,6 +276,13 @@ async fn insert_identity<C: ConnectionTrait>(
     .map(|_| ())
 }
 
+/// The `signup_id` of an account whose pending password is contested: two
+/// sign-ups chose different passwords, or a code sign-up followed one, before
+/// the mailbox was proven. It is never a mail's sign-up id, so no
+/// confirmation of such an account keeps a pre-proof password
+/// ([`confirm_email`]); it stays until the first confirmation.
+pub const CONTESTED: Uuid = Uuid::nil();
+
 /// What [`confirm_email`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Confirmed {
@@ -315,7 +322,7 @@ pub async fn confirm_email<C: ConnectionTrait>(
             .filter(acc::Column::EmailConfirmedAt.is_null())
     };
     let mut outcome = Confirmed::default();
-    if let Some(s) = signup_id {
+    if let Some(s) = signup_id.filter(|s| *s != CONTESTED) {
         outcome.first = confirm()
             .filter(acc::Column::SignupId.eq(s))
             .exec(db)
