@@ -374,8 +374,9 @@ async fn carried_share<T: ConnectionTrait>(
 /// * a grant already over, or not of the plan in force, is left alone;
 /// * a grant that changed plan and is still the last one of its plan (no
 ///   later payment extended it) returns the carried value where it came
-///   from: the replaced plan and its period end come back, and the source
-///   grants run again;
+///   from: the replaced plan comes back, until the end of its source grants
+///   still `PAID` (at most its old period end), and they run again; when no
+///   source is still paid for, nothing comes back;
 /// * otherwise the subscription's end moves back by the payment's own
 ///   month (`grant_end − grant_start − carried_seconds`);
 /// * a period that then ends by `now` falls back to FREE at once.
@@ -448,8 +449,28 @@ pub async fn take_back<T: ConnectionTrait>(
                 .filter(payments::Column::GrantStart.gte(gend))
                 .count(txn)
                 .await?;
-            match (&refunded.grant_from_plan, refunded.grant_from_end) {
-                (Some(from), Some(from_end)) if later == 0 => (from.clone(), None, from_end, true),
+            // The replaced plan comes back only as far as grants still paid
+            // for carry it: a source refunded meanwhile took its time back.
+            let sources_end = if later == 0 && refunded.grant_from_plan.is_some() {
+                payments::Entity::find()
+                    .filter(payments::Column::CarriedInto.eq(refunded.id))
+                    .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+                    .all(txn)
+                    .await?
+                    .into_iter()
+                    .filter_map(|p| p.grant_end)
+                    .max()
+            } else {
+                None
+            };
+            match (
+                &refunded.grant_from_plan,
+                refunded.grant_from_end,
+                sources_end,
+            ) {
+                (Some(from), Some(from_end), Some(paid_end)) => {
+                    (from.clone(), None, from_end.min(paid_end), true)
+                }
                 _ => (sub.plan.clone(), sub.current_period_start, end - own, false),
             }
         }

@@ -388,3 +388,33 @@ async fn refunding_a_grant_carried_into_another_plan_takes_the_carried_time_back
     let b = payment_row(&db, &basic).await;
     assert_eq!((b.carried_seconds, b.grant_end), (Some(0), Some(own_month)));
 }
+
+/// The attack, continued: after the PRO payment carried into BASIC is
+/// refunded, the BASIC payment is refunded too. Nothing was paid for PRO
+/// any more, so PRO does not come back: with both payments refunded the
+/// account is on FREE.
+#[tokio::test(flavor = "multi_thread")]
+async fn refunding_both_sides_of_a_plan_change_leaves_nothing_paid() {
+    let stack = Stack::new().await;
+    let sink = SmtpSink::start().await;
+    let api = start(&stack, &sink).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    move_period(&pool, &pro, 0, 30).await;
+    let basic = pay(&api, &db, user, "BASIC", 49_000).await;
+    for (order, amount) in [(&pro, 99_000), (&basic, 49_000)] {
+        let (body, headers) =
+            provider_b_notice(B_CLIENT, B_SECRET, B_PATH, order, amount, "REFUND");
+        notify(&api, body, headers).await;
+        wait_payment_status(&db, order, PaymentStatus::Refunded).await;
+    }
+    let s = subscription(&db, user).await;
+    assert_eq!(
+        (s.plan.as_str(), s.current_period_end),
+        ("FREE", None),
+        "both payments refunded: nothing paid remains"
+    );
+}

@@ -270,8 +270,11 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     assert_eq!(audit_rows(&db, &u.to_string()).await, 2);
 }
 
+/// PRO is superseded at once by ULTIMATE, which carries PRO's unused time;
+/// then PRO is refunded: the payment is REFUNDED and the time it carried
+/// leaves ULTIMATE (the plan in force stays ULTIMATE, for its own month).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_refund_of_a_superseded_plan_leaves_the_later_plan_alone() {
+async fn a_refund_of_a_superseded_plan_takes_its_carried_time_back_from_the_later_plan() {
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let pro = pending(&db, u, "PRO", "provider_b").await;
@@ -283,13 +286,21 @@ async fn a_refund_of_a_superseded_plan_leaves_the_later_plan_alone() {
         .await
         .unwrap();
     let before = subscription(&db, u).await;
+    let carried = payment(&db, &ultimate).await.carried_seconds.unwrap();
+    assert!(carried > 0, "PRO's unused month was carried into ULTIMATE");
     settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, None)
         .await
         .unwrap();
     assert_eq!(payment(&db, &pro).await.status, PaymentStatus::Refunded);
     let after = subscription(&db, u).await;
     assert_eq!(after.plan, "ULTIMATE");
-    assert_eq!(after.current_period_end, before.current_period_end);
+    assert_eq!(
+        after.current_period_end,
+        before
+            .current_period_end
+            .map(|e| e - Span::seconds(carried))
+    );
+    assert_eq!(payment(&db, &ultimate).await.carried_seconds, Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread")]
