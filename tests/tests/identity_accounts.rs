@@ -761,6 +761,20 @@ async fn answers_do_not_tell_registered_addresses_from_unknown_ones() {
     ];
     assert_eq!(registered, unknown);
     assert_eq!(registered[1].0, 429, "{registered:?}");
+
+    // A sign-up then `/resend` at once: a confirmed address answers as an
+    // unknown one does (the sign-up claimed the address's mail slot in both).
+    let resend = |email: &'static str| {
+        let body = json!({"type": "signup", "email": email});
+        async move { idp.post("/resend", &body).await }
+    };
+    let confirmed = idp.post("/signup", &body("gil@example.com")).await;
+    let unknown = idp.post("/signup", &body("joy@example.com")).await;
+    assert_eq!(confirmed.status, unknown.status);
+    assert_eq!(
+        answers(&resend("gil@example.com").await),
+        answers(&resend("joy@example.com").await)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -59,6 +59,15 @@ impl Idp {
                 &grant,
             ))
             .await??;
+        // The clock a new account's `created_at` came from, read at the same
+        // step for a look-alike answer (before the hashing below, as a new
+        // account's is), so the answer's times do not tell them apart.
+        let lookalike_created_at = match &created {
+            Created::Existing(_) if !autoconfirm => {
+                Some(self.bounded(entity::db::now(&self.db)).await??)
+            }
+            _ => None,
+        };
         // Whether this sign-up repeats the pending password: verified on every
         // branch (against a dummy hash when there is none to compare with), so
         // the work does not tell the branches apart.
@@ -99,9 +108,20 @@ impl Idp {
                 "User already registered",
             )),
             Created::Existing(acc) => {
-                // The clock a new account's `created_at` comes from, read at
-                // the same step.
-                let created_at = self.bounded(entity::db::now(&self.db)).await??;
+                let created_at = match lookalike_created_at {
+                    Some(t) => t,
+                    None => self.bounded(entity::db::now(&self.db)).await??,
+                };
+                if acc.email_confirmed_at.is_some() {
+                    // A new account's mail claims the address's slot: so does
+                    // this answer, sending nothing, so that the next mail to
+                    // the address (`/resend`, `/otp`) answers alike for both.
+                    match self.claim_slot(&norm, MailKind::Confirmation).await {
+                        Ok(()) => {}
+                        Err(e) if e.code == "over_email_send_rate_limit" => {}
+                        Err(e) => return Err(e),
+                    }
+                }
                 if acc.email_confirmed_at.is_none() {
                     // Which sign-up the pending password now belongs to: this
                     // one when none was pending (an account a code sign-up
