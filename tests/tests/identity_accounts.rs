@@ -821,3 +821,33 @@ async fn password_and_email_changes_are_rate_limited_per_user() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+/// Anyone may ask for another recovery or magic-link mail to an address;
+/// that must not void the link the owner is about to open. Each new mail
+/// voids the earlier codes only; the first link used voids the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn asking_again_never_voids_the_owners_recovery_or_magic_link() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let owner = "kay@example.com";
+    assert_eq!(idp.signup(owner, PASSWORD).await.status, 200);
+    let (_, confirmation) = idp.mail(1).await;
+    assert_eq!(idp.verify_hash("signup", &confirmation).await.status, 200);
+
+    let mut n = 1;
+    for (path, kind) in [("/recover", "recovery"), ("/otp", "magiclink")] {
+        let body = json!({"email": owner});
+        assert_eq!(idp.post(path, &body).await.status, 200);
+        let (_, owners) = idp.mail(n + 1).await;
+        // Someone else asks again for the same address.
+        assert_eq!(idp.post(path, &body).await.status, 200);
+        let (_, later) = idp.mail(n + 2).await;
+        n += 2;
+        let r = idp.verify_code(kind, owner, &code(&owners)).await;
+        assert_error(&r, 403, "otp_expired");
+        let r = idp.verify_hash(kind, &owners).await;
+        assert_eq!(r.status, 200, "{kind}: {}", r.text);
+        assert_eq!(r.json["user"]["email"], owner);
+        let r = idp.verify_hash(kind, &later).await;
+        assert_error(&r, 403, "otp_expired");
+    }
+}

@@ -345,10 +345,22 @@ pub struct Issue<'a> {
 }
 
 /// Issues a token, replacing the outstanding one of its kind of the user,
-/// except for confirmations: a later confirmation mail voids the earlier
-/// codes, not the earlier links.
+/// except for the sign-in mails (confirmation, magic link, recovery): a later
+/// one voids the earlier codes, not the earlier links (so asking for another
+/// mail never kills the link the owner is about to open); the first link
+/// used voids the others of its kind ([`consume`], [`void_kind`]).
 pub async fn issue<C: ConnectionTrait>(db: &C, t: Issue<'_>) -> Result<IssuedOtp, IdentityError> {
-    if t.kind != MailKind::Confirmation {
+    // Sign-in mails (confirmation, magic link, recovery) keep the links of
+    // earlier ones: anyone may ask for another mail, and that must not void
+    // the link the owner is about to open; their codes are void (below), and
+    // using one link voids the others ([`void_kind`]).
+    if !matches!(
+        t.kind,
+        MailKind::Confirmation
+            | MailKind::Magiclink
+            | MailKind::Recovery
+            | MailKind::PasswordNotice
+    ) {
         ott::Entity::delete_many()
             .filter(ott::Column::UserId.eq(t.user_id))
             .filter(ott::Column::Kind.eq(t.kind.as_str()))
@@ -512,6 +524,15 @@ pub async fn consume<C: ConnectionTrait>(
     }
     if let Some(address) = row.relates_to.as_deref() {
         clear_code_attempts(db, address).await?;
+    }
+    // A sign-in by a magic link or recovery mail voids the other mails of
+    // its kind to the user (each new one kept the earlier links).
+    if row.kind == MailKind::Magiclink.as_str() || row.kind == MailKind::Recovery.as_str() {
+        ott::Entity::delete_many()
+            .filter(ott::Column::UserId.eq(row.user_id))
+            .filter(ott::Column::Kind.eq(row.kind.as_str()))
+            .exec(db)
+            .await?;
     }
     Ok(row)
 }
