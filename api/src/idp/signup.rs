@@ -115,11 +115,15 @@ impl Idp {
                 if acc.email_confirmed_at.is_some() {
                     // A new account's mail claims the address's slot: so does
                     // this answer, sending nothing, so that the next mail to
-                    // the address (`/resend`, `/otp`) answers alike for both.
-                    match self.claim_slot(&norm, MailKind::Confirmation).await {
-                        Ok(()) => {}
-                        Err(e) if e.code == "over_email_send_rate_limit" => {}
-                        Err(e) => return Err(e),
+                    // the address answers alike for both: `/resend` (a
+                    // confirmation) and `/otp` (a confirmation for a new
+                    // account, a magic link for a confirmed one).
+                    for kind in [MailKind::Confirmation, MailKind::Magiclink] {
+                        match self.claim_slot(&norm, kind).await {
+                            Ok(()) => {}
+                            Err(e) if e.code == "over_email_send_rate_limit" => {}
+                            Err(e) => return Err(e),
+                        }
                     }
                 }
                 if acc.email_confirmed_at.is_none() {
