@@ -394,35 +394,6 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
     assert!(s.current_period_start.unwrap() < end1);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_lapsed_paid_subscription_falls_back_to_free_once() {
-    let (_tdb, db) = migrated().await;
-    let u = free_user(&db).await;
-    let order = pending(&db, u, "PRO", "provider_b").await;
-    settlement::settle_status_check(&db, &order, PaymentStatus::Paid, None)
-        .await
-        .unwrap();
-    let end = subscription(&db, u).await.current_period_end.unwrap();
-
-    assert_eq!(
-        settlement::expire_subscriptions(&db, end - Span::seconds(1), 100)
-            .await
-            .unwrap(),
-        0,
-        "not yet due"
-    );
-    let later = end + Span::seconds(1);
-    let (a, b) = tokio::join!(
-        settlement::expire_subscriptions(&db, later, 100),
-        settlement::expire_subscriptions(&db, later, 100)
-    );
-    assert_eq!(a.unwrap() + b.unwrap(), 1, "two schedulers expire it once");
-    let s = subscription(&db, u).await;
-    assert_eq!(s.plan, "FREE");
-    assert_eq!(s.current_period_end, None);
-    assert_eq!(audit_rows(&db, &u.to_string()).await, 1);
-}
-
 /// A provider_a notification for `order_id`, verified by the real verifier.
 fn notification(order_id: &str, status: &str, gross_amount: &str) -> Notification {
     const KEY: &str = "SB-Mid-server-rules";
