@@ -15,7 +15,7 @@ use super::{
 };
 use crate::{
     auth::{BearerAuth, Gate},
-    pattern::Matching,
+    pattern::{Matching, NoNul},
     problem::ApiError,
     state::AppState,
 };
@@ -189,8 +189,8 @@ impl AdminReadApi {
         &self,
         state: Data<&AppState>,
         auth: BearerAuth,
-        /// Part of an email (ignoring case).
-        query: Query<Option<String>>,
+        /// Part of an email (ignoring case); no NUL.
+        query: Query<Option<Matching<NoNul>>>,
         /// `next_cursor` of the previous page; absent or empty: the first
         /// page.
         cursor: Query<Option<Matching<ListCursor>>>,
