@@ -237,8 +237,10 @@ pub struct Settings {
     /// slower than `HTTP_BODY_MIN_RATE` (default 2).
     pub http_body_rate_grace: Duration,
     /// `HTTP_BODY_BUDGET_BYTES`: bytes of request bodies one api process
-    /// holds while they arrive, all requests together; a body that would
-    /// exceed it is answered 503 `overloaded` (default 33554432, 32 MiB).
+    /// holds while it waits for the rest of them, all requests together (a
+    /// body counts the bytes received so far, not its declared length; one
+    /// that arrives whole without a wait counts nothing); a body whose bytes
+    /// would exceed it is answered 503 `overloaded` (default 33554432, 32 MiB).
     pub http_body_budget: usize,
     /// `HTTP_MAX_CONNECTIONS`: open client connections per process; further
     /// connections wait in the listen backlog (default 10000).
