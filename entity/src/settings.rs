@@ -222,8 +222,9 @@ pub struct Settings {
     /// `HTTP_HEADER_TIMEOUT_MS`: a connection must deliver a request's
     /// headers within this time (default 10000).
     pub http_header_timeout: Duration,
-    /// `HTTP_IDLE_TIMEOUT_SECS`: an idle keep-alive connection is closed
-    /// after this time (default 60).
+    /// `HTTP_IDLE_TIMEOUT_SECS`: a connection with no request open (an
+    /// HTTP/2 one however many control frames it sends), or moving no byte,
+    /// for this long is closed (default 60).
     pub http_idle_timeout: Duration,
     /// `HTTP_BODY_TIMEOUT_SECS`: a request body must arrive in full within
     /// this time (default 30).

@@ -1,7 +1,9 @@
 //! Connection deadlines of the api (issue 7): a client that trickles its
 //! request headers is disconnected after `HTTP_HEADER_TIMEOUT_MS`, one that
-//! trickles its body gets 408 after `HTTP_BODY_TIMEOUT_SECS`, and a process
-//! holds at most `HTTP_MAX_CONNECTIONS` connections.
+//! trickles its body gets 408 after `HTTP_BODY_TIMEOUT_SECS`, a process
+//! holds at most `HTTP_MAX_CONNECTIONS` connections, and an HTTP/2
+//! connection with no stream open is closed after `HTTP_IDLE_TIMEOUT_SECS`
+//! however many PINGs it sends.
 
 use std::time::Duration;
 
@@ -130,4 +132,50 @@ async fn connections_beyond_the_cap_wait() {
         .expect("the waiting connection was served once a slot freed")
         .expect("read");
     assert_eq!(&buf, b"HTTP/1.1 " as &[u8]);
+}
+
+/// An HTTP/2 (h2c) connection that only sends PINGs once its streams are
+/// done is closed, gracefully (GOAWAY), `HTTP_IDLE_TIMEOUT_SECS` after its
+/// last stream ended: control frames do not keep it, so such connections
+/// cannot fill `HTTP_MAX_CONNECTIONS`. A stream still open (a body arriving
+/// for longer than the idle timeout) keeps the connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_connections_sending_only_pings_are_closed_when_idle() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api(
+            &stack
+                .env()
+                .with("HTTP_IDLE_TIMEOUT_SECS", "2")
+                .with("HTTP_BODY_MIN_RATE", "0"),
+        )
+        .await;
+    // A body arriving over 4 s (twice the idle timeout), then a GET.
+    let body = br#"{"email": "pinged@example.com", "name": "Pinged"}"#;
+    let pieces: Vec<bytes::Bytes> = body
+        .chunks(body.len().div_ceil(9))
+        .map(bytes::Bytes::copy_from_slice)
+        .collect();
+    let requests = [("/api/waitlist", pieces), ("/api/plans", Vec::new())];
+    let c = tests::h2c_pings_after_requests(
+        &addr_of(&api.url("/")),
+        &requests,
+        Duration::from_millis(500),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        c.statuses,
+        [200, 200],
+        "a stream open past the idle timeout is served"
+    );
+    assert!(c.pongs >= 2, "the PINGs were not answered: {c:?}");
+    let closed_after = c
+        .closed_after
+        .unwrap_or_else(|| panic!("an h2c connection sending PINGs was never closed: {c:?}"));
+    assert!(
+        closed_after < Duration::from_secs(8),
+        "closed {closed_after:?} after its last stream, past the 2 s idle timeout"
+    );
+    assert!(c.graceful, "closed without a GOAWAY: {c:?}");
 }
