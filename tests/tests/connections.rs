@@ -5,7 +5,7 @@
 //! connection with no stream open is closed after `HTTP_IDLE_TIMEOUT_SECS`
 //! however many PINGs it sends.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tests::Stack;
 use tokio::{
@@ -178,4 +178,60 @@ async fn h2c_connections_sending_only_pings_are_closed_when_idle() {
         "closed {closed_after:?} after its last stream, past the 2 s idle timeout"
     );
     assert!(c.graceful, "closed without a GOAWAY: {c:?}");
+}
+
+/// An h2c connection whose only answer the client never lets flow (its
+/// stream window stays 0, so the server cannot send a byte of the body)
+/// while it keeps sending PINGs is closed after `HTTP_IDLE_TIMEOUT_SECS`,
+/// as one with no stream open is.
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_connections_holding_answers_behind_a_shut_window_are_closed_when_idle() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api(&stack.env().with("HTTP_IDLE_TIMEOUT_SECS", "2"))
+        .await;
+    let addr = addr_of(&api.url("/"));
+    let tcp = TcpStream::connect(&addr).await.expect("connect h2c");
+    let (client, mut connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("h2c handshake");
+    let mut pings = connection.ping_pong().expect("user PINGs");
+    let mut connection = tokio::spawn(connection);
+    let req = http::Request::builder()
+        .uri(format!("http://{addr}/api/openapi.json"))
+        .body(())
+        .expect("request");
+    let (answer, _) = client
+        .clone()
+        .ready()
+        .await
+        .expect("h2c ready")
+        .send_request(req, true)
+        .expect("h2c request");
+    // The head comes (HEADERS are not flow-controlled); the body never can.
+    let answer = answer.await.expect("an answer's head");
+    assert_eq!(answer.status(), 200);
+    let held = Instant::now();
+    let mut pongs = 0;
+    let closed = loop {
+        if held.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        tokio::select! {
+            _ = &mut connection => break Some(held.elapsed()),
+            pong = tokio::time::timeout(Duration::from_secs(2), pings.ping(h2::Ping::opaque())) => {
+                if let Ok(Ok(_)) = pong {
+                    pongs += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    connection.abort();
+    assert!(pongs >= 2, "the PINGs were not answered ({pongs})");
+    let closed = closed.expect("a connection holding a shut window and PINGing was never closed");
+    assert!(closed < Duration::from_secs(8), "closed after {closed:?}");
+    drop(answer);
 }

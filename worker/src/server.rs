@@ -23,8 +23,11 @@
 //!   an HTTP/2 client that keeps PINGing (or sending `SETTINGS`,
 //!   `WINDOW_UPDATE`) with no stream open is sent a `GOAWAY` and closed
 //!   (RFC 9113 §6.8, graceful), so such connections cannot fill
-//!   `max_connections`; a connection that moves no byte for that long is
-//!   closed too, even with a request open;
+//!   `max_connections`; so is one whose open requests all have their answer
+//!   ready but hyper could not send any of it for that long (an HTTP/2
+//!   client keeping its flow-control window shut while it PINGs); a
+//!   connection that moves no byte for that long is closed too, even with a
+//!   request open;
 //! * the body deadline and minimum data rate are per request, in the api's
 //!   middleware (`HTTP_BODY_TIMEOUT_SECS`, `HTTP_BODY_MIN_RATE`).
 //!
@@ -198,8 +201,17 @@ struct Requests {
     started: Instant,
     /// Requests open now (HTTP/2: streams being served).
     open: AtomicUsize,
+    /// Open requests whose answer's head is not ready yet (being handled,
+    /// their body arriving; bounded by the body pace and the routes' own
+    /// timeouts).
+    handling: AtomicUsize,
     /// Milliseconds since `started` when the last request ended (0: none yet).
     last_ended: AtomicU64,
+    /// Milliseconds since `started` when an answer's body was last asked
+    /// for a frame (or an answer's head became ready). hyper asks only when
+    /// it can send: over HTTP/2, while the client's flow-control window is
+    /// open.
+    last_answered: AtomicU64,
     /// A request's headers have arrived.
     seen: AtomicBool,
 }
@@ -209,20 +221,45 @@ impl Requests {
     fn open(self: &Arc<Self>) -> OpenRequest {
         self.seen.store(true, Ordering::Relaxed);
         self.open.fetch_add(1, Ordering::AcqRel);
-        OpenRequest(self.clone())
+        self.handling.fetch_add(1, Ordering::AcqRel);
+        OpenRequest {
+            requests: self.clone(),
+            handling: true,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 }
 
 /// One open request of a connection ([`Requests::open`]); it ends when this
 /// is dropped: with its answer's body, or with the service future when the
 /// client resets the stream before the answer.
-struct OpenRequest(Arc<Requests>);
+struct OpenRequest {
+    requests: Arc<Requests>,
+    /// Counted in [`Requests::handling`].
+    handling: bool,
+}
+
+impl OpenRequest {
+    /// The answer's head is ready: handled, now being sent.
+    fn answered(mut self) -> Self {
+        let r = &self.requests;
+        r.last_answered.store(r.now_ms(), Ordering::Relaxed);
+        r.handling.fetch_sub(1, Ordering::AcqRel);
+        self.handling = false;
+        self
+    }
+}
 
 impl Drop for OpenRequest {
     fn drop(&mut self) {
-        let r = &self.0;
-        r.last_ended
-            .store(r.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let r = &self.requests;
+        r.last_ended.store(r.now_ms(), Ordering::Relaxed);
+        if self.handling {
+            r.handling.fetch_sub(1, Ordering::AcqRel);
+        }
         r.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -231,7 +268,7 @@ impl Drop for OpenRequest {
 /// last byte written, or the stream reset).
 struct AnswerBody {
     body: HyperBody,
-    _open: OpenRequest,
+    open: OpenRequest,
 }
 
 impl hyper::body::Body for AnswerBody {
@@ -242,6 +279,8 @@ impl hyper::body::Body for AnswerBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let r = &self.open.requests;
+        r.last_answered.store(r.now_ms(), Ordering::Relaxed);
         Pin::new(&mut self.body).poll_frame(cx)
     }
 
@@ -270,7 +309,9 @@ async fn serve_connection<E>(
     let requests = Arc::new(Requests {
         started,
         open: AtomicUsize::new(0),
+        handling: AtomicUsize::new(0),
         last_ended: AtomicU64::new(0),
+        last_answered: AtomicU64::new(0),
         seen: AtomicBool::new(false),
     });
     let tracked = requests.clone();
@@ -292,7 +333,8 @@ async fn serve_connection<E>(
             let answer =
                 E::call(&ep, req).map(|result| result.unwrap_or_else(|e| e.into_response()));
             let resp: hyper::Response<HyperBody> = Box::pin(answer).await.into();
-            Ok::<_, Infallible>(resp.map(|body| AnswerBody { body, _open: open }))
+            let open = open.answered();
+            Ok::<_, Infallible>(resp.map(|body| AnswerBody { body, open }))
         }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -309,8 +351,10 @@ async fn serve_connection<E>(
         .max_header_list_size(H2_MAX_HEADER_LIST);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    // Idle: no byte moved for the idle timeout, or no request open for it
-    // (the bytes of PINGs and other control frames do not count then).
+    // Idle: no byte moved for the idle timeout; or no request open for it;
+    // or only answers open that hyper could not send any of for it (the
+    // client's flow-control windows stay shut). The bytes of PINGs and other
+    // control frames count in neither of the last two.
     let idle = async {
         let since = |ms: &AtomicU64| {
             started
@@ -325,6 +369,9 @@ async fn serve_connection<E>(
                         .idle_timeout
                         .saturating_sub(since(&requests.last_ended)),
                 );
+            } else if requests.handling.load(Ordering::Acquire) == 0 {
+                let stalled = since(&requests.last_answered);
+                left = left.min(limits.idle_timeout.saturating_sub(stalled));
             }
             if left.is_zero() {
                 return;
