@@ -115,10 +115,20 @@ impl<E: Endpoint> Endpoint for ObserveEndpoint<E> {
 /// Refuses bodies above `max` bytes with 413 problem details, checking both the
 /// declared `Content-Length` and the bytes actually received (chunked bodies),
 /// and buffers the body before the route (and the shedding gate behind it)
-/// runs. While a body arrives its bytes (the declared length, else what has
-/// arrived) are held in the process's body budget
-/// ([`crate::shed::Load::reserve_body`], `HTTP_BODY_BUDGET_BYTES`); a body
-/// the budget cannot hold is answered 503 `overloaded`.
+/// runs.
+///
+/// The process's body budget (`HTTP_BODY_BUDGET_BYTES`,
+/// [`crate::shed::Load::body_bytes`]) guards the memory of bodies still
+/// arriving: whenever the server has to wait for more of a body, the bytes
+/// it has received and buffered so far are held in the budget until the body
+/// is complete; a body whose bytes the budget cannot hold is answered 503
+/// `overloaded`. A declared `Content-Length` reserves nothing (a promise
+/// costs no memory), and a body that arrives whole without a wait (a small
+/// JSON request, read with its headers) never touches the budget, so clients
+/// trickling bodies cannot starve small requests: they hold what they have
+/// actually sent, at most `HTTP_BODY_TIMEOUT_SECS` each (as nginx buffers a
+/// body in `client_body_buffer_size` per connection and Kestrel in a
+/// per-connection pipe, not against a promise).
 pub struct BodyLimit {
     /// Largest body accepted, in bytes.
     pub max: usize,
@@ -172,13 +182,22 @@ impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
         if req.method() != poem::http::Method::GET && req.method() != poem::http::Method::HEAD {
             // Read the whole body (at most `max` bytes) before the route runs,
             // so a slow or broken body is answered here.
-            let reserve = declared.unwrap_or(0) as usize;
-            let Some(mut held) = self.load.reserve_body(reserve) else {
-                return Ok(crate::shed::shed(&req, "body_budget", OVER_BUDGET));
-            };
+            let mut held = self.load.body_bytes();
             let mut stream = req.take_body().into_bytes_stream();
             let mut buf = Vec::new();
-            while let Some(chunk) = stream.next().await {
+            loop {
+                let next = match stream.next().now_or_never() {
+                    Some(next) => next,
+                    None => {
+                        // The rest is still on its way: what has arrived is
+                        // held in the budget while the server waits.
+                        if !held.grow(buf.len() - held.held()) {
+                            return Ok(crate::shed::shed(&req, "body_budget", OVER_BUDGET));
+                        }
+                        stream.next().await
+                    }
+                };
+                let Some(chunk) = next else { break };
                 let chunk = match chunk {
                     Ok(c) => c,
                     Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
@@ -196,9 +215,6 @@ impl<E: Endpoint> Endpoint for BodyLimitEndpoint<E> {
                 };
                 if buf.len() + chunk.len() > self.max {
                     return Ok(too_large(self.max));
-                }
-                if !held.grow((buf.len() + chunk.len()).saturating_sub(held.held())) {
-                    return Ok(crate::shed::shed(&req, "body_budget", OVER_BUDGET));
                 }
                 buf.extend_from_slice(&chunk);
             }

@@ -6,8 +6,9 @@
 //! bodies of at most 64 KiB) until its response head is ready; a streamed
 //! response body does not hold the slot. So a client sending its body slowly
 //! holds no slot: bodies in transit are bounded instead by their minimum
-//! data rate ([`crate::middleware::BodyDeadline`]) and by a budget of bytes
-//! for all of them together (`HTTP_BODY_BUDGET_BYTES`, [`Load::reserve_body`]).
+//! data rate ([`crate::middleware::BodyDeadline`]) and by a budget of the
+//! bytes they have sent while the rest is awaited, all of them together
+//! (`HTTP_BODY_BUDGET_BYTES`, [`Load::body_bytes`]).
 //! Avatar uploads (`/storage`) stream their body through the handler: they
 //! hold a slot while it arrives (at the minimum rate at least), and a
 //! refused one gives it back before its rest is drained.
@@ -78,20 +79,20 @@ impl Load {
         })
     }
 
-    /// Bytes of request bodies being received now ([`Load::reserve_body`]).
+    /// Bytes of request bodies held in the budget now: received and
+    /// buffered while the rest of their body is awaited ([`Load::body_bytes`]).
     pub fn bodies_in_transit(&self) -> usize {
         self.bodies.load(Ordering::Relaxed)
     }
 
-    /// Reserves `bytes` of the body budget for a body about to arrive (its
-    /// declared length, or 0 to grow it as chunks arrive); `None` when the
-    /// budget cannot hold them.
-    pub fn reserve_body(self: &Arc<Self>, bytes: usize) -> Option<BodyBytes> {
-        let mut held = BodyBytes {
+    /// A holder of body-budget bytes for one arriving body, holding none yet:
+    /// it [`BodyBytes::grow`]s with the bytes received while the server
+    /// waits for the rest (see [`crate::middleware::BodyLimit`]).
+    pub fn body_bytes(self: &Arc<Self>) -> BodyBytes {
+        BodyBytes {
             load: self.clone(),
             held: 0,
-        };
-        held.grow(bytes).then_some(held)
+        }
     }
 
     /// Requests being handled now that count toward `HTTP_MAX_IN_FLIGHT`.
@@ -317,8 +318,10 @@ mod tests {
     #[test]
     fn the_body_budget_is_held_and_given_back() {
         let load = Load::new(1, 1, 100);
-        let mut a = load.reserve_body(60).expect("60 of 100 fit");
-        assert!(load.reserve_body(50).is_none(), "60 + 50 exceed 100");
+        let mut a = load.body_bytes();
+        assert_eq!(load.bodies_in_transit(), 0, "a new holder holds nothing");
+        assert!(a.grow(60), "60 of 100 fit");
+        assert!(!load.body_bytes().grow(50), "60 + 50 exceed 100");
         assert_eq!(load.bodies_in_transit(), 60, "a refusal holds nothing");
         assert!(a.grow(40));
         assert_eq!(load.bodies_in_transit(), 100);

@@ -222,8 +222,9 @@ pub struct Settings {
     /// `HTTP_HEADER_TIMEOUT_MS`: a connection must deliver a request's
     /// headers within this time (default 10000).
     pub http_header_timeout: Duration,
-    /// `HTTP_IDLE_TIMEOUT_SECS`: an idle keep-alive connection is closed
-    /// after this time (default 60).
+    /// `HTTP_IDLE_TIMEOUT_SECS`: a connection with no request open (an
+    /// HTTP/2 one however many control frames it sends), or moving no byte,
+    /// for this long is closed (default 60).
     pub http_idle_timeout: Duration,
     /// `HTTP_BODY_TIMEOUT_SECS`: a request body must arrive in full within
     /// this time (default 30).
@@ -237,8 +238,10 @@ pub struct Settings {
     /// slower than `HTTP_BODY_MIN_RATE` (default 2).
     pub http_body_rate_grace: Duration,
     /// `HTTP_BODY_BUDGET_BYTES`: bytes of request bodies one api process
-    /// holds while they arrive, all requests together; a body that would
-    /// exceed it is answered 503 `overloaded` (default 33554432, 32 MiB).
+    /// holds while it waits for the rest of them, all requests together (a
+    /// body counts the bytes received so far, not its declared length; one
+    /// that arrives whole without a wait counts nothing); a body whose bytes
+    /// would exceed it is answered 503 `overloaded` (default 33554432, 32 MiB).
     pub http_body_budget: usize,
     /// `HTTP_MAX_CONNECTIONS`: open client connections per process; further
     /// connections wait in the listen backlog (default 10000).

@@ -16,7 +16,7 @@
 //! test executable (`target/debug/`).
 //!
 //! One module per concern (`db`, `redis`, `stack`, `proc`, `http`, `smtp`,
-//! `proxy`, `s3`, `tls_redis`, `tokens`, `util`); every public name is re-exported here.
+//! `h2c`, `proxy`, `s3`, `tls_redis`, `tokens`, `util`); every public name is re-exported here.
 
 use std::{
     collections::BTreeMap,
@@ -47,6 +47,7 @@ pub use serde_json::json;
 
 mod billing;
 mod db;
+mod h2c;
 mod http;
 mod proc;
 mod proxy;
@@ -60,6 +61,7 @@ mod util;
 
 pub use billing::*;
 pub use db::*;
+pub use h2c::*;
 pub use http::*;
 pub use proc::*;
 pub use proxy::*;

@@ -4,9 +4,16 @@
 //! everyone else; the slow ones are answered 408 `body_timeout` once they
 //! fall below `HTTP_BODY_MIN_RATE` after its grace period, long before
 //! `HTTP_BODY_TIMEOUT_SECS`. An HTTP/2 connection gets at most 16 streams at
-//! once. Bodies in transit are bounded by `HTTP_BODY_BUDGET_BYTES`.
+//! once. Bodies in transit are bounded by `HTTP_BODY_BUDGET_BYTES`, which
+//! holds the bytes they have sent, not the lengths they declare.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use serde_json::json;
@@ -21,6 +28,9 @@ const TOKEN: &str = "metrics-token-for-the-tests-0123456789abcdef";
 /// Bytes each slow client declares and never finishes sending.
 const DECLARED: usize = 64;
 
+/// Bytes each slow client sends at once, before it trickles the rest.
+const FIRST: usize = 2;
+
 /// Streams the h2c connection opens (more than the server's cap of 16).
 const H2_STREAMS: usize = 24;
 
@@ -34,10 +44,11 @@ async fn sample(api: &tests::Proc, name: &str) -> Option<f64> {
     })
 }
 
-/// An HTTP/1.1 `POST path` declaring [`DECLARED`] body bytes and sending
-/// one every 500 ms. Returns what the server answered (empty: nothing) and
-/// when, once it closes the connection.
-async fn slow_h1(addr: String, path: &'static str) -> (String, Duration) {
+/// An HTTP/1.1 `POST path` declaring [`DECLARED`] body bytes, sending
+/// [`FIRST`] of them, then (once `trickle` is set) one every 500 ms.
+/// Returns what the server answered (empty: nothing) and when, once it
+/// closes the connection.
+async fn slow_h1(addr: String, path: &'static str, trickle: Arc<AtomicBool>) -> (String, Duration) {
     let started = Instant::now();
     let mut s = TcpStream::connect(&addr).await.expect("connect");
     let head = format!(
@@ -46,9 +57,11 @@ async fn slow_h1(addr: String, path: &'static str) -> (String, Duration) {
         random_ip()
     );
     s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&[b' '; FIRST]).await.expect("first bytes");
     let mut answer = Vec::new();
     loop {
-        if s.write_all(b" ").await.is_err() && !answer.is_empty() {
+        if trickle.load(Ordering::Relaxed) && s.write_all(b" ").await.is_err() && !answer.is_empty()
+        {
             break;
         }
         let mut buf = [0u8; 2048];
@@ -65,11 +78,12 @@ async fn slow_h1(addr: String, path: &'static str) -> (String, Duration) {
 }
 
 /// One stream of `client`: `POST /api/waitlist` declaring [`DECLARED`] body
-/// bytes and sending one every 500 ms until the answer comes. Returns its
-/// status and when it came.
+/// bytes, sending [`FIRST`] of them, then (once `trickle` is set) one every
+/// 500 ms until the answer comes. Returns its status and when it came.
 async fn slow_h2(
     client: h2::client::SendRequest<Bytes>,
     addr: String,
+    trickle: Arc<AtomicBool>,
 ) -> Result<(u16, Duration), String> {
     let started = Instant::now();
     // Waits while the connection has as many streams open as the server allows.
@@ -83,6 +97,7 @@ async fn slow_h2(
         .body(())
         .expect("request");
     let (answer, mut body) = client.send_request(req, false).map_err(|e| e.to_string())?;
+    let _ = body.send_data(Bytes::from_static(&[b' '; FIRST]), false);
     tokio::pin!(answer);
     loop {
         tokio::select! {
@@ -92,7 +107,9 @@ async fn slow_h2(
                     .map_err(|e| e.to_string());
             }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                let _ = body.send_data(Bytes::from_static(b" "), false);
+                if trickle.load(Ordering::Relaxed) {
+                    let _ = body.send_data(Bytes::from_static(b" "), false);
+                }
             }
         }
     }
@@ -114,7 +131,9 @@ async fn slow_bodies_over_http1_and_h2c_take_no_slot_and_get_408() {
     let addr = tests::host_port(&api.base_url);
 
     // HTTP_MAX_IN_FLIGHT clients trickling their bodies, half of them to a
-    // path that does not exist.
+    // path that does not exist. They trickle once the normal requests are
+    // done (until then each holds its first bytes).
+    let trickle = Arc::new(AtomicBool::new(false));
     let h1: Vec<_> = (0..MAX_IN_FLIGHT)
         .map(|i| {
             let path = if i % 2 == 0 {
@@ -122,7 +141,7 @@ async fn slow_bodies_over_http1_and_h2c_take_no_slot_and_get_408() {
             } else {
                 "/api/no-such-route"
             };
-            tokio::spawn(slow_h1(addr.clone(), path))
+            tokio::spawn(slow_h1(addr.clone(), path, trickle.clone()))
         })
         .collect();
 
@@ -145,12 +164,13 @@ async fn slow_bodies_over_http1_and_h2c_take_no_slot_and_get_408() {
     first.await.expect("an h2c answer");
     let max_streams = client.current_max_send_streams();
     let h2: Vec<_> = (0..H2_STREAMS)
-        .map(|_| tokio::spawn(slow_h2(client.clone(), addr.clone())))
+        .map(|_| tokio::spawn(slow_h2(client.clone(), addr.clone(), trickle.clone())))
         .collect();
 
     // Wait until the api holds every slow request: counted in flight (as
-    // before, where a slow body held its slot) or as bodies in transit.
-    let held = (MAX_IN_FLIGHT + 16) * DECLARED;
+    // before, where a slow body held its slot) or as bodies in transit
+    // (each has sent its first bytes and no more yet).
+    let held = (MAX_IN_FLIGHT + 16) * FIRST;
     let holding = tests::wait_until(Duration::from_secs(20), || async {
         sample(&api, "http_requests_in_flight").await >= Some(MAX_IN_FLIGHT as f64)
             || sample(&api, "http_request_body_bytes_in_transit").await >= Some(held as f64)
@@ -174,6 +194,7 @@ async fn slow_bodies_over_http1_and_h2c_take_no_slot_and_get_408() {
     }
     let spec = tests::get(&api.url("/api/openapi.json")).await;
     assert_eq!(spec.status, 200);
+    trickle.store(true, Ordering::Relaxed);
 
     // The slow ones get 408 for their rate, well before the 60 s deadline.
     for task in h1 {
@@ -204,44 +225,157 @@ async fn slow_bodies_over_http1_and_h2c_take_no_slot_and_get_408() {
     assert!(released, "bytes in transit were not given back");
 }
 
-/// With `HTTP_BODY_BUDGET_BYTES` full of bodies arriving, another body is
-/// refused 503 `overloaded` at once; once they are gone it is accepted.
-#[tokio::test(flavor = "multi_thread")]
-async fn bodies_beyond_the_budget_in_transit_are_shed() {
-    let stack = Stack::new().await;
-    let env = stack
-        .env()
-        .with("HTTP_BODY_BUDGET_BYTES", "65536")
-        .with("METRICS_TOKEN", TOKEN);
-    let api = stack.api(&env).await;
-    let addr = tests::host_port(&api.base_url);
-
-    // A body declaring 60,000 bytes holds them while it arrives.
-    let mut s = TcpStream::connect(&addr).await.expect("connect");
+/// An HTTP/1.1 `POST path` declaring `declared` body bytes, of which the
+/// `sent` first are written; the connection stays open.
+async fn partial_body(addr: &str, path: &str, declared: usize, sent: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
     let head = format!(
-        "POST /api/waitlist HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
-         x-forwarded-for: {}\r\ncontent-length: 60000\r\n\r\n{{",
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         x-forwarded-for: {}\r\ncontent-length: {declared}\r\n\r\n",
         random_ip()
     );
     s.write_all(head.as_bytes()).await.expect("head");
-    let holding = tests::wait_until(Duration::from_secs(10), || async {
-        sample(&api, "http_request_body_bytes_in_transit").await == Some(60000.0)
+    s.write_all(sent).await.expect("body");
+    s
+}
+
+/// The answer the server sent on `s`: its head and its `content-length`
+/// bytes of body, or what came before it closed the connection or 10 s
+/// passed.
+async fn answer_of(s: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let whole = |a: &[u8]| {
+        let text = String::from_utf8_lossy(a).to_ascii_lowercase();
+        let Some(head_end) = text.find("\r\n\r\n") else {
+            return false;
+        };
+        let len = text[..head_end]
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        a.len() >= head_end + 4 + len
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+            if whole(&answer) {
+                break;
+            }
+        }
     })
     .await;
-    assert!(holding, "the arriving body is not counted");
+    String::from_utf8_lossy(&answer).into_owned()
+}
 
-    // 10,000 more do not fit.
-    let big = json!({"email": "budget@example.com", "name": "x".repeat(9_950)});
-    let r = post_json(&api.url("/api/waitlist"), &random_ip(), &big).await;
-    r.assert_problem(503, Some("overloaded"), None);
-    assert_eq!(r.header("retry-after"), Some("1"), "{:?}", r.headers);
+/// The body budget (`HTTP_BODY_BUDGET_BYTES`) holds the bytes a body has
+/// sent while the server waits for the rest, not the length it declares:
+/// clients declaring a whole budget's worth and trickling a few bytes (the
+/// red team's attack on `/api/contact` and `/auth/v1/signup`) leave the api
+/// serving every other POST. With the budget full of bytes actually
+/// received, a body the server must wait for is refused 503 `overloaded` at
+/// once, while a small one that arrives whole is still served; once the
+/// bytes are gone the same body is accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_body_budget_holds_bytes_received_not_declared() {
+    const BUDGET: usize = 65536;
+    let stack = Stack::new().await;
+    let env = stack
+        .env()
+        .with("HTTP_BODY_BUDGET_BYTES", BUDGET.to_string())
+        // Only the budget is under test: the slow bodies keep their pace.
+        .with("HTTP_BODY_RATE_GRACE_SECS", "120")
+        .with("HTTP_BODY_TIMEOUT_SECS", "120")
+        .with("METRICS_TOKEN", TOKEN);
+    let api = stack.api(&env).await;
+    let addr = tests::host_port(&api.base_url);
+    let in_transit = |want: usize| {
+        let api = &api;
+        async move {
+            let held = tests::wait_until(Duration::from_secs(10), || async {
+                sample(api, "http_request_body_bytes_in_transit").await == Some(want as f64)
+            })
+            .await;
+            let now = sample(api, "http_request_body_bytes_in_transit").await;
+            assert!(held, "bytes in transit: {now:?}, expected {want}");
+        }
+    };
 
-    // The held body goes away: the budget is free again.
-    drop(s);
-    let admitted = tests::wait_until(Duration::from_secs(10), || async {
-        let r = post_json(&api.url("/api/waitlist"), &random_ip(), &big).await;
-        r.status != 503
-    })
+    // Eight bodies each declare the whole budget and send 100 bytes.
+    let mut slow = Vec::new();
+    for i in 0..8 {
+        let path = ["/api/contact", "/auth/v1/signup"][i % 2];
+        slow.push(partial_body(&addr, path, BUDGET, &[b' '; 100]).await);
+    }
+    in_transit(800).await;
+
+    // Every other POST is served, on /api and on /auth/v1.
+    for n in 0..4 {
+        let r = post_json(
+            &api.url("/api/waitlist"),
+            &random_ip(),
+            &json!({"email": format!("normal{n}@example.com"), "name": "Normal"}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "a POST beside declared bodies: {}", r.text);
+    }
+    let r = post_json(
+        &api.url("/auth/v1/token?grant_type=password"),
+        &random_ip(),
+        &json!({"email": "nobody@example.com", "password": "not-the-password"}),
+    )
     .await;
-    assert!(admitted, "bodies stay refused after the held one left");
+    assert_ne!(
+        r.status, 503,
+        "a sign-in beside declared bodies: {}",
+        r.text
+    );
+
+    // One body has sent 64,000 bytes: the budget is nearly full of bytes
+    // received (64,800 of 65,536).
+    let filler = partial_body(&addr, "/api/contact", BUDGET, &vec![b' '; 64_000]).await;
+    in_transit(64_800).await;
+
+    // A small body is still served.
+    let r = post_json(
+        &api.url("/api/waitlist"),
+        &random_ip(),
+        &json!({"email": "small@example.com", "name": "Small"}),
+    )
+    .await;
+    assert_eq!(
+        r.status, 200,
+        "a small POST beside a full budget: {}",
+        r.text
+    );
+
+    // A 10,000-byte body whose second half the server must wait for does
+    // not fit: refused at once.
+    let mut split = format!("{:5000}", "").into_bytes();
+    split.extend_from_slice(br#"{"email": "split@example.com", "name": "Split"}"#);
+    split.resize(10_000, b' ');
+    let mut waiting = partial_body(&addr, "/api/waitlist", split.len(), &split[..5000]).await;
+    let answer = answer_of(&mut waiting).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("overloaded"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+
+    // The filler goes away: the same body, its halves apart, is accepted.
+    drop(filler);
+    in_transit(800).await;
+    let mut two = partial_body(&addr, "/api/waitlist", split.len(), &split[..5000]).await;
+    let mut buf = [0u8; 64];
+    let early = tokio::time::timeout(Duration::from_millis(300), two.read(&mut buf)).await;
+    assert!(early.is_err(), "answered before the second half: {early:?}");
+    two.write_all(&split[5000..]).await.expect("second half");
+    let answer = answer_of(&mut two).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(slow);
 }

@@ -2,7 +2,8 @@
 //! naming the dependency that is down (PostgreSQL or Redis, reached through
 //! a [`TcpProxy`] switched off) and 200 again once it is back; the port has
 //! the api's connection protections (a client trickling its request headers
-//! is disconnected after `HTTP_HEADER_TIMEOUT_MS`).
+//! is disconnected after `HTTP_HEADER_TIMEOUT_MS`; an h2c connection sending
+//! only PINGs is closed after `HTTP_IDLE_TIMEOUT_SECS`).
 
 use std::time::Duration;
 
@@ -141,4 +142,34 @@ async fn the_worker_port_disconnects_a_client_trickling_its_headers() {
         ),
         None => panic!("a client trickling its headers to the worker port was never disconnected"),
     }
+}
+
+/// An h2c connection to the worker's port that only sends PINGs after its
+/// request is closed (GOAWAY) `HTTP_IDLE_TIMEOUT_SECS` later, as on the api.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_worker_port_closes_an_h2c_connection_sending_only_pings() {
+    let stack = Stack::new().await;
+    let worker = stack
+        .worker(
+            &stack
+                .env()
+                .with("WORKER_HTTP_PORT", "0")
+                .with("HTTP_IDLE_TIMEOUT_SECS", "2"),
+        )
+        .await;
+    let base = worker_http(&worker).await;
+    let c = tests::h2c_pings_after_requests(
+        &host_port(&base),
+        &[("/healthz", Vec::new())],
+        Duration::ZERO,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(c.statuses, [200]);
+    assert!(c.pongs >= 2, "the PINGs were not answered: {c:?}");
+    let closed_after = c
+        .closed_after
+        .unwrap_or_else(|| panic!("an h2c connection sending PINGs was never closed: {c:?}"));
+    assert!(closed_after < Duration::from_secs(8), "{closed_after:?}");
+    assert!(c.graceful, "closed without a GOAWAY: {c:?}");
 }

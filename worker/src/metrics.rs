@@ -39,8 +39,8 @@ pub const HTTP_IN_FLIGHT: &str = "http_requests_in_flight";
 /// `http_requests_shed_total{reason}`: requests refused with 503 `overloaded`
 /// (`reason`: `in_flight`, `ai_streams` or `body_budget`).
 pub const HTTP_SHED: &str = "http_requests_shed_total";
-/// `http_request_body_bytes_in_transit`: bytes of request bodies being
-/// received now, counted against `HTTP_BODY_BUDGET_BYTES`.
+/// `http_request_body_bytes_in_transit`: bytes of request bodies received
+/// and held while the rest is awaited, counted against `HTTP_BODY_BUDGET_BYTES`.
 pub const HTTP_BODIES_IN_TRANSIT: &str = "http_request_body_bytes_in_transit";
 /// `ai_open_streams`: AI chats and generations open in this process.
 pub const AI_OPEN_STREAMS: &str = "ai_open_streams";

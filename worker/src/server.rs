@@ -17,7 +17,17 @@
 //!   flow-control windows of [`H2_STREAM_WINDOW`] per stream and
 //!   [`H2_CONNECTION_WINDOW`] per connection (what a client may send before
 //!   the server reads it), header lists of at most [`H2_MAX_HEADER_LIST`];
-//! * a connection that moves no byte for `HTTP_IDLE_TIMEOUT_SECS` is closed;
+//! * a connection is closed after `HTTP_IDLE_TIMEOUT_SECS` with no request
+//!   open (from a request's headers until its answer's last byte is written
+//!   or the client resets it), whatever control frames it sends meanwhile:
+//!   an HTTP/2 client that keeps PINGing (or sending `SETTINGS`,
+//!   `WINDOW_UPDATE`) with no stream open is sent a `GOAWAY` and closed
+//!   (RFC 9113 §6.8, graceful), so such connections cannot fill
+//!   `max_connections`; so is one whose open requests all have their answer
+//!   ready but hyper could not send any of it for that long (an HTTP/2
+//!   client keeping its flow-control window shut while it PINGs); a
+//!   connection that moves no byte for that long is closed too, even with a
+//!   request open;
 //! * the body deadline and minimum data rate are per request, in the api's
 //!   middleware (`HTTP_BODY_TIMEOUT_SECS`, `HTTP_BODY_MIN_RATE`).
 //!
@@ -27,10 +37,12 @@
 use std::{
     convert::Infallible,
     net::SocketAddr,
+    pin::Pin,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -64,12 +76,17 @@ pub const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// §6.5.2 counts it).
 pub const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 
+/// How long an idle connection asked to close (`GOAWAY`) may take to finish
+/// closing before it is dropped.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// Connection limits (from the `HTTP_*` settings).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Time allowed for a request's headers.
     pub header_timeout: Duration,
-    /// A connection with no traffic for this long is closed.
+    /// A connection with no request open, or no traffic, for this long is
+    /// closed.
     pub idle_timeout: Duration,
     /// Open connections at most.
     pub max_connections: usize,
@@ -177,6 +194,105 @@ where
     Ok(())
 }
 
+/// The requests of one connection, for its idle timeout: how many are open
+/// and when the last one ended.
+struct Requests {
+    /// When the connection was accepted.
+    started: Instant,
+    /// Requests open now (HTTP/2: streams being served).
+    open: AtomicUsize,
+    /// Open requests whose answer's head is not ready yet (being handled,
+    /// their body arriving; bounded by the body pace and the routes' own
+    /// timeouts).
+    handling: AtomicUsize,
+    /// Milliseconds since `started` when the last request ended (0: none yet).
+    last_ended: AtomicU64,
+    /// Milliseconds since `started` when an answer's body was last asked
+    /// for a frame (or an answer's head became ready). hyper asks only when
+    /// it can send: over HTTP/2, while the client's flow-control window is
+    /// open.
+    last_answered: AtomicU64,
+    /// A request's headers have arrived.
+    seen: AtomicBool,
+}
+
+impl Requests {
+    /// Counts a request open until the returned guard is dropped.
+    fn open(self: &Arc<Self>) -> OpenRequest {
+        self.seen.store(true, Ordering::Relaxed);
+        self.open.fetch_add(1, Ordering::AcqRel);
+        self.handling.fetch_add(1, Ordering::AcqRel);
+        OpenRequest {
+            requests: self.clone(),
+            handling: true,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
+
+/// One open request of a connection ([`Requests::open`]); it ends when this
+/// is dropped: with its answer's body, or with the service future when the
+/// client resets the stream before the answer.
+struct OpenRequest {
+    requests: Arc<Requests>,
+    /// Counted in [`Requests::handling`].
+    handling: bool,
+}
+
+impl OpenRequest {
+    /// The answer's head is ready: handled, now being sent.
+    fn answered(mut self) -> Self {
+        let r = &self.requests;
+        r.last_answered.store(r.now_ms(), Ordering::Relaxed);
+        r.handling.fetch_sub(1, Ordering::AcqRel);
+        self.handling = false;
+        self
+    }
+}
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        let r = &self.requests;
+        r.last_ended.store(r.now_ms(), Ordering::Relaxed);
+        if self.handling {
+            r.handling.fetch_sub(1, Ordering::AcqRel);
+        }
+        r.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body that keeps its request open until hyper drops it (the
+/// last byte written, or the stream reset).
+struct AnswerBody {
+    body: HyperBody,
+    open: OpenRequest,
+}
+
+impl hyper::body::Body for AnswerBody {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let r = &self.open.requests;
+        r.last_answered.store(r.now_ms(), Ordering::Relaxed);
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 async fn serve_connection<E>(
     stream: tokio::net::TcpStream,
     local: SocketAddr,
@@ -190,12 +306,18 @@ async fn serve_connection<E>(
     let started = Instant::now();
     let activity = Arc::new(AtomicU64::new(0));
     let io = CappedIo::new(stream, limits.read_cap).with_activity(started, activity.clone());
-    // Set by the first request whose headers arrived.
-    let requested = Arc::new(AtomicBool::new(false));
-    let first = requested.clone();
+    let requests = Arc::new(Requests {
+        started,
+        open: AtomicUsize::new(0),
+        handling: AtomicUsize::new(0),
+        last_ended: AtomicU64::new(0),
+        last_answered: AtomicU64::new(0),
+        seen: AtomicBool::new(false),
+    });
+    let tracked = requests.clone();
     let service = hyper::service::service_fn(move |req| {
         let ep = ep.clone();
-        first.store(true, Ordering::Relaxed);
+        let open = tracked.open();
         async move {
             let req: poem::Request = (
                 req,
@@ -211,7 +333,8 @@ async fn serve_connection<E>(
             let answer =
                 E::call(&ep, req).map(|result| result.unwrap_or_else(|e| e.into_response()));
             let resp: hyper::Response<HyperBody> = Box::pin(answer).await.into();
-            Ok::<_, Infallible>(resp)
+            let open = open.answered();
+            Ok::<_, Infallible>(resp.map(|body| AnswerBody { body, open }))
         }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -228,14 +351,32 @@ async fn serve_connection<E>(
         .max_header_list_size(H2_MAX_HEADER_LIST);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
+    // Idle: no byte moved for the idle timeout; or no request open for it;
+    // or only answers open that hyper could not send any of for it (the
+    // client's flow-control windows stay shut). The bytes of PINGs and other
+    // control frames count in neither of the last two.
     let idle = async {
+        let since = |ms: &AtomicU64| {
+            started
+                .elapsed()
+                .saturating_sub(Duration::from_millis(ms.load(Ordering::Relaxed)))
+        };
         loop {
-            let last = Duration::from_millis(activity.load(Ordering::Relaxed));
-            let quiet = started.elapsed().saturating_sub(last);
-            if quiet >= limits.idle_timeout {
+            let mut left = limits.idle_timeout.saturating_sub(since(&activity));
+            if requests.open.load(Ordering::Acquire) == 0 {
+                left = left.min(
+                    limits
+                        .idle_timeout
+                        .saturating_sub(since(&requests.last_ended)),
+                );
+            } else if requests.handling.load(Ordering::Acquire) == 0 {
+                let stalled = since(&requests.last_answered);
+                left = left.min(limits.idle_timeout.saturating_sub(stalled));
+            }
+            if left.is_zero() {
                 return;
             }
-            tokio::time::sleep(limits.idle_timeout - quiet).await;
+            tokio::time::sleep(left).await;
         }
     };
     // The first request's headers, over either protocol (see the module
@@ -243,7 +384,7 @@ async fn serve_connection<E>(
     // the header list size and the stream cap.
     let first_request = async {
         tokio::time::sleep(limits.header_timeout).await;
-        if requested.load(Ordering::Relaxed) {
+        if requests.seen.load(Ordering::Relaxed) {
             std::future::pending::<()>().await;
         }
     };
@@ -255,6 +396,9 @@ async fn serve_connection<E>(
         }
         _ = idle => {
             tracing::debug!(%peer, "closing an idle connection");
+            // HTTP/2: GOAWAY; HTTP/1: closed between requests.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(CLOSE_GRACE, conn.as_mut()).await;
         }
         _ = first_request => {
             tracing::debug!(%peer, "closing a connection that sent no request headers in time");
