@@ -7,8 +7,9 @@
 //! ([`due_page`]) whose pages are queued as batch jobs ([`run_batch`]), so
 //! any number of workers share a large batch:
 //!
-//! * [`Step::Create`]: a paid subscription that is `active`, not cancelling,
-//!   and whose `current_period_end` is within [`Policy::lead`] gets one open
+//! * [`Step::Create`]: a paid subscription that is `active` (or `past_due`,
+//!   still in its grace), not cancelling, and whose `current_period_end` is
+//!   within [`Policy::lead`] gets one open
 //!   renewal (plan: `renewal_plan` when the customer changed it, else its
 //!   plan; amount: the catalogue price now, kept after). The partial unique
 //!   index `renewals_open_uidx` makes it one per user and period end under
@@ -262,9 +263,10 @@ pub async fn due_page<C: ConnectionTrait>(
         .filter(S::CurrentPeriodEnd.is_not_null());
     q = match step {
         Step::Create => q
-            .filter(S::Status.eq(SubscriptionStatus::Active))
+            .filter(S::Status.is_in([SubscriptionStatus::Active, SubscriptionStatus::PastDue]))
             .filter(S::CancelAtPeriodEnd.eq(false))
             .filter(S::CurrentPeriodEnd.lte(now + policy.lead()))
+            .filter(S::CurrentPeriodEnd.gte(now - policy.grace))
             .filter(
                 Expr::exists(
                     Query::select()
@@ -386,10 +388,17 @@ async fn create_one<C: ConnectionTrait>(
     let Some(end) = sub.current_period_end else {
         return Ok(None);
     };
+    // Active and coming due, or already in its grace (a subscription that
+    // came into range after its end, or whose renewal was voided and then
+    // resumed): the customer can still pay until the grace ends.
     if sub.plan == FREE
-        || sub.status != SubscriptionStatus::Active
+        || !matches!(
+            sub.status,
+            SubscriptionStatus::Active | SubscriptionStatus::PastDue
+        )
         || sub.cancel_at_period_end
         || end > now + policy.lead()
+        || end < now - policy.grace
     {
         return Ok(None);
     }

@@ -205,8 +205,13 @@ async fn grace_keeps_the_plan_and_its_ai_limits_then_lapses_to_free() {
         pro_limit, free_m["ai_usage"]["tokens_limit"],
         "grace keeps PRO's AI limits: {m}"
     );
-    // The link still works in grace: the renewal is there.
-    assert!(!m["subscription"]["renewal"].is_null(), "{m}");
+    // The link still works in grace: a renewal is offered for the ended
+    // period (also when the subscription came into range after its end).
+    let offered = wait_until(Duration::from_secs(30), || async {
+        !me(&api, user).await["subscription"]["renewal"].is_null()
+    })
+    .await;
+    assert!(offered, "{}", me(&api, user).await);
     // Cancel is allowed in grace (and lapses at once: the end has passed).
     let r = Reply::send(
         client()
