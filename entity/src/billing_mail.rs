@@ -70,16 +70,21 @@ pub enum BillingMailKind {
     /// The plan returned to FREE (`lapsed`): `plan` (the plan that ended),
     /// `period_end`, `lapsed_at`.
     Lapsed,
+    /// The plan the next renewal would bill is gone from the catalogue, so
+    /// no renewal can be offered (`renewal_unavailable`): `plan`,
+    /// `period_end`.
+    RenewalUnavailable,
 }
 
 impl BillingMailKind {
     /// Every kind.
-    pub const ALL: [BillingMailKind; 5] = [
+    pub const ALL: [BillingMailKind; 6] = [
         BillingMailKind::Receipt,
         BillingMailKind::RefundNotice,
         BillingMailKind::RenewalReminder,
         BillingMailKind::PastDue,
         BillingMailKind::Lapsed,
+        BillingMailKind::RenewalUnavailable,
     ];
 
     /// The kind's name: its template base name and `billing_mails.kind`.
@@ -90,6 +95,7 @@ impl BillingMailKind {
             BillingMailKind::RenewalReminder => "renewal_reminder",
             BillingMailKind::PastDue => "past_due",
             BillingMailKind::Lapsed => "lapsed",
+            BillingMailKind::RenewalUnavailable => "renewal_unavailable",
         }
     }
 }

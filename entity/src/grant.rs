@@ -28,7 +28,7 @@
 use chrono::{DateTime, Months, Utc};
 use sea_orm::{
     sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait,
-    IntoActiveModel, PaginatorTrait, QueryFilter, QuerySelect, Set,
+    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -89,6 +89,10 @@ pub struct Running {
     pub start: DateTime<Utc>,
     /// Its period's end.
     pub end: DateTime<Utc>,
+    /// The seconds of its period carried in from an earlier plan (priced at
+    /// its own rate when they were carried, so worth as much per second as
+    /// its own month).
+    pub carried_seconds: i64,
 }
 
 fn micros(d: chrono::Duration) -> i128 {
@@ -160,7 +164,10 @@ pub fn compute(
     let mut value: i128 = 0;
     let mut sources = Vec::new();
     for g in running {
-        let length = micros(g.end - g.start);
+        // A grant is worth its value over its own month: the time carried
+        // into it was priced at that rate, so every second of it, carried
+        // or not, is worth the same (nothing is diluted by a later change).
+        let length = micros(g.end - g.start) - i128::from(g.carried_seconds.max(0)) * 1_000_000;
         let unused = micros(g.end - g.start.max(paid_at));
         if length <= 0 || unused <= 0 || g.value <= 0 {
             continue;
@@ -211,6 +218,7 @@ async fn running<C: ConnectionTrait>(
                 value: p.amount - p.refunded_amount,
                 start: p.grant_start?,
                 end: p.grant_end?,
+                carried_seconds: p.carried_seconds.unwrap_or(0),
             })
         })
         .collect())
@@ -248,6 +256,65 @@ pub async fn plan<C: ConnectionTrait>(
         vec![]
     };
     Ok(compute(in_force, &grants, plan, amount, paid_at))
+}
+
+/// What `amount` paid for `plan` through a renewal that no longer renews the
+/// subscription (paid before, voided, or the plan or period end moved since)
+/// grants: time on the plan in force, never a move back to `plan`.
+///
+/// * The plan in force is `plan`, or nothing paid is in force: [`plan`]
+///   (a month from the period end, from the old end in grace; a late
+///   payment: a month from `paid_at`).
+/// * Another paid plan Q is in force (paid beyond `paid_at`, or in its
+///   grace): the period end moves on by the time `amount` buys of Q at the
+///   rate of Q's latest stored grant (its amount less partial refunds over
+///   its own month, carried time excluded), rounded down to the second; with
+///   no stored grant of Q, one calendar month.
+pub async fn as_time<C: ConnectionTrait>(
+    db: &C,
+    user: Uuid,
+    sub: Option<&subscriptions::Model>,
+    plan_id: &str,
+    amount: i64,
+    paid_at: DateTime<Utc>,
+) -> Result<Grant, DbErr> {
+    let other = sub.and_then(|s| {
+        let in_grace = s.status == SubscriptionStatus::PastDue;
+        let end = s.current_period_end.filter(|e| in_grace || *e > paid_at)?;
+        (s.plan != FREE && s.plan != plan_id).then_some((s, end))
+    });
+    let Some((s, end)) = other else {
+        return plan(db, user, sub, plan_id, amount, paid_at).await;
+    };
+    let latest = payments::Entity::find()
+        .filter(payments::Column::UserId.eq(user))
+        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+        .filter(payments::Column::GrantPlan.eq(s.plan.as_str()))
+        .order_by_desc(payments::Column::GrantEnd)
+        .one(db)
+        .await?;
+    let bought = latest.and_then(|p| {
+        let own = micros(p.grant_end? - p.grant_start?)
+            - i128::from(p.carried_seconds.unwrap_or(0)) * 1_000_000;
+        let value = i128::from(p.amount - p.refunded_amount);
+        (own > 0 && value > 0).then(|| i128::from(amount.max(0)) * own / value)
+    });
+    let new_end = match bought {
+        Some(us) => {
+            end + chrono::Duration::seconds(i64::try_from(us / 1_000_000).unwrap_or(i64::MAX))
+        }
+        None => month_after(end),
+    };
+    Ok(Grant {
+        plan: s.plan.clone(),
+        start: end,
+        end: new_end,
+        from_plan: None,
+        from_end: None,
+        carried_seconds: 0,
+        carried_value: 0,
+        sources: vec![],
+    })
 }
 
 /// What paying `amount` for `plan` would grant `user` at `at` (`None`: now
@@ -323,54 +390,69 @@ pub async fn store<C: ConnectionTrait>(
     Ok(())
 }
 
-/// The later payment the grant of `refunded` was carried into (still
-/// `PAID`), and the seconds of its carried time that `refunded`'s grant
-/// contributed: the rule of [`compute`] for that one source, from the stored
-/// grants (its amount over its own length, unused from the later payment's
-/// start, to a month of the later plan at its amount), rounded up to the
-/// second and at most what the later payment carried. `None` when there is
-/// nothing to take back.
+/// Where the money of `refunded`'s grant that was carried on lives now, and
+/// how many seconds of that grant it bought: follows `carried_into` from
+/// payment to payment (a plan change carried into a plan change, …). At
+/// each hop the part of the carried money still unused when the next
+/// payment was paid moves on (spread evenly over the grant's whole period:
+/// `money × unused / length`); at the last grant, the money buys seconds at
+/// that grant's own rate (`money × month / amount`), rounded up to the
+/// second and at most what it carried. The refunded grant's whole amount is
+/// followed (a refund takes back everything the payment bought). `None`
+/// when nothing is left to take back.
 async fn carried_share<T: ConnectionTrait>(
     txn: &T,
     refunded: &payments::Model,
 ) -> Result<Option<(payments::Model, i64)>, DbErr> {
-    let Some(into_id) = refunded.carried_into else {
+    let (Some(mut start), Some(mut end)) = (refunded.grant_start, refunded.grant_end) else {
         return Ok(None);
     };
-    let Some(into) = payments::Entity::find_by_id(into_id).one(txn).await? else {
-        return Ok(None);
-    };
-    let (Some(start), Some(end), Some(paid_at)) =
-        (refunded.grant_start, refunded.grant_end, into.grant_start)
-    else {
-        return Ok(None);
-    };
-    if into.status != PaymentStatus::Paid || into.amount <= 0 {
-        return Ok(None);
+    // Money in millionths of a currency unit.
+    let mut money = i128::from(refunded.amount.max(0)) * 1_000_000;
+    let mut next = refunded.carried_into;
+    let mut last = None;
+    // A chain is as long as the customer's plan changes; the bound only
+    // guards against a cycle in damaged data.
+    for _ in 0..1_000 {
+        let Some(id) = next else { break };
+        let Some(into) = payments::Entity::find_by_id(id).one(txn).await? else {
+            return Ok(None);
+        };
+        let (Some(paid_at), Some(into_end)) = (into.grant_start, into.grant_end) else {
+            return Ok(None);
+        };
+        let length = micros(end - start);
+        let unused = micros(end - start.max(paid_at));
+        if length <= 0 || unused <= 0 {
+            return Ok(None);
+        }
+        money = money * unused / length;
+        start = paid_at;
+        end = into_end;
+        next = into.carried_into;
+        last = Some(into);
     }
-    // The whole grant goes back with the refund (a refund or chargeback takes
-    // back the period a payment bought), so its whole share of the carry.
-    let value = i128::from(refunded.amount).max(0);
-    let length = micros(end - start);
-    let unused = micros(end - start.max(paid_at));
-    if length <= 0 || unused <= 0 {
+    let Some(into) = last.filter(|p| p.amount > 0 && next.is_none()) else {
         return Ok(None);
-    }
-    let month = micros(month_after(paid_at) - paid_at);
-    let share_us = value * unused * month / (length * i128::from(into.amount));
+    };
+    let month = micros(month_after(start) - start);
+    let share_us = money * month / (i128::from(into.amount) * 1_000_000);
     let secs = i64::try_from((share_us + 999_999) / 1_000_000).unwrap_or(i64::MAX);
     let secs = secs.min(into.carried_seconds.unwrap_or(0));
     Ok(Some((into, secs)))
 }
 
-/// Takes back what the payment `refunded` (still `PAID` here) granted,
+/// Takes back what the payment `refunded` (still `PAID` here; any other
+/// status granted nothing, so nothing is taken back) granted,
 /// under the subscription's row lock, from its stored grant:
 ///
-/// * a grant carried on into a later plan change gives back what it carried:
-///   while that later plan is in force, its end (and the later payment's
-///   stored grant) moves back by the refunded grant's share of the carried
-///   time, rounded up to the second ([`carried_share`]), so a refund never
-///   leaves the time its money bought running elsewhere;
+/// * a grant carried on into a later plan change (or a chain of them, each
+///   carried into the next) gives back what it carried: while the last
+///   grant of the chain is of the plan in force, refunded since or not, its
+///   end (and that payment's stored grant) moves back by the refunded
+///   grant's share of the carried time, rounded up to the second
+///   ([`carried_share`]), so a refund never leaves the time its money
+///   bought running elsewhere;
 /// * a grant already over, or not of the plan in force, is left alone;
 /// * a grant that changed plan and is still the last one of its plan (no
 ///   later payment extended it) returns the carried value where it came
@@ -391,6 +473,11 @@ pub async fn take_back<T: ConnectionTrait>(
     now: DateTime<Utc>,
     request_id: Option<String>,
 ) -> Result<Option<serde_json::Value>, DbErr> {
+    // A payment that never became PAID (a refund notice for a checkout
+    // still pending) granted nothing.
+    if refunded.status != PaymentStatus::Paid {
+        return Ok(None);
+    }
     let postgres = txn.get_database_backend() == DbBackend::Postgres;
     let mut find = subscriptions::Entity::find_by_id(refunded.user_id);
     if postgres {
@@ -554,6 +641,39 @@ mod tests {
     }
 
     #[test]
+    fn time_carried_in_is_worth_as_much_as_the_grants_own_month_when_it_carries_on() {
+        // BASIC 49,000 for its own 30-day month plus 40 days carried in from
+        // PRO (priced at BASIC's rate when carried): 70 days, all unused,
+        // worth 49,000 × 70 / 30. PRO (99,000) bought at once (its month:
+        // 1 December – 1 January, 31 days) carries that value whole.
+        let paid_at = t("2026-12-01T00:00:00Z");
+        let basic = Running {
+            id: Uuid::nil(),
+            value: 49_000,
+            start: paid_at,
+            end: paid_at + chrono::Duration::days(70),
+            carried_seconds: 40 * 86_400,
+        };
+        let g = compute(
+            InForce {
+                plan: "BASIC",
+                period_end: Some(basic.end),
+                in_grace: false,
+            },
+            &[basic],
+            "PRO",
+            99_000,
+            paid_at,
+        );
+        let worth = 49_000 * 70 / 30;
+        assert_eq!(g.carried_value, worth);
+        let want = i128::from(49_000) * 70 * 86_400 * 1_000_000 * (31 * 86_400)
+            / (30 * 86_400 * 99_000)
+            / 1_000_000;
+        assert_eq!(i128::from(g.carried_seconds), want);
+    }
+
+    #[test]
     fn pro_to_basic_with_ten_days_left_carries_what_they_are_worth() {
         // PRO 99,000 for 1–31 December (30 days); BASIC 49,000 bought on
         // the 21st: 10 days of PRO are worth 33,000, which buy
@@ -564,6 +684,7 @@ mod tests {
             value: 99_000,
             start: t("2026-12-01T00:00:00Z"),
             end: t("2026-12-31T00:00:00Z"),
+            carried_seconds: 0,
         };
         let g = compute(
             InForce {
@@ -654,6 +775,7 @@ mod tests {
             value: 49_000,
             start: t("2026-03-10T00:00:00Z"),
             end: t("2026-04-10T00:00:00Z"),
+            carried_seconds: 0,
         };
         let g = compute(
             InForce {

@@ -30,9 +30,9 @@
 use chrono::{DateTime, Duration, Utc};
 use hmac::{Hmac, KeyInit, Mac};
 use sea_orm::{
-    sea_query::{Expr, ExprTrait as _, Query},
+    sea_query::{Expr, ExprTrait as _, OnConflict, Query},
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IntoActiveModel,
-    QueryFilter, QueryOrder, QuerySelect, Set, SqlErr, TransactionSession, TransactionTrait,
+    QueryFilter, QueryOrder, QuerySelect, Set, TransactionSession, TransactionTrait,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -84,6 +84,16 @@ async fn mail<C: ConnectionTrait>(
         },
     )
     .await
+}
+
+/// Whether the renewal loop waits: while payments are switched off
+/// (`NEXT_PUBLIC_ENABLE_PAYMENTS`) or not ready (the provider's credentials
+/// missing), no renewal can be paid, so none is offered, no reminder is sent
+/// and no subscription goes `past_due` or lapses; everything resumes where it
+/// stood once payments are back (reminders already past are not sent late).
+/// `GET /api/health` shows it as `renewals: "paused"`.
+pub fn paused(features: &crate::Features) -> bool {
+    !features.get(crate::Feature::Payments).ready()
 }
 
 /// The renewal settings in force.
@@ -353,9 +363,9 @@ where
     let mut report = BatchReport::default();
     for &id in ids {
         let outcome = match step {
-            Step::Create => create_one(db, policy, catalogue, now, id).await?,
+            Step::Create => offer(db, policy, catalogue, now, id).await?,
             Step::Remind => remind_one(db, policy, now, id).await?,
-            Step::PastDue => past_due_one(db, policy, now, id).await?,
+            Step::PastDue => past_due_one(db, policy, catalogue, now, id).await?,
             Step::Lapse => lapse_one(db, policy, now, id).await?,
         };
         report.outcomes.extend(outcome);
@@ -375,7 +385,12 @@ async fn locked_subscription<T: ConnectionTrait>(
     find.one(txn).await
 }
 
-async fn create_one<C: ConnectionTrait>(
+/// Offers `user_id` its open renewal when one is due ([`Step::Create`]'s
+/// rule: a paid, `active` or in-grace, non-cancelling subscription whose
+/// period end is within [`Policy::lead`]); `None` when none is due or one
+/// is open already. Also called when the customer changes the plan the next
+/// renewal bills, so the new offer shows at once.
+pub async fn offer<C: ConnectionTrait + TransactionTrait>(
     db: &C,
     policy: &Policy,
     catalogue: &Catalogue,
@@ -405,7 +420,18 @@ async fn create_one<C: ConnectionTrait>(
     let plan_id = sub.renewal_plan.as_deref().unwrap_or(&sub.plan);
     let Some(plan) = catalogue.get(plan_id).filter(|p| p.price > 0) else {
         tracing::warn!(%user_id, plan = plan_id, "renewal: the plan is not in the catalogue");
-        return Ok(Some(Outcome::Unpriced));
+        // Told (and counted) once per period: the mail's key.
+        let txn = db.begin().await?;
+        let queued = mail(
+            &txn,
+            BillingMailKind::RenewalUnavailable,
+            user_id,
+            format!("renewal_unavailable:{user_id}:{}", end.timestamp()),
+            serde_json::json!({ "plan": plan_id, "period_end": end }),
+        )
+        .await?;
+        txn.commit().await?;
+        return Ok((queued != Queued::AlreadyQueued).then_some(Outcome::Unpriced));
     };
     let row = renewals::ActiveModel {
         id: Set(Uuid::now_v7()),
@@ -419,15 +445,14 @@ async fn create_one<C: ConnectionTrait>(
         created_at: Set(now),
         updated_at: Set(now),
     };
-    match renewals::Entity::insert(row)
+    // Another worker (or an earlier run of this job) may have created it:
+    // the partial unique index makes that insert a no-op (`ON CONFLICT DO
+    // NOTHING`, so a transaction around it stays usable).
+    let inserted = renewals::Entity::insert(row)
+        .on_conflict(OnConflict::new().do_nothing().to_owned())
         .exec_without_returning(db)
-        .await
-    {
-        Ok(_) => Ok(Some(Outcome::Created)),
-        // Another worker (or an earlier run of this job) created it.
-        Err(e) if matches!(e.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) => Ok(None),
-        Err(e) => Err(e),
-    }
+        .await?;
+    Ok((inserted > 0).then_some(Outcome::Created))
 }
 
 async fn remind_one<C>(
@@ -488,6 +513,7 @@ where
 async fn past_due_one<C>(
     db: &C,
     policy: &Policy,
+    catalogue: &Catalogue,
     now: DateTime<Utc>,
     user_id: Uuid,
 ) -> Result<Option<Outcome>, DbErr>
@@ -511,6 +537,11 @@ where
     }
     let grace_end = end + policy.grace;
     let plan = sub.plan.clone();
+    // A subscription already past its end when first seen (or whose offer
+    // was voided) gets its renewal now, so the mail can carry its link.
+    if open_of(&txn, &sub).await?.is_none() {
+        offer(&txn, policy, catalogue, now, user_id).await?;
+    }
     let renewal = open_of(&txn, &sub).await?;
     let vars = json!({
         "plan": plan,

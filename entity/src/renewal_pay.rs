@@ -25,7 +25,6 @@ use crate::{
         subscriptions,
     },
     payment,
-    plans::FREE,
     users::begin_write,
 };
 
@@ -113,10 +112,8 @@ pub async fn resolve<C: ConnectionTrait>(
         RenewalStatus::Open => {}
     }
     let sub = subscriptions::Entity::find_by_id(r.user_id).one(db).await?;
-    let runs = sub
-        .as_ref()
-        .is_some_and(|s| s.plan != FREE && s.current_period_end == Some(r.period_end));
-    if !runs {
+    // The rule settlement applies: a payment now would renew the period.
+    if crate::renewal_settle::fit(Some(&r), sub.as_ref()) != crate::renewal_settle::Fit::Renews {
         return Ok(Link::Closed(Closed::Changed));
     }
     if now > r.period_end + grace {

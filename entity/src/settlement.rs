@@ -29,6 +29,7 @@ use crate::{
     grant,
     payment::{self, PaymentStatus, Transition},
     plans::FREE,
+    renewal, renewal_settle,
     users::begin_write,
 };
 
@@ -70,6 +71,10 @@ pub enum Settled {
         to: PaymentStatus,
         /// End of the subscription's paid period after a move into `PAID`.
         period_end: Option<DateTime<Utc>>,
+        /// What the move did to a renewal, for `billing_renewals_total`
+        /// (`paid`, `duplicate`; `None`: not a renewal's payment, or one
+        /// that came too late to renew).
+        renewal: Option<crate::renewal::Outcome>,
     },
     /// The payment already had the reported status: nothing changed.
     Unchanged,
@@ -318,6 +323,8 @@ async fn apply<T: ConnectionTrait>(
     let now = crate::db::now(txn).await?;
     let mut period_end = None;
     let mut granted = None;
+    let mut renewal_fit = None;
+    let mut renewal_outcome = None;
     let mut taken_back = None;
     if to == PaymentStatus::Paid {
         let mut find = subscriptions::Entity::find_by_id(pay.user_id);
@@ -325,13 +332,35 @@ async fn apply<T: ConnectionTrait>(
             find = find.lock_exclusive();
         }
         let sub = find.one(txn).await?;
-        let g = grant::plan(txn, pay.user_id, sub.as_ref(), &pay.plan, pay.amount, now).await?;
+        let g = match pay.renewal_id {
+            Some(rid) => {
+                let (g, fit, outcome) =
+                    renewal_settle::grant(txn, &pay, rid, sub.as_ref(), now, request_id.clone())
+                        .await?;
+                renewal_fit = Some(fit);
+                renewal_outcome = outcome;
+                g
+            }
+            None => grant::plan(txn, pay.user_id, sub.as_ref(), &pay.plan, pay.amount, now).await?,
+        };
         grant::store(txn, pay.id, &g).await?;
         period_end = Some(g.end);
+        // The period end moves (and maybe the plan): an open renewal of the
+        // old period no longer renews anything.
+        renewal::void_open(txn, pay.user_id, now).await?;
         match sub {
             Some(s) => {
+                // A plan chosen for the next renewal (`change`) is spent when
+                // it is paid for, and overridden by paying for another plan.
+                let keep_next = g.plan == s.plan && s.renewal_plan.as_deref() != Some(&g.plan);
+                let next = if keep_next {
+                    s.renewal_plan.clone()
+                } else {
+                    None
+                };
                 let mut am = s.into_active_model();
-                am.plan = Set(pay.plan.clone());
+                am.renewal_plan = Set(next);
+                am.plan = Set(g.plan.clone());
                 am.status = Set(SubscriptionStatus::Active);
                 am.cancel_at_period_end = Set(false);
                 am.current_period_start = Set(Some(g.start));
@@ -343,7 +372,7 @@ async fn apply<T: ConnectionTrait>(
             None => {
                 subscriptions::ActiveModel {
                     user_id: Set(pay.user_id),
-                    plan: Set(pay.plan.clone()),
+                    plan: Set(g.plan.clone()),
                     status: Set(SubscriptionStatus::Active),
                     cancel_at_period_end: Set(false),
                     current_period_start: Set(Some(g.start)),
@@ -360,6 +389,9 @@ async fn apply<T: ConnectionTrait>(
         granted = Some(g);
     } else if to == PaymentStatus::Refunded {
         taken_back = grant::take_back(txn, &pay, now, request_id.clone()).await?;
+        if taken_back.is_some() {
+            renewal::void_open(txn, pay.user_id, now).await?;
+        }
     }
     let user_id = pay.user_id;
     let plan = pay.plan.clone();
@@ -390,6 +422,12 @@ async fn apply<T: ConnectionTrait>(
     if let Some(t) = taken_back {
         new_value["subscription"] = t;
     }
+    if let Some(fit) = renewal_fit {
+        new_value["renewal"] = json!(fit.as_str());
+        if let Some(g) = &granted {
+            new_value["granted_plan"] = json!(g.plan);
+        }
+    }
     audit_logs::ActiveModel {
         id: Set(Uuid::now_v7()),
         actor_id: Set(None),
@@ -409,6 +447,7 @@ async fn apply<T: ConnectionTrait>(
         from,
         to,
         period_end,
+        renewal: renewal_outcome,
     })
 }
 

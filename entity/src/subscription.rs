@@ -1,4 +1,4 @@
-//! Cancel and resume: the user-driven moves of a subscription.
+//! Cancel, resume and change: the user-driven moves of a subscription.
 //!
 //! Rules (decisions.md, "Subscriptions"):
 //! - only an `active` paid plan, or one in its renewal grace (`past_due`),
@@ -111,6 +111,9 @@ pub struct SubscriptionView {
     pub cancel_at_period_end: bool,
     /// End of the paid period (UTC); `None` on FREE.
     pub current_period_end: Option<DateTime<Utc>>,
+    /// The plan the next renewal bills when the customer chose another one
+    /// ([`choose_renewal_plan`]); `None`: the current plan.
+    pub renewal_plan: Option<String>,
 }
 
 impl From<&subscriptions::Model> for SubscriptionView {
@@ -124,6 +127,7 @@ impl From<&subscriptions::Model> for SubscriptionView {
             },
             cancel_at_period_end: m.cancel_at_period_end,
             current_period_end: m.current_period_end,
+            renewal_plan: m.renewal_plan.clone(),
         }
     }
 }
@@ -197,6 +201,59 @@ where
     if target {
         crate::renewal::void_open(&txn, user_id, now).await?;
     }
+    txn.commit().await?;
+    Ok(SubscriptionView::from(&row))
+}
+
+/// Chooses `plan_id` as the plan the next renewal of `user_id` bills
+/// (`POST /api/subscription {"action": "change", "plan"}`, Stripe's change
+/// "at period end"): the subscription's `renewal_plan` (`None` when
+/// `plan_id` is its current plan). The plan in force and its period do not
+/// change now. When the choice changes, the open renewal (priced for the old
+/// plan) is voided and a new one is offered at once when one is due
+/// ([`crate::renewal::offer`]); a cancelling subscription keeps its choice
+/// and is offered it after `resume`. The caller checks that the catalogue
+/// sells `plan_id`.
+///
+/// Errors: [`SubscriptionError::FreePlan`] (nothing paid to renew),
+/// [`SubscriptionError::NotActive`], [`SubscriptionError::NotFound`],
+/// [`SubscriptionError::Db`].
+pub async fn choose_renewal_plan<C>(
+    db: &C,
+    user_id: Uuid,
+    plan_id: &str,
+    policy: &crate::renewal::Policy,
+    catalogue: &plans::Catalogue,
+) -> Result<SubscriptionView, SubscriptionError>
+where
+    C: ConnectionTrait + TransactionTrait,
+{
+    let txn = begin_write(db).await?;
+    let mut select = subscriptions::Entity::find_by_id(user_id);
+    if txn.get_database_backend() == DbBackend::Postgres {
+        select = select.lock_exclusive();
+    }
+    let row = select.one(&txn).await?.ok_or(SubscriptionError::NotFound)?;
+    if row.plan == plans::FREE {
+        return Err(SubscriptionError::FreePlan);
+    }
+    if !matches!(
+        row.status,
+        SubscriptionStatus::Active | SubscriptionStatus::PastDue
+    ) {
+        return Err(SubscriptionError::NotActive(row.status));
+    }
+    let next = (plan_id != row.plan).then(|| plan_id.to_string());
+    if row.renewal_plan == next {
+        return Ok(SubscriptionView::from(&row));
+    }
+    let now = crate::db::now(&txn).await?;
+    let mut am = row.into_active_model();
+    am.renewal_plan = Set(next);
+    am.updated_at = Set(now);
+    let row = am.update(&txn).await?;
+    crate::renewal::void_open(&txn, user_id, now).await?;
+    crate::renewal::offer(&txn, policy, catalogue, now, user_id).await?;
     txn.commit().await?;
     Ok(SubscriptionView::from(&row))
 }

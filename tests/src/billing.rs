@@ -424,3 +424,37 @@ pub async fn wait_payment_status(db: &DatabaseConnection, order_id: &str, status
         payment_row(db, order_id).await.status
     );
 }
+
+/// Moves the paid period of `order` (its stored grant and the
+/// subscription) to `[now − used_days, now + left_days]` by the database's
+/// clock; answers (start, end).
+pub async fn move_period(
+    pool: &sea_orm::sqlx::PgPool,
+    order: &str,
+    used_days: i64,
+    left_days: i64,
+) -> (DateTime<Utc>, DateTime<Utc>) {
+    let (start, end): (DateTime<Utc>, DateTime<Utc>) = sea_orm::sqlx::query_as(
+        "WITH t AS (SELECT clock_timestamp() AS now) \
+         UPDATE payments SET grant_start = t.now - make_interval(days => $2::int), \
+                             grant_end = t.now + make_interval(days => $3::int) \
+         FROM t WHERE order_id = $1 RETURNING grant_start, grant_end",
+    )
+    .bind(order)
+    .bind(used_days as i32)
+    .bind(left_days as i32)
+    .fetch_one(pool)
+    .await
+    .expect("move the grant");
+    sea_orm::sqlx::query(
+        "UPDATE subscriptions SET current_period_start = $2, current_period_end = $3 \
+         WHERE user_id = (SELECT user_id FROM payments WHERE order_id = $1)",
+    )
+    .bind(order)
+    .bind(start)
+    .bind(end)
+    .execute(pool)
+    .await
+    .expect("move the subscription");
+    (start, end)
+}

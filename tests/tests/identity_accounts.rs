@@ -859,3 +859,43 @@ async fn asking_again_never_voids_the_owners_recovery_or_magic_link() {
         assert_error(&r, 403, "otp_expired");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resend_then_otp_answers_alike_for_a_confirmed_address_and_an_unknown_one() {
+    let idp = Idp::start(&[]).await;
+    // A confirmed account whose last mail is long past (its slot cleared).
+    assert_eq!(idp.signup("kim@example.com", PASSWORD).await.status, 200);
+    let (_, text) = idp.mail(1).await;
+    assert_eq!(idp.verify_hash("signup", &text).await.status, 200);
+    let cleared = idp
+        .scalar(
+            "WITH d AS (DELETE FROM auth_mail_slots WHERE email_norm = $1 RETURNING 1) \
+             SELECT COUNT(*) FROM d",
+            "kim@example.com",
+        )
+        .await;
+    assert!(cleared >= 1);
+    let answers = |r: &Reply| {
+        (
+            r.status.as_u16(),
+            r.json["code"].clone(),
+            r.header("retry-after").is_some(),
+        )
+    };
+    // `/resend` (a confirmation: none is sent to a confirmed address, the
+    // slot is claimed either way), then `/otp` (a magic link for the one, a
+    // code sign-up's confirmation for the other): the same answers.
+    let mut seen = Vec::new();
+    for email in ["kim@example.com", "lee@example.com"] {
+        let resend = idp
+            .post("/resend", &json!({"type": "signup", "email": email}))
+            .await;
+        let otp = idp.post("/otp", &json!({"email": email})).await;
+        seen.push((answers(&resend), answers(&otp)));
+    }
+    assert_eq!(seen[0], seen[1], "{seen:?}");
+    assert_eq!(
+        seen[0].1 .0, 429,
+        "the second mail within the interval: {seen:?}"
+    );
+}

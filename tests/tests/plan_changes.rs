@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Months, Utc};
 use entity::entities::{payments::PaymentStatus, subscriptions};
-use sea_orm::{sqlx::PgPool, DatabaseConnection, EntityTrait};
+use sea_orm::{DatabaseConnection, EntityTrait};
 use serde_json::Value;
 use tests::{
-    client, connect_db, free_user, hs256_token, payment_row, pending_plan_payment,
+    client, connect_db, free_user, hs256_token, move_period, payment_row, pending_plan_payment,
     provider_b_notice, session_claims, wait_payment_status, Proc, Reply, SmtpSink, Stack,
 };
 use uuid::Uuid;
@@ -92,40 +92,6 @@ async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Mod
         .await
         .unwrap()
         .expect("subscription")
-}
-
-/// Moves the paid period of `order` (its stored grant and the
-/// subscription) to `[now − used_days, now + left_days]` by the database's
-/// clock; answers (start, end).
-async fn move_period(
-    pool: &PgPool,
-    order: &str,
-    used_days: i64,
-    left_days: i64,
-) -> (DateTime<Utc>, DateTime<Utc>) {
-    let (start, end): (DateTime<Utc>, DateTime<Utc>) = sea_orm::sqlx::query_as(
-        "WITH t AS (SELECT clock_timestamp() AS now) \
-         UPDATE payments SET grant_start = t.now - make_interval(days => $2::int), \
-                             grant_end = t.now + make_interval(days => $3::int) \
-         FROM t WHERE order_id = $1 RETURNING grant_start, grant_end",
-    )
-    .bind(order)
-    .bind(used_days as i32)
-    .bind(left_days as i32)
-    .fetch_one(pool)
-    .await
-    .expect("move the grant");
-    sea_orm::sqlx::query(
-        "UPDATE subscriptions SET current_period_start = $2, current_period_end = $3 \
-         WHERE user_id = (SELECT user_id FROM payments WHERE order_id = $1)",
-    )
-    .bind(order)
-    .bind(start)
-    .bind(end)
-    .execute(pool)
-    .await
-    .expect("move the subscription");
-    (start, end)
 }
 
 /// The carry of the rule, recomputed from stored times: `value` over the

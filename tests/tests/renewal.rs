@@ -5,7 +5,8 @@
 //! grace keeps the plan (and its AI limits) then lapses to FREE; a
 //! cancelling subscription lapses at its end; the pay link creates one
 //! checkout, reuses it, replaces it only after it expired unpaid, and
-//! refuses forged and outlived tokens.
+//! refuses forged and outlived tokens; reminders go once per offset, only
+//! the latest due, saying the time left.
 
 use std::{
     sync::{
@@ -434,4 +435,123 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
         Some(format!("{APP_URL}/billing?renewal=void").as_str())
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Moves every time of `user`'s subscription and renewals `by` earlier (as
+/// if that much time had passed), in one statement per table.
+async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Span) {
+    use sea_orm::ConnectionTrait;
+    let secs = by.num_seconds();
+    for sql in [
+        format!(
+            "UPDATE subscriptions SET current_period_end = current_period_end - make_interval(secs => {secs}) \
+             WHERE user_id = '{user}'"
+        ),
+        format!(
+            "UPDATE renewals SET period_end = period_end - make_interval(secs => {secs}), \
+             next_reminder_at = next_reminder_at - make_interval(secs => {secs}) WHERE user_id = '{user}'"
+        ),
+    ] {
+        db.execute_unprepared(&sql).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reminders_go_once_per_offset_only_the_latest_due_and_say_the_time_left() {
+    let stack = Stack::new().await;
+    let sink = tests::SmtpSink::start().await;
+    // Reminders 7, 3 and 1 days before the end (the default).
+    let env = env(&stack)
+        .with("SMTP_URL", sink.url())
+        // Every tick logs "scheduler tick", idle ones too.
+        .with("RUST_LOG", "info,worker::scheduler=debug");
+    let _api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    // Comes into range with 2.5 days left: the 7- and 3-day reminders are
+    // both past; only the 3-day one (the latest due) is sent, once.
+    let user = paid_user(&db, "PRO", Span::hours(60)).await;
+    let worker = stack.worker(&env).await;
+    let mails = sink.wait_for(1, Duration::from_secs(30)).await;
+    let subject = mails[0].header("subject").unwrap_or_default();
+    assert!(subject.contains("renews in 2 days"), "{subject}");
+    assert_eq!(
+        mails[0].header("to").as_deref(),
+        Some(format!("{user}@example.com").as_str())
+    );
+    // Several more ticks send nothing more.
+    let ticks = |w: &Proc| w.stderr().matches("scheduler tick").count();
+    let seen = ticks(&worker);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            ticks(&worker) >= seen + 3
+        })
+        .await,
+        "the scheduler ticks"
+    );
+    assert_eq!(sink.count(), 1, "one reminder per offset");
+
+    // Two days pass: 12 hours left, the 1-day reminder is due, once.
+    time_passes(&db, user, Span::days(2)).await;
+    let mails = sink.wait_for(2, Duration::from_secs(30)).await;
+    let subject = mails[1].header("subject").unwrap_or_default();
+    assert!(
+        subject.contains("renews in 11 hours") || subject.contains("renews in 12 hours"),
+        "{subject}"
+    );
+    let seen = ticks(&worker);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            ticks(&worker) >= seen + 3
+        })
+        .await,
+        "the scheduler ticks"
+    );
+    assert_eq!(
+        sink.count(),
+        2,
+        "no reminder twice, none after the last offset"
+    );
+    let renewal = renewals_of(&db, user).await.pop().expect("a renewal");
+    assert_eq!(renewal.next_reminder_at, None, "no offset left");
+    assert_eq!(renewals_of(&db, user).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_gone_from_the_catalogue_gets_no_renewal_and_one_mail() {
+    let stack = Stack::new().await;
+    let sink = tests::SmtpSink::start().await;
+    let env = env(&stack)
+        .with("SMTP_URL", sink.url())
+        .with("RUST_LOG", "info,worker::scheduler=debug");
+    let _api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    // A plan sold once, no longer in the catalogue, ending in two days.
+    let user = paid_user(&db, "LEGACY", Span::days(2)).await;
+    let worker = stack.worker(&env).await;
+    let mails = sink.wait_for(1, Duration::from_secs(30)).await;
+    let subject = mails[0].header("subject").unwrap_or_default();
+    assert!(
+        subject.contains("LEGACY plan cannot be renewed"),
+        "{subject}"
+    );
+    assert!(mails[0].body().contains("/billing"), "{}", mails[0].body());
+    let ticks = |w: &Proc| w.stderr().matches("scheduler tick").count();
+    let seen = ticks(&worker);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            ticks(&worker) >= seen + 3
+        })
+        .await,
+        "the scheduler ticks"
+    );
+    assert_eq!(sink.count(), 1, "told once per period");
+    assert!(
+        renewals_of(&db, user).await.is_empty(),
+        "no renewal can be priced"
+    );
+    let s = subscription(&db, user).await;
+    assert_eq!(
+        (s.plan.as_str(), s.status),
+        ("LEGACY", SubscriptionStatus::Active)
+    );
 }

@@ -29,6 +29,13 @@ fn env(stack: &Stack) -> EnvMap {
         .with("PAYMENT_EXPIRE_AFTER_SECS", "3600")
         // No renewal grace: a paid period that ended lapses at once.
         .with("RENEWAL_GRACE_SECS", "0")
+        // Payments ready (the renewal loop pauses while they are not).
+        .with("PAYMENT_PROVIDER", "provider_a")
+        .with("PROVIDER_A_SERVER_KEY", "SB-Mid-server-scheduler-tests")
+        .with(
+            "BACKEND_SERVICE_ROLE_KEY",
+            "scheduler-service-role-0123456789abcdef0123",
+        )
 }
 
 async fn status(db: &DatabaseConnection, order_id: &str) -> PaymentStatus {
@@ -80,9 +87,7 @@ async fn lapsed_subscriptions_and_stale_payments_expire_once_with_two_workers() 
     // provider_a's status API knows none of the orders (HTTP 404): a stale
     // payment is asked about, then expires.
     let status_api = wiremock::MockServer::start().await;
-    let env = env(&stack)
-        .with("PROVIDER_A_SERVER_KEY", "SB-Mid-server-scheduler-tests")
-        .with("PROVIDER_A_API_BASE_URL", status_api.uri());
+    let env = env(&stack).with("PROVIDER_A_API_BASE_URL", status_api.uri());
     let _api = stack.api(&env).await;
     let db = connect_db(&stack).await;
 

@@ -3,7 +3,8 @@
 //! a [`TcpProxy`] switched off) and 200 again once it is back; the port has
 //! the api's connection protections (a client trickling its request headers
 //! is disconnected after `HTTP_HEADER_TIMEOUT_MS`; an h2c connection sending
-//! only PINGs is closed after `HTTP_IDLE_TIMEOUT_SECS`).
+//! only PINGs is closed after `HTTP_IDLE_TIMEOUT_SECS`); one client address
+//! holds at most 8 of its connections.
 
 use std::time::Duration;
 
@@ -172,4 +173,44 @@ async fn the_worker_port_closes_an_h2c_connection_sending_only_pings() {
         .unwrap_or_else(|| panic!("an h2c connection sending PINGs was never closed: {c:?}"));
     assert!(closed_after < Duration::from_secs(8), "{closed_after:?}");
     assert!(c.graceful, "closed without a GOAWAY: {c:?}");
+}
+
+/// One client address cannot hold the worker's connections: past 8 open
+/// ones, its further connections are closed at once, and a probe from
+/// another address is answered while the 8 still wait for their headers.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_client_holds_at_most_eight_connections_of_the_worker_port() {
+    let stack = Stack::new().await;
+    let worker = stack
+        .worker(&stack.env().with("WORKER_HTTP_PORT", "0"))
+        .await;
+    let base = worker_http(&worker).await;
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
+    // 20 connections from 127.0.0.2, each sending half a request's headers.
+    let mut conns = Vec::new();
+    for _ in 0..20 {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut c = s.connect(addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        conns.push(c);
+    }
+    // Those over the share are closed at once (the others only at the 2 s
+    // header timeout): read them all against one deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    let mut closed = 0;
+    for c in &mut conns {
+        let mut b = [0u8; 64];
+        match tokio::time::timeout_at(deadline, c.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
+            Ok(Ok(_)) | Err(_) => {}
+        }
+    }
+    assert_eq!(closed, 12, "20 connections from one address, 8 kept");
+    // A probe from another address is answered.
+    let r = tests::get(&format!("{base}/healthz")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    drop(conns);
 }

@@ -97,6 +97,18 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         "lapsed.html",
         include_str!("../../config/templates/billing/lapsed.html"),
     ),
+    (
+        "renewal_unavailable.subject.txt",
+        include_str!("../../config/templates/billing/renewal_unavailable.subject.txt"),
+    ),
+    (
+        "renewal_unavailable.txt",
+        include_str!("../../config/templates/billing/renewal_unavailable.txt"),
+    ),
+    (
+        "renewal_unavailable.html",
+        include_str!("../../config/templates/billing/renewal_unavailable.html"),
+    ),
 ];
 
 /// The loaded templates and what every mail shares.
@@ -323,6 +335,9 @@ impl BillingTemplates {
                 "plan": "PRO", "period_end": "2026-12-28T10:05:00Z",
                 "lapsed_at": "2026-12-31T10:05:00Z",
             }),
+            BillingMailKind::RenewalUnavailable => serde_json::json!({
+                "plan": "LEGACY", "period_end": "2026-12-28T10:05:00Z",
+            }),
         };
         match v {
             serde_json::Value::Object(m) => m,
@@ -400,6 +415,21 @@ mod tests {
             let html = m.html.as_deref().unwrap().replace("&#x2f;", "/");
             assert!(html.contains(want), "html lacks {want:?}");
         }
+    }
+
+    #[test]
+    fn a_past_due_mail_without_a_renewal_points_to_the_plans() {
+        let mut j = job(BillingMailKind::PastDue);
+        for k in ["amount", "currency", "pay_url"] {
+            j.vars.insert(k.into(), serde_json::Value::Null);
+        }
+        let m = templates().build(&j).unwrap();
+        assert!(
+            m.text.contains("https://app.example.com/billing"),
+            "{}",
+            m.text
+        );
+        assert!(!m.text.contains("pay/TOKEN"), "{}", m.text);
     }
 
     #[test]

@@ -11,9 +11,12 @@
 //!   $METRICS_TOKEN` (401 without it; 404 while `METRICS_TOKEN` is unset),
 //!   the same rule as the api's `/metrics`.
 //!
-//! Served by the api's server loop ([`crate::server`]) with the api's header
-//! and idle timeouts (`HTTP_HEADER_TIMEOUT_MS`, `HTTP_IDLE_TIMEOUT_SECS`)
-//! and at most [`MAX_CONNECTIONS`] connections.
+//! Served by the api's server loop ([`crate::server`]) with the api's idle
+//! timeout (`HTTP_IDLE_TIMEOUT_SECS`), a header timeout of at most
+//! [`HEADER_TIMEOUT`], at most [`MAX_CONNECTIONS`] connections and at most
+//! [`MAX_PER_CLIENT`] of them per client address. Keep the port on the
+//! internal network: a client with many addresses can still hold every
+//! connection for [`HEADER_TIMEOUT`] at a time.
 
 use std::sync::Arc;
 
@@ -30,6 +33,16 @@ use crate::{probes::ProbeCache, server::Limits, Queues};
 /// Open connections the worker's port serves at once (probes and a
 /// Prometheus scraper need a few); further ones wait in the listen backlog.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// Open connections one client address (IPv4 address, IPv6 /64) may hold on
+/// the worker's port; more are closed at once, so one client cannot hold
+/// every connection and starve the platform's probes.
+pub const MAX_PER_CLIENT: usize = 8;
+
+/// Time allowed for a request's headers on the worker's port (or
+/// `HTTP_HEADER_TIMEOUT_MS` when shorter): probes and scrapers send theirs
+/// at once, so a connection that trickles them gives its slot back soon.
+pub const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Clone)]
 struct Probe {
@@ -105,9 +118,12 @@ pub async fn serve(
     let a = listener.local_addr()?;
     tracing::info!(addr = %a, "worker http listening");
     println!("worker http listening on http://{a}");
+    let from = Limits::from_settings(&settings);
     let limits = Limits {
         max_connections: MAX_CONNECTIONS,
-        ..Limits::from_settings(&settings)
+        max_per_client: Some(MAX_PER_CLIENT),
+        header_timeout: from.header_timeout.min(HEADER_TIMEOUT),
+        ..from
     };
     let app = Route::new()
         .at("/healthz", get(healthz))

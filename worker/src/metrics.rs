@@ -86,6 +86,17 @@ pub fn renewal(outcome: entity::renewal::Outcome) {
     metrics::counter!(RENEWALS, "outcome" => outcome.as_str()).increment(1);
 }
 
+/// Counts what a settlement did to a renewal ([`RENEWALS`]: `paid`,
+/// `duplicate`), if anything.
+pub fn settled(outcome: &entity::settlement::Settled) {
+    if let entity::settlement::Settled::Moved {
+        renewal: Some(o), ..
+    } = outcome
+    {
+        renewal(*o);
+    }
+}
+
 /// Sets the [`PAST_DUE`] gauge.
 pub fn past_due(count: u64) {
     metrics::gauge!(PAST_DUE).set(count as f64);

@@ -164,6 +164,11 @@ async fn queue_renewals(
     settings: &Settings,
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<usize> {
+    crate::metrics::past_due(renewal::past_due_count(db).await?);
+    if renewal::paused(&entity::Features::compute(settings)) {
+        tracing::info!("renewal loop paused: payments are switched off or not ready");
+        return Ok(0);
+    }
     let policy = renewal::Policy::from_settings(settings);
     let mut queued = 0;
     for step in renewal::Step::ALL {
@@ -184,7 +189,6 @@ async fn queue_renewals(
             after = Some(last);
         }
     }
-    crate::metrics::past_due(renewal::past_due_count(db).await?);
     Ok(queued)
 }
 

@@ -28,6 +28,10 @@
 //!   client keeping its flow-control window shut while it PINGs); a
 //!   connection that moves no byte for that long is closed too, even with a
 //!   request open;
+//! * `max_per_client` (the worker's port; the api has none, since behind a
+//!   proxy every client shares one address): a client address (an IPv4
+//!   address, an IPv6 /64) holding that many open connections has further
+//!   ones closed at once, so one client cannot take every connection;
 //! * the body deadline and minimum data rate are per request, in the api's
 //!   middleware (`HTTP_BODY_TIMEOUT_SECS`, `HTTP_BODY_MIN_RATE`).
 //!
@@ -90,6 +94,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Open connections at most.
     pub max_connections: usize,
+    /// Open connections one client address (IPv4 address, IPv6 /64) may
+    /// hold; `None`: no such bound.
+    pub max_per_client: Option<usize>,
     /// Largest single socket read ([`crate::listener::READ_CAP`]).
     pub read_cap: usize,
 }
@@ -102,6 +109,7 @@ impl Limits {
             header_timeout: s.http_header_timeout,
             idle_timeout: s.http_idle_timeout,
             max_connections: s.http_max_connections.max(1),
+            max_per_client: None,
             read_cap: crate::listener::READ_CAP,
         }
     }
@@ -162,6 +170,7 @@ where
     let ep = Arc::new(ep);
     let local = listener.local_addr()?;
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Arc::new(ClientCounts::default());
     let tracker = TaskTracker::new();
     loop {
         let permit = tokio::select! {
@@ -180,10 +189,22 @@ where
                 }
             },
         };
+        let client = match limits.max_per_client {
+            Some(max) => match clients.enter(peer, max) {
+                Some(c) => Some(c),
+                None => {
+                    // Closed at once: this client holds its share.
+                    drop(stream);
+                    continue;
+                }
+            },
+            None => None,
+        };
         let _ = stream.set_nodelay(true);
         let (ep, shutdown) = (ep.clone(), shutdown.clone());
         tracker.spawn(async move {
             serve_connection(stream, local, peer, ep, limits, shutdown).await;
+            drop(client);
             drop(permit);
         });
     }
@@ -192,6 +213,62 @@ where
         tracing::warn!("connections still open after the grace period; closing them");
     }
     Ok(())
+}
+
+/// Open connections per client address ([`Limits::max_per_client`]).
+#[derive(Default)]
+struct ClientCounts(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One connection counted for its client until dropped.
+struct ClientSlot {
+    counts: Arc<ClientCounts>,
+    key: std::net::IpAddr,
+}
+
+impl ClientCounts {
+    /// The key of `peer`: its IPv4 address, or its IPv6 /64 (an IPv4-mapped
+    /// IPv6 address counts as the IPv4 one).
+    fn key(peer: SocketAddr) -> std::net::IpAddr {
+        match peer.ip() {
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => std::net::IpAddr::V4(v4),
+                None => {
+                    let s = v6.segments();
+                    std::net::IpAddr::V6(std::net::Ipv6Addr::new(
+                        s[0], s[1], s[2], s[3], 0, 0, 0, 0,
+                    ))
+                }
+            },
+            v4 => v4,
+        }
+    }
+
+    /// Counts a connection of `peer` unless its client holds `max` already.
+    fn enter(self: &Arc<Self>, peer: SocketAddr, max: usize) -> Option<ClientSlot> {
+        let key = Self::key(peer);
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(key).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            counts: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// The requests of one connection, for its idle timeout: how many are open

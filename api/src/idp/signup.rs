@@ -117,13 +117,11 @@ impl Idp {
                     // this answer, sending nothing, so that the next mail to
                     // the address answers alike for both: `/resend` (a
                     // confirmation) and `/otp` (a confirmation for a new
-                    // account, a magic link for a confirmed one).
-                    for kind in [MailKind::Confirmation, MailKind::Magiclink] {
-                        match self.claim_slot(&norm, kind).await {
-                            Ok(()) => {}
-                            Err(e) if e.code == "over_email_send_rate_limit" => {}
-                            Err(e) => return Err(e),
-                        }
+                    // account, a magic link for a confirmed one: one slot).
+                    match self.claim_slot(&norm, MailKind::Confirmation).await {
+                        Ok(()) => {}
+                        Err(e) if e.code == "over_email_send_rate_limit" => {}
+                        Err(e) => return Err(e),
                     }
                 }
                 if acc.email_confirmed_at.is_none() {

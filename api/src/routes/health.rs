@@ -76,6 +76,10 @@ pub struct Health {
     pub database: Probe,
     /// Queue probe (`PING` / `SELECT 1`).
     pub queue: QueueProbe,
+    /// The renewal loop (renewal offers, reminders, grace and lapse):
+    /// `running`, or `paused` while payments are switched off or not ready
+    /// (no renewal could be paid; nothing lapses meanwhile).
+    pub renewals: String,
     /// Readiness per feature.
     pub features: FeatureMap,
 }
@@ -173,6 +177,12 @@ async fn health_inner(state: &AppState) -> Health {
         },
         database: database.into(),
         queue: QueueProbe::of(queue, state.queues.kind()),
+        renewals: if entity::renewal::paused(f) {
+            "paused"
+        } else {
+            "running"
+        }
+        .into(),
         features: FeatureMap {
             auth: fh(Feature::Auth),
             waitlist: fh(Feature::Waitlist),

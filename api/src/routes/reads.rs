@@ -167,6 +167,11 @@ pub struct MeSubscription {
     /// (FREE, cancelling, not yet due, or paid).
     #[oai(nullable)]
     pub renewal: Option<MeRenewal>,
+    /// The plan the next renewal bills when the customer chose another one
+    /// (`POST /api/subscription {"action": "change"}`); `null`: the current
+    /// plan.
+    #[oai(nullable)]
+    pub renewal_plan: Option<String>,
 }
 
 /// This month's AI usage against the plan's quota.
@@ -235,6 +240,7 @@ impl Example for Me {
                     ),
                     due_at: at("2026-12-26T10:00:00Z"),
                 }),
+                renewal_plan: None,
             },
             ai_usage: MeAiUsage {
                 tokens_used: 1_234,
@@ -554,6 +560,7 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
                     pay_url: super::pay::pay_url(&state.settings, r.id),
                     due_at: r.period_end,
                 }),
+                renewal_plan: s.renewal_plan.clone(),
             }
         }
         _ => MeSubscription {
@@ -562,6 +569,7 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
             current_period_end: None,
             cancel_at_period_end: false,
             renewal: None,
+            renewal_plan: None,
         },
     };
     Ok(Me {

@@ -1,7 +1,8 @@
-//! `POST /api/subscription`: cancel or resume the caller's subscription.
+//! `POST /api/subscription`: cancel, resume or change the caller's subscription.
 
 use entity::{
     subscription::{self, SubscriptionAction, SubscriptionError},
+    validate::FieldError,
     Feature,
 };
 use poem::web::Data;
@@ -16,7 +17,8 @@ use crate::{
 };
 
 /// What to do with the subscription: `cancel` (stop at the end of the paid
-/// period) or `resume` (undo a cancel).
+/// period), `resume` (undo a cancel) or `change` (bill another plan at the
+/// next renewal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Enum)]
 #[oai(rename_all = "lowercase")]
 pub enum Action {
@@ -24,29 +26,28 @@ pub enum Action {
     Cancel,
     /// Undo a cancel.
     Resume,
-}
-
-impl From<Action> for SubscriptionAction {
-    fn from(a: Action) -> Self {
-        match a {
-            Action::Cancel => SubscriptionAction::Cancel,
-            Action::Resume => SubscriptionAction::Resume,
-        }
-    }
+    /// Bill `plan` at the next renewal.
+    Change,
 }
 
 /// What to do with the subscription.
 #[derive(Debug, Clone, Object)]
 #[oai(deny_unknown_fields, example)]
 pub struct SubscriptionRequest {
-    /// `cancel` (stop at the end of the paid period) or `resume` (undo a cancel).
+    /// `cancel` (stop at the end of the paid period), `resume` (undo a
+    /// cancel) or `change` (the next renewal bills `plan`).
     pub action: Action,
+    /// With `change` only, and required there: a plan the catalogue sells
+    /// (the current plan undoes an earlier change).
+    #[oai(validator(min_length = 1, max_length = 32))]
+    pub plan: Option<String>,
 }
 
 impl poem_openapi::types::Example for SubscriptionRequest {
     fn example() -> Self {
         SubscriptionRequest {
             action: Action::Cancel,
+            plan: None,
         }
     }
 }
@@ -56,16 +57,22 @@ impl poem_openapi::types::Example for SubscriptionRequest {
 pub struct SubscriptionResult {
     /// Always `true`.
     pub success: bool,
-    /// `cancel_at_period_end` after cancel, `active` after resume.
+    /// `cancel_at_period_end` while cancelling (after cancel), else the
+    /// subscription's status: `active` (after resume), or `past_due` in its
+    /// renewal grace.
     pub status: String,
+    /// The plan the next renewal bills when `change` chose another one than
+    /// the current plan; `null`: the current plan.
+    #[oai(nullable)]
+    pub renewal_plan: Option<String>,
 }
 
 crate::problem_responses!(
     /// Errors of `POST /api/subscription`.
     SubscriptionErrorResponse {
-        BadRequest = 400: "`action` is missing or not `cancel`/`resume` (`field` = `action`), or the body is not the expected JSON.",
+        BadRequest = 400: "`action` is missing or not `cancel`/`resume`/`change` (`field` = `action`); `plan` missing with `change`, given with another action, or not for sale (`invalid_plan`, `field` = `plan`); or the body is not the expected JSON.",
         Unauthorized = 401: "No valid session token (`missing_token`, `malformed`, `bad_signature`, `expired`, …), a session cookie on a write from another site (`cross_site_cookie`), or a token of the built-in provider whose session has ended: signed out, or ended by a password change (`session_not_found`).",
-        Conflict = 409: "Nothing to cancel or resume: the FREE plan (`free_plan`) or a subscription that is not active (`not_active`).",
+        Conflict = 409: "Nothing to cancel, resume or change: the FREE plan (`free_plan`) or a subscription that is not active (`not_active`).",
         PayloadTooLarge = 413: "The body exceeds 64 KiB.",
         InternalServerError = 500: "The change could not be saved.",
         ServiceUnavailable = 503: "Auth or billing is switched off (`feature_disabled`) or not configured (`not_configured`), the session keys cannot be fetched, or the database is unreachable or slow (`database_unavailable`).",
@@ -77,11 +84,17 @@ pub struct SubscriptionApi;
 
 #[OpenApi(prefix_path = "/api")]
 impl SubscriptionApi {
-    /// Cancel or resume the subscription
+    /// Cancel, resume or change the subscription
     ///
     /// `cancel` keeps the plan until the end of the paid period
-    /// (`cancel_at_period_end`); `resume` undoes that. Repeating the same
-    /// action is harmless. The FREE plan has nothing to cancel: 409.
+    /// (`cancel_at_period_end`) and voids the open renewal; `resume` undoes
+    /// that. `change` with `plan` makes the next renewal bill that plan
+    /// (`renewal_plan`; the current plan undoes it): the plan in force and
+    /// its period do not change now; the open renewal is replaced by one for
+    /// the new plan, and paying it switches to that plan, carrying the
+    /// unused time of the current one (see Plan changes in the README).
+    /// Repeating the same action is harmless. The FREE plan has nothing to
+    /// cancel or change: 409.
     #[oai(
         path = "/subscription",
         method = "post",
@@ -94,25 +107,79 @@ impl SubscriptionApi {
         auth: BearerAuth,
         body: JsonBody<SubscriptionRequest>,
     ) -> Result<Json<SubscriptionResult>, SubscriptionErrorResponse> {
-        Ok(Json(change_inner(&state, &auth, body.action.into()).await?))
+        Ok(Json(change_inner(&state, &auth, &body).await?))
     }
+}
+
+/// The move `body` asks for, checked against the catalogue in force.
+fn parse(state: &AppState, body: &SubscriptionRequest) -> Result<Move, ApiError> {
+    let no_plan = || {
+        ApiError::Field(FieldError::new(
+            "plan",
+            "invalid_plan",
+            "plan goes with action \"change\" only",
+        ))
+    };
+    match (body.action, body.plan.as_deref()) {
+        (Action::Cancel, None) => Ok(Move::Flag(SubscriptionAction::Cancel)),
+        (Action::Resume, None) => Ok(Move::Flag(SubscriptionAction::Resume)),
+        (Action::Cancel | Action::Resume, Some(_)) => Err(no_plan()),
+        (Action::Change, None) => Err(ApiError::Field(FieldError::new(
+            "plan",
+            "invalid_plan",
+            "action \"change\" needs the plan the next renewal bills",
+        ))),
+        (Action::Change, Some(p)) => match state.plans.purchasable(p) {
+            Some(plan) => Ok(Move::Change(plan.id.clone())),
+            None => Err(ApiError::Field(FieldError::new(
+                "plan",
+                "invalid_plan",
+                format!("plan {p:?} is not for sale"),
+            ))),
+        },
+    }
+}
+
+/// A parsed request.
+enum Move {
+    /// Cancel or resume.
+    Flag(SubscriptionAction),
+    /// The plan the next renewal bills.
+    Change(String),
 }
 
 async fn change_inner(
     state: &AppState,
     auth: &BearerAuth,
-    action: SubscriptionAction,
+    body: &SubscriptionRequest,
 ) -> Result<SubscriptionResult, ApiError> {
     let user = state.session(auth, Gate::Feature(Feature::Billing)).await?;
-    match state
-        .bounded(subscription::change(&state.db, user.user_id, action))
-        .await?
-    {
+    let outcome = match parse(state, body)? {
+        Move::Flag(action) => {
+            state
+                .bounded(subscription::change(&state.db, user.user_id, action))
+                .await?
+        }
+        Move::Change(plan) => {
+            let policy = entity::renewal::Policy::from_settings(&state.settings);
+            state
+                .bounded(subscription::choose_renewal_plan(
+                    &state.db,
+                    user.user_id,
+                    &plan,
+                    &policy,
+                    &state.plans,
+                ))
+                .await?
+        }
+    };
+    match outcome {
         Ok(view) => {
             state.accounts.forget(user.user_id);
             Ok(SubscriptionResult {
                 success: true,
                 status: view.status.to_string(),
+                renewal_plan: view.renewal_plan,
             })
         }
         Err(SubscriptionError::FreePlan) => Err(ApiError::Conflict(

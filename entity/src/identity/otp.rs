@@ -126,10 +126,24 @@ pub fn kinds_for_type(verify_type: &str) -> Result<&'static [MailKind], Identity
     })
 }
 
+/// The interval slot a mail of `kind` claims: a confirmation and a magic
+/// link share one (`confirmation`), because which of the two an address is
+/// sent (`/otp`: a magic link when it has a confirmed account, a
+/// confirmation otherwise) must not show in the answers to the requests that
+/// follow (`/resend` then `/otp` answer alike for a registered address and
+/// an unknown one); the other kinds have their own.
+fn slot_kind(kind: MailKind) -> &'static str {
+    match kind {
+        MailKind::Magiclink => MailKind::Confirmation.as_str(),
+        k => k.as_str(),
+    }
+}
+
 /// Claims the right to send a `kind` mail to the address `email_norm` now,
 /// whether or not an account has it: a conditional UPDATE of its
 /// `auth_mail_slots` row that succeeds only when the previous mail of that
-/// kind to that address is at least `interval_secs` old by the database's
+/// kind to that address (a magic link and a confirmation count as one
+/// kind, [`slot_kind`]) is at least `interval_secs` old by the database's
 /// clock (`0`: always) and, with `per_day`, fewer than that many were claimed
 /// in the current 24 h. Of 20 concurrent claims exactly one succeeds.
 ///
@@ -143,10 +157,11 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
     per_day: Option<u32>,
 ) -> Result<(), IdentityError> {
     use crate::entities::auth_mail_slots as slot;
+    let kind = slot_kind(kind);
     let now = crate::db::now(db).await?;
     let inserted = slot::Entity::insert(slot::ActiveModel {
         email_norm: Set(email_norm.to_string()),
-        kind: Set(kind.as_str().to_string()),
+        kind: Set(kind.to_string()),
         last_sent_at: Set(now),
         day_started_at: Set(now),
         day_count: Set(1),
@@ -162,7 +177,7 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
     let key = || {
         Condition::all()
             .add(slot::Column::EmailNorm.eq(email_norm))
-            .add(slot::Column::Kind.eq(kind.as_str()))
+            .add(slot::Column::Kind.eq(kind))
             .add(slot::Column::LastSentAt.lte(cutoff))
     };
     // A new day: the count starts again.
@@ -191,7 +206,7 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
     if same_day.exec(db).await?.rows_affected == 1 {
         return Ok(());
     }
-    let row = slot::Entity::find_by_id((email_norm.to_string(), kind.as_str().to_string()))
+    let row = slot::Entity::find_by_id((email_norm.to_string(), kind.to_string()))
         .one(db)
         .await?;
     let max_wait = Ord::max(interval_secs, 1);

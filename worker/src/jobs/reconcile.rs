@@ -110,6 +110,7 @@ pub async fn handle(
     .await
     {
         Ok(outcome) => {
+            crate::metrics::settled(&outcome);
             tracing::info!(
                 order_id,
                 job_id = task_id,

@@ -81,6 +81,7 @@ pub async fn handle(
             job.event_id
         ))),
         Ok(outcome) => {
+            crate::metrics::settled(&outcome);
             tracing::info!(event_id = %job.event_id, job_id = task_id, outcome = ?outcome, "settled");
             Ok(())
         }

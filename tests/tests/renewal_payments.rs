@@ -1,0 +1,498 @@
+//! What a renewal's payment does when it settles, against the real api and
+//! worker binaries, PostgreSQL and Redis, provider_b's notifications signed
+//! as DOKU documents them; paid periods are moved by SQL (the database's
+//! clock decides) and the scheduler ticks every second:
+//!
+//! * a paid renewal extends its plan a month from the period end and is
+//!   `paid`; a second payment of it is honoured as time, audited
+//!   `renewal.duplicate` and counted in `billing_renewals_total`;
+//! * a renewal paid after an upgrade never moves the plan back: it buys time
+//!   on the plan in force at that plan's rate;
+//! * `change` makes the next renewal bill another plan (shown in
+//!   `/api/me`), and paying it switches plan carrying the unused time;
+//! * while payments are switched off the loop waits: nothing lapses;
+//! * the embedded mode (SQLite, its own queue) renews too.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Months, Utc};
+use entity::entities::{
+    audit_logs,
+    payments::PaymentStatus,
+    renewals::{self, RenewalStatus},
+    subscriptions::{self, SubscriptionStatus},
+};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
+};
+use serde_json::{json, Value};
+use tests::{
+    client, connect_db, free_user, hs256_token, move_period, payment_row, pending_plan_payment,
+    provider_b_notice, session_claims, wait_payment_status, wait_until, EnvMap, Proc, Reply, Stack,
+};
+use uuid::Uuid;
+
+const JWT: &str = "renewal-pay-jwt-secret-0123456789abcdef0123456789";
+const SERVICE: &str = "renewal-pay-service-role-0123456789abcdef0123";
+const METRICS: &str = "renewal-pay-metrics-token-0123456789abcdef";
+// The provider_b credentials `Stack::session_env` configures.
+const B_CLIENT: &str = "client-test";
+const B_SECRET: &str = "secret-test";
+const B_PATH: &str = "/api/webhooks/provider_b";
+
+fn env(stack: &Stack) -> EnvMap {
+    stack
+        .session_env(JWT, SERVICE)
+        .with("SCHEDULER_TICK_SECS", "1")
+        .with("METRICS_TOKEN", METRICS)
+}
+
+fn token(user: Uuid) -> String {
+    hs256_token(
+        JWT.as_bytes(),
+        &session_claims(&user.to_string(), Some(&format!("{user}@example.com"))),
+    )
+}
+
+async fn me(api: &Proc, user: Uuid) -> Value {
+    let r = Reply::send(client().get(api.url("/api/me")).bearer_auth(token(user))).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json
+}
+
+async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
+    subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription")
+}
+
+async fn renewal(db: &DatabaseConnection, id: Uuid) -> renewals::Model {
+    renewals::Entity::find_by_id(id)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("renewal")
+}
+
+/// Waits for the open renewal of `user` that the scheduler offers for the
+/// period ending `end`.
+async fn offered(db: &DatabaseConnection, user: Uuid, end: DateTime<Utc>) -> renewals::Model {
+    tests::poll_until(
+        Duration::from_secs(30),
+        || async {
+            renewals::Entity::find()
+                .filter(renewals::Column::UserId.eq(user))
+                .filter(renewals::Column::PeriodEnd.eq(end))
+                .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+                .one(db)
+                .await
+                .unwrap()
+        },
+        Option::is_some,
+    )
+    .await
+    .expect("the scheduler offers a renewal")
+}
+
+/// Sends provider_b's SUCCESS notice for `order` and waits until it is PAID.
+async fn settle(api: &Proc, db: &DatabaseConnection, order: &str, amount: i64) {
+    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, order, amount, "SUCCESS");
+    let mut req = client()
+        .post(api.url(B_PATH))
+        .header("content-type", "application/json")
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let r = Reply::send(req).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    wait_payment_status(db, order, PaymentStatus::Paid).await;
+}
+
+/// Pays `plan` at `amount` for `user` (a checkout's payment row, settled by
+/// its notice); answers the order id.
+async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount: i64) -> String {
+    let order = pending_plan_payment(db, user, plan, amount, "provider_b").await;
+    settle(api, db, &order, amount).await;
+    order
+}
+
+/// A PENDING payment made through renewal `r`'s pay link (the row the link
+/// creates; the link itself is tested in `renewal.rs`).
+async fn renewal_payment(
+    pool: &sea_orm::sqlx::PgPool,
+    db: &DatabaseConnection,
+    r: &renewals::Model,
+) -> String {
+    let order = pending_plan_payment(db, r.user_id, &r.plan, r.amount, "provider_b").await;
+    sea_orm::sqlx::query("UPDATE payments SET renewal_id = $2 WHERE order_id = $1")
+        .bind(&order)
+        .bind(r.id)
+        .execute(pool)
+        .await
+        .expect("link the payment to its renewal");
+    order
+}
+
+async fn audit_rows(db: &DatabaseConnection, target: &str, action: &str) -> Vec<audit_logs::Model> {
+    audit_logs::Entity::find()
+        .filter(audit_logs::Column::TargetId.eq(target))
+        .filter(audit_logs::Column::Action.eq(action))
+        .order_by_asc(audit_logs::Column::CreatedAt)
+        .all(db)
+        .await
+        .unwrap()
+}
+
+fn month_after(t: DateTime<Utc>) -> DateTime<Utc> {
+    t.checked_add_months(Months::new(1)).unwrap()
+}
+
+/// The worker's own HTTP address, from its `worker http listening on …` line.
+async fn worker_http(worker: &Proc) -> String {
+    let ok = wait_until(Duration::from_secs(20), || async {
+        worker.stdout().contains("worker http listening on ")
+    })
+    .await;
+    assert!(ok, "no worker http line; stderr:\n{}", worker.stderr());
+    worker
+        .stdout()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("worker http listening on ")
+                .map(str::to_string)
+        })
+        .unwrap()
+}
+
+/// `billing_renewals_total{outcome}` on the worker's `/metrics`.
+async fn renewals_counted(base: &str, outcome: &str) -> Option<f64> {
+    let r = Reply::send(client().get(format!("{base}/metrics")).bearer_auth(METRICS)).await;
+    let series = format!("billing_renewals_total{{outcome=\"{outcome}\"}} ");
+    r.text
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paid_renewal_extends_a_month_and_a_second_payment_of_it_is_time_audited_as_duplicate() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let worker = stack
+        .worker(&env.clone().with("WORKER_HTTP_PORT", "0"))
+        .await;
+    let base = worker_http(&worker).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let first = pay(&api, &db, user, "PRO", 99_000).await;
+    let (_, end) = move_period(&pool, &first, 28, 2).await;
+    let r = offered(&db, user, end).await;
+    assert_eq!((r.plan.as_str(), r.amount), ("PRO", 99_000));
+    // Two checkouts of the one renewal, both paid.
+    let a = renewal_payment(&pool, &db, &r).await;
+    let b = renewal_payment(&pool, &db, &r).await;
+
+    settle(&api, &db, &a, 99_000).await;
+    let s = subscription(&db, user).await;
+    assert_eq!(s.plan, "PRO");
+    assert_eq!(s.status, SubscriptionStatus::Active);
+    assert_eq!(
+        s.current_period_end,
+        Some(month_after(end)),
+        "a month from the old end"
+    );
+    assert_eq!(renewal(&db, r.id).await.status, RenewalStatus::Paid);
+    let m = me(&api, user).await;
+    assert_eq!(m["subscription"]["renewal"], Value::Null, "{m}");
+    assert_eq!(audit_rows(&db, &a, "renewal.duplicate").await.len(), 0);
+
+    settle(&api, &db, &b, 99_000).await;
+    let s = subscription(&db, user).await;
+    assert_eq!(
+        s.current_period_end,
+        Some(month_after(month_after(end))),
+        "the second payment is honoured as another month"
+    );
+    let dup = audit_rows(&db, &b, "renewal.duplicate").await;
+    assert_eq!(dup.len(), 1, "one duplicate audit row");
+    assert_eq!(
+        dup[0].new_value.as_ref().unwrap()["renewal_id"],
+        json!(r.id)
+    );
+    let pb = payment_row(&db, &b).await;
+    assert_eq!(pb.grant_plan.as_deref(), Some("PRO"));
+    assert_eq!(pb.grant_start, Some(month_after(end)));
+
+    for (outcome, want) in [("paid", 1.0), ("duplicate", 1.0)] {
+        let ok = wait_until(Duration::from_secs(10), || async {
+            renewals_counted(&base, outcome).await == Some(want)
+        })
+        .await;
+        assert!(
+            ok,
+            "billing_renewals_total{{outcome={outcome}}}: {:?}",
+            renewals_counted(&base, outcome).await
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_paid_after_an_upgrade_does_not_move_the_plan_back() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let basic = pay(&api, &db, user, "BASIC", 49_000).await;
+    let (_, end) = move_period(&pool, &basic, 28, 2).await;
+    let r = offered(&db, user, end).await;
+    assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 49_000));
+    // The customer opens the renewal's checkout, then upgrades instead.
+    let late = renewal_payment(&pool, &db, &r).await;
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    assert_eq!(
+        renewal(&db, r.id).await.status,
+        RenewalStatus::Void,
+        "the upgrade moved plan and period end: the renewal is void"
+    );
+    let upgraded = subscription(&db, user).await;
+    assert_eq!(upgraded.plan, "PRO");
+    let pro_end = upgraded.current_period_end.unwrap();
+
+    // Then the old BASIC checkout is paid after all.
+    settle(&api, &db, &late, 49_000).await;
+    let s = subscription(&db, user).await;
+    assert_eq!(s.plan, "PRO", "a renewal never moves the plan back");
+    // 49,000 buys time of PRO at the rate of its stored grant: 99,000 for
+    // its own month (carried time excluded), rounded down to the second.
+    let p = payment_row(&db, &pro).await;
+    let us = |d: chrono::Duration| i128::from(d.num_microseconds().unwrap());
+    let own = us(p.grant_end.unwrap() - p.grant_start.unwrap())
+        - i128::from(p.carried_seconds.unwrap()) * 1_000_000;
+    let secs = (49_000 * own / 99_000 / 1_000_000) as i64;
+    assert_eq!(
+        s.current_period_end,
+        Some(pro_end + chrono::Duration::seconds(secs))
+    );
+    let l = payment_row(&db, &late).await;
+    assert_eq!(l.grant_plan.as_deref(), Some("PRO"));
+    assert_eq!(l.grant_start, Some(pro_end));
+    let settle_row = audit_rows(&db, &late, "payment.settle").await;
+    assert_eq!(settle_row.len(), 1);
+    assert_eq!(
+        settle_row[0].new_value.as_ref().unwrap()["renewal"],
+        "outdated"
+    );
+}
+
+async fn post_subscription(api: &Proc, user: Uuid, body: Value) -> Reply {
+    Reply::send(
+        client()
+            .post(api.url("/api/subscription"))
+            .bearer_auth(token(user))
+            .json(&body),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_carrying_the_rest() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    let (_, end) = move_period(&pool, &pro, 28, 2).await;
+    let first = offered(&db, user, end).await;
+    assert_eq!(first.plan, "PRO");
+
+    // Bad requests name the field.
+    for bad in [
+        json!({"action": "change"}),
+        json!({"action": "change", "plan": "FREE"}),
+        json!({"action": "change", "plan": "GOLD"}),
+        json!({"action": "cancel", "plan": "BASIC"}),
+    ] {
+        let r = post_subscription(&api, user, bad.clone()).await;
+        r.assert_problem(400, Some("invalid_plan"), Some("plan"));
+    }
+    assert_eq!(renewal(&db, first.id).await.status, RenewalStatus::Open);
+
+    let r = post_subscription(&api, user, json!({"action": "change", "plan": "BASIC"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["renewal_plan"], "BASIC");
+    assert_eq!(r.json["status"], "active");
+    assert_eq!(renewal(&db, first.id).await.status, RenewalStatus::Void);
+    // The plan in force does not change now; the next renewal bills BASIC.
+    let m = me(&api, user).await;
+    assert_eq!(m["subscription"]["plan"], "PRO", "{m}");
+    assert_eq!(m["subscription"]["renewal_plan"], "BASIC");
+    assert_eq!(m["subscription"]["renewal"]["plan"], "BASIC");
+    assert_eq!(m["subscription"]["renewal"]["amount"], 49_000);
+    let next = offered(&db, user, end).await;
+    assert_eq!((next.plan.as_str(), next.amount), ("BASIC", 49_000));
+
+    // Paying it switches to BASIC at once and carries PRO's unused days.
+    let order = renewal_payment(&pool, &db, &next).await;
+    settle(&api, &db, &order, 49_000).await;
+    let s = subscription(&db, user).await;
+    assert_eq!(s.plan, "BASIC");
+    assert_eq!(s.renewal_plan, None, "the choice is spent");
+    assert_eq!(renewal(&db, next.id).await.status, RenewalStatus::Paid);
+    let p = payment_row(&db, &order).await;
+    assert_eq!(p.grant_from_plan.as_deref(), Some("PRO"));
+    assert!(
+        p.carried_seconds.unwrap() > 86_400,
+        "{:?}",
+        p.carried_seconds
+    );
+    assert_eq!(
+        s.current_period_end,
+        Some(
+            month_after(p.paid_at.unwrap()) + chrono::Duration::seconds(p.carried_seconds.unwrap())
+        )
+    );
+
+    // Choosing the current plan undoes a choice.
+    let r = post_subscription(&api, user, json!({"action": "change", "plan": "PRO"})).await;
+    assert_eq!(r.json["renewal_plan"], "PRO");
+    let r = post_subscription(&api, user, json!({"action": "change", "plan": "BASIC"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["renewal_plan"], Value::Null);
+    assert_eq!(subscription(&db, user).await.renewal_plan, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_renewal_loop_waits_while_payments_are_off() {
+    let stack = Stack::new().await;
+    // No grace: a period that ended lapses at the next pass.
+    let on = env(&stack).with("RENEWAL_GRACE_SECS", "0");
+    let off = on.clone().with("NEXT_PUBLIC_ENABLE_PAYMENTS", "false");
+    let api = stack.api(&off).await;
+    let health = Reply::send(client().get(api.url("/api/health"))).await;
+    assert_eq!(health.json["renewals"], "paused", "{}", health.text);
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    // Webhooks are taken while payments are off: the payment settles.
+    let worker = stack.worker(&off).await;
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    // Its period ended a day ago, unpaid.
+    move_period(&pool, &pro, 31, -1).await;
+    let paused = wait_until(Duration::from_secs(30), || async {
+        worker.stderr().matches("renewal loop paused").count() >= 3
+    })
+    .await;
+    assert!(paused, "worker stderr:\n{}", worker.stderr());
+    let s = subscription(&db, user).await;
+    assert_eq!(
+        (s.plan.as_str(), s.status),
+        ("PRO", SubscriptionStatus::Active)
+    );
+    assert_eq!(
+        renewals::Entity::find()
+            .filter(renewals::Column::UserId.eq(user))
+            .count(&db)
+            .await
+            .unwrap(),
+        0
+    );
+    drop(worker);
+
+    // Payments back: the loop resumes and the period lapses.
+    let _worker = stack.worker(&on).await;
+    let lapsed = wait_until(Duration::from_secs(30), || async {
+        subscription(&db, user).await.plan == "FREE"
+    })
+    .await;
+    assert!(lapsed, "{:?}", subscription(&db, user).await);
+    assert_eq!(
+        audit_rows(&db, &user.to_string(), "subscription.expire")
+            .await
+            .len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_embedded_mode_renews_too() {
+    use sea_orm::{ActiveModelTrait, IntoActiveModel, Set};
+    let dir = tests::TempDir::new();
+    let env = EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", tests::plans_file().display().to_string())
+        .with_other_features_configured()
+        .with("SCHEDULER_TICK_SECS", "1");
+    let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
+    let jwt = "jwt-secret-dummy-0123456789abcdef0123456789";
+    let user = Uuid::new_v4();
+    let t = hs256_token(
+        jwt.as_bytes(),
+        &session_claims(&user.to_string(), Some(&format!("{user}@example.com"))),
+    );
+    // First sight creates the account (FREE).
+    let r = Reply::send(client().get(api.url("/api/me")).bearer_auth(&t)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let db = sea_orm::Database::connect(format!(
+        "sqlite:{}?mode=rw",
+        dir.path().join("data/app.db").display()
+    ))
+    .await
+    .expect("the embedded database");
+    // A PRO period ending in two days.
+    let end = chrono::SubsecRound::trunc_subsecs(Utc::now() + chrono::Duration::days(2), 6);
+    let mut s = subscription(&db, user).await.into_active_model();
+    s.plan = Set("PRO".into());
+    s.current_period_start = Set(Some(Utc::now() - chrono::Duration::days(28)));
+    s.current_period_end = Set(Some(end));
+    s.update(&db).await.unwrap();
+    let r = offered(&db, user, end).await;
+    assert_eq!((r.plan.as_str(), r.amount), ("PRO", 99_000));
+    let m = Reply::send(client().get(api.url("/api/me")).bearer_auth(&t)).await;
+    // The session cache may hold the FREE account a moment: ask until it shows.
+    let shown = wait_until(Duration::from_secs(30), || async {
+        let m = Reply::send(client().get(api.url("/api/me")).bearer_auth(&t)).await;
+        m.json["subscription"]["renewal"]["plan"] == "PRO"
+    })
+    .await;
+    assert!(shown, "{}", m.text);
+
+    // Its payment, notified by provider_b, renews a month from the end.
+    let order = pending_plan_payment(&db, user, "PRO", 99_000, "provider_b").await;
+    let mut p = payment_row(&db, &order).await.into_active_model();
+    p.renewal_id = Set(Some(r.id));
+    p.update(&db).await.unwrap();
+    let (body, headers) = provider_b_notice(
+        "client-dummy",
+        "secret-dummy",
+        B_PATH,
+        &order,
+        99_000,
+        "SUCCESS",
+    );
+    let mut req = client()
+        .post(api.url(B_PATH))
+        .header("content-type", "application/json")
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let w = Reply::send(req).await;
+    assert_eq!(w.status, 200, "{}", w.text);
+    wait_payment_status(&db, &order, PaymentStatus::Paid).await;
+    assert_eq!(renewal(&db, r.id).await.status, RenewalStatus::Paid);
+    let s = subscription(&db, user).await;
+    assert_eq!(s.plan, "PRO");
+    assert_eq!(s.current_period_end, Some(month_after(r.period_end)));
+}
