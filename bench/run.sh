@@ -26,6 +26,11 @@
 # answers in 5 ms for the whole run): drain-scale (DRAIN_JOBS, 100,000, email
 # jobs drained by 1, 2 and 4 worker processes; throughput of each as a ratio of one)
 #   bash bench/run.sh drain-scale
+# Renewals at scale (issue 37; not in the default list; run it alone: the fake
+# email API then answers in 50 ms): renewals (RENEWAL_SUBS, 100,000, paid
+# subscriptions ending within the hour; two workers make every renewal and
+# send every reminder; seconds to each, renewals/s and reminders/s)
+#   bash bench/run.sh renewals
 # Two builds compared in turns (bench/compare.sh: run.sh per build and turn,
 # then one table per measured run: req/s, p99, CPU per request):
 #   BEFORE=/work/base/target/release bash bench/compare.sh health waitlist payments-seed webhook \
@@ -43,7 +48,8 @@
 # does; needs root:
 #   CLIENT_RT=50 TTFB_N=1000 bash bench/run.sh ai-ttfb
 # Every request loop is bounded (wrk -d, pgbench -T, settle by SETTLE_MAX_SECS,
-# drain-scale by DRAIN_FILL_SECS and DRAIN_MAX_SECS, bench_peer load by its seconds);
+# drain-scale by DRAIN_FILL_SECS and DRAIN_MAX_SECS, renewals by RENEWAL_MAX_SECS,
+# bench_peer load by its seconds);
 # all traffic stays on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,8 +96,9 @@ trap cleanup EXIT
 psql -h 127.0.0.1 -U postgres -qc "create database $DB"
 if curl -s -o /dev/null "http://$PEER/count"; then echo "port of $PEER is taken; set PEER_PORT" >&2; exit 1; fi
 # EMAIL_DELAY_MS: how long the fake email API takes to answer; 5 ms when the
-# drain-scale section runs (for the whole run: run it alone), else 0.
-EMAIL_DELAY_MS=${EMAIL_DELAY_MS:-$(want drain-scale && echo 5 || echo 0)}
+# drain-scale section runs, 50 ms when the renewals section runs (for the
+# whole run: run either alone), else 0.
+EMAIL_DELAY_MS=${EMAIL_DELAY_MS:-$(want drain-scale && echo 5 || { want renewals && echo 50; } || echo 0)}
 EMAIL_DELAY_MS=$EMAIL_DELAY_MS "$BIN/examples/bench_peer" "$PEER" > "$OUT/peer.log" 2>&1 & PEER_PID=$!
 for _ in $(seq 1 50); do curl -s -o /dev/null "http://$PEER/count" && break; sleep 0.1; done
 
@@ -800,4 +807,133 @@ if want shed; then
     adm=$(p99 "$OUT/$nm.txt" 200)
     echo "shed (clients $mode Retry-After): client-side admitted p99 ${adm:-none} ms at ${SHED_CONN:-1024} connections vs $ref ms at 32: $([ -n "$adm" ] && [ -n "$ref" ] && echo "scale=2; $adm / $ref" | bc) x (goal <= 3); refusals p99 $(p99 "$OUT/$nm.txt" 503) ms (goal < 5); api RSS ${SHED_RSS[$nm]} (goal <= 64 MiB)"
   done
+fi
+
+# ---- Renewals and reminders at scale (issue 37) -------------------------------
+# RENEWAL_SUBS (100,000) users with an email and a paid PRO subscription
+# (active, not cancelling) whose period ends are spread evenly over the next
+# hour by the database's clock (bench/seed_renewals.sql), then TWO worker
+# processes (RENEWAL_WORKERS) started together, with SCHEDULER_TICK_SECS=5
+# and the product's defaults otherwise (WORKER_CONCURRENCY and
+# DB_MAX_CONNECTIONS unset for them; RENEWAL_WORKER_ENV adds variables), the
+# fake email API answering in EMAIL_DELAY_MS (50 ms when this section runs,
+# for the whole run: run it alone) and provider_b credentials set so payments
+# are ready. The api (started above) only migrated the schema; it stays idle.
+# From the workers' start, polled every second (a line every 10 s): seconds
+# until every subscription has its open renewal, and until every reminder
+# is sent (billing_mails renewal_reminder with sent_at); renewals/s and
+# reminders/s end to end. The run stops when both are complete, when nothing
+# is left to do (every renewal made, nothing left to remind, no mail in the
+# outbox, queued or in flight, no reminder marked sent since the last poll:
+# a subscription whose period ended before its reminder gets the past-due
+# mail instead and is never reminded, and a mail sent whose mark failed is
+# never marked), or at RENEWAL_MAX_SECS (3600, the goal's hour). Each poll
+# takes its queries' time on top of the second's sleep (about 2 s under
+# load). Workers log at RENEWAL_LOG (the scheduler's ticks and the batches
+# at info) to $OUT/worker-renewals-<i>.err; their dead letters are dumped to
+# $OUT/renewals-dead.jsonl. Not in the default list; run it alone:
+#   bash bench/run.sh renewals
+#   RENEWAL_SUBS=10000 bash bench/run.sh renewals
+if want renewals; then
+  n=${RENEWAL_SUBS:-100000} workers=${RENEWAL_WORKERS:-2}
+  rq() { # the figures polled each second, one line: renewals open, reminders queued,
+    # reminders sent, reminders left to queue, job_outbox rows, past_due subscriptions, past_due mails
+    psqlq -F' ' -c "select (select count(*) from renewals where status = 'open'),
+      (select count(*) from billing_mails where kind = 'renewal_reminder'),
+      (select count(*) from billing_mails where kind = 'renewal_reminder' and sent_at is not null),
+      (select count(*) from renewals where status = 'open' and next_reminder_at is not null),
+      (select count(*) from job_outbox),
+      (select count(*) from subscriptions where status = 'past_due'),
+      (select count(*) from billing_mails where kind = 'past_due')"
+  }
+  qlen() { echo $(( $(redis-cli llen "$PREFIX:$1:active") + $(redis-cli zcard "$PREFIX:$1:scheduled") )); }
+  inflight() { redis-cli --scan --pattern "$PREFIX:$1:inflight*" | xargs -r -n 1 redis-cli scard | awk '{s += $1} END {print s + 0}'; }
+  echo "### renewals: $n subscriptions due within the hour, $workers worker processes, fake email API delay ${EMAIL_DELAY_MS} ms; $(load)"
+  t0=$(date +%s.%N)
+  psqlq -v ON_ERROR_STOP=1 -v n="$n" -f bench/seed_renewals.sql
+  t1=$(date +%s.%N)
+  echo "renewals: seeded $(psqlq -c "select count(*) from subscriptions where plan = 'PRO' and status = 'active'") subscriptions in $(echo "$t1 - $t0" | bc) s; ends from $(psqlq -c "select min(current_period_end) - now() from subscriptions") to $(psqlq -c "select max(current_period_end) - now() from subscriptions") from now"
+  before=$(curl -s "http://$PEER/count")
+  : > "$OUT/renewals-progress.txt"
+  pids=()
+  start=$(date +%s.%N)
+  for i in $(seq 1 "$workers"); do
+    env -u WORKER_CONCURRENCY -u DB_MAX_CONNECTIONS SCHEDULER_TICK_SECS=5 \
+      PAYMENT_PROVIDER=provider_b PROVIDER_B_CLIENT_ID=bench-client-id \
+      PROVIDER_B_SECRET_KEY=bench-secret-key-0123456789abcdef PROVIDER_B_BASE_URL=http://$PEER \
+      RUST_LOG="${RENEWAL_LOG:-warn,worker::scheduler=info,worker::jobs::renewal=info}" ${RENEWAL_WORKER_ENV:-} \
+      "$BIN/worker" > "$OUT/worker-renewals-$i.out" 2> "$OUT/worker-renewals-$i.err" & pids+=($!)
+  done
+  EXTRA_PIDS+=("${pids[@]}")
+  echo "renewals: workers ${pids[*]} started; ends already passed at their start: $(psqlq -c "select count(*) from subscriptions where current_period_end < now()")"
+  deadline=$(( ${RENEWAL_MAX_SECS:-3600} ))
+  t_renew="" t_remind="" t_queued="" t_last=0 last_sent=0 stop="" shown=0
+  while :; do
+    sleep 1
+    el=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+    read -r open queued sent left outbox pastdue pdmail <<< "$(rq)"
+    [ -z "$t_renew" ] && [ "$open" -ge "$n" ] && t_renew=$el
+    [ -z "$t_remind" ] && [ "$sent" -ge "$n" ] && t_remind=$el
+    # Every reminder that will ever be queued is queued (the rest ended first).
+    [ -z "$t_queued" ] && [ "$open" -ge "$n" ] && [ "$left" = 0 ] && t_queued=$el
+    [ "$sent" -gt "$last_sent" ] && t_last=$el
+    line="renewals +${el}s: open renewals $open, reminders queued $queued / sent $sent, left to remind $left, job_outbox $outbox, settlement queue $(qlen settlement), email queue $(qlen email), email API answered $(( $(curl -s "http://$PEER/count") - before )), past_due $pastdue (mails $pdmail)"
+    if [ $(( ${el%.*} / 10 )) -gt "$shown" ]; then shown=$(( ${el%.*} / 10 )); echo "$line"; fi
+    echo "$line" >> "$OUT/renewals-progress.txt"
+    if [ -n "$t_renew" ] && [ -n "$t_remind" ]; then stop=complete; break; fi
+    # Nothing left: every renewal made, none left to remind, no mail in the
+    # outbox, queued or in flight, and no reminder marked sent since the last
+    # poll (a mail sent whose mark failed is never marked: not waited for).
+    if [ "$open" -ge "$n" ] && [ "$left" = 0 ] && [ "$outbox" = 0 ] && [ "$sent" = "$last_sent" ] \
+      && [ "$(qlen email)" = 0 ] && [ "$(inflight email)" = 0 ]; then stop="nothing left to do"; break; fi
+    last_sent=$sent
+    if [ "${el%.*}" -ge "$deadline" ]; then stop="gave up after $deadline s"; break; fi
+  done
+  end=$(date +%s.%N)
+  echo "$line"
+  secs=$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.1f", b - a}')
+  rate() { awk -v n="$1" -v s="$2" 'BEGIN {if (s > 0) printf "%.0f", n / s; else print "-"}'; }
+  cpu=$(for p in "${pids[@]}"; do printf '%s ' "$(cpu_ms "$p")"; done)
+  rss_all=$(for p in "${pids[@]}"; do awk '/VmHWM/ {printf "%.0f ", $2 / 1024}' "/proc/$p/status" || true; done)
+  read -r open queued sent left outbox pastdue pdmail <<< "$(rq)"
+  {
+    echo "renewals: stopped after $secs s ($stop): $n subscriptions, $workers workers"
+    echo "renewals: every open renewal in ${t_renew:-(not reached: $open of $n)} s$([ -n "$t_renew" ] && echo ": $(rate "$n" "$t_renew") renewals/s end to end")"
+    if [ -n "$t_remind" ]; then
+      echo "renewals: every reminder sent in $t_remind s: $(rate "$n" "$t_remind") reminders/s end to end (goal: both within 3600 s)"
+    else
+      echo "renewals: every reminder sent: not reached: $sent of $n marked sent, $queued queued ($(( n - queued )) never: their period ended first); every reminder queued by ${t_queued:--} s, the last marked sent at $t_last s: $(rate "$sent" "$t_last") reminders/s end to end (goal: both within 3600 s)"
+    fi
+    echo "renewals: past_due subscriptions $pastdue (their period ended first; past-due mails $pdmail); email API answered $(( $(curl -s "http://$PEER/count") - before )) (peer /count $(curl -s "http://$PEER/count")); dead letters email $(redis-cli scard "$PREFIX:email:dead"), settlement $(redis-cli scard "$PREFIX:settlement:dead") ($OUT/renewals-dead.jsonl)"
+    python3 - "$OUT"/worker-renewals-*.err <<'PY'
+import json, sys, collections
+ticks = queued = 0; steps = collections.defaultdict(lambda: [0, 0, 0]); levels = collections.Counter()
+for f in sys.argv[1:]:
+    for line in open(f):
+        try: e = json.loads(line)
+        except ValueError: continue
+        levels[e.get("level")] += 1
+        if e.get("message") == "scheduler tick":
+            ticks += 1; queued += e.get("renewal_batches", 0)
+        elif e.get("message") == "renewal batch":
+            s = steps[e["step"]]; s[0] += 1; s[1] += e["rows"]; s[2] += e["changed"]
+print("renewals: scheduler ticks that queued batches %d, renewal_batch jobs queued %d; batches that changed rows, by pass: %s; worker log lines WARN %d, ERROR %d"
+      % (ticks, queued, ", ".join("%s %d (%d rows, %d changed)" % (k, *v) for k, v in sorted(steps.items())) or "none",
+         levels["WARN"], levels["ERROR"]))
+PY
+    # The commonest warnings and errors, by message (the first 100 characters).
+    cat "$OUT"/worker-renewals-*.err | python3 -c '
+import json, sys, collections
+c = collections.Counter()
+for line in sys.stdin:
+    try: e = json.loads(line)
+    except ValueError: continue
+    if e.get("level") in ("WARN", "ERROR"): c[(e["level"], e.get("message", "")[:100])] += 1
+for (level, msg), k in c.most_common(8): print("renewals: worker %s x%d: %s" % (level, k, msg))'
+
+    echo "renewals: worker CPU ms ${cpu}, peak RSS ${rss_all}MiB; $(load)"
+  } | tee "$OUT/renewals.txt"
+  for q in email settlement; do "$BIN/worker" dead-letters "$q" --limit 1000; done > "$OUT/renewals-dead.jsonl" 2>&1 || true
+  kill "${pids[@]}" 2>/dev/null || true
+  wait "${pids[@]}" 2>/dev/null || true
 fi
