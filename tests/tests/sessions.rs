@@ -859,7 +859,7 @@ async fn subscription_cancel_and_resume() {
             assert_eq!(r.status, 200, "round {round} cancel: {}", r.text);
             assert_eq!(
                 r.json,
-                json!({"success": true, "status": "cancel_at_period_end"}),
+                json!({"success": true, "status": "cancel_at_period_end", "renewal_plan": null}),
                 "round {round} cancel"
             );
             assert_eq!(subscription_of(&pool, user).await, cancelling);
@@ -870,7 +870,7 @@ async fn subscription_cancel_and_resume() {
             assert_eq!(r.status, 200, "round {round} resume: {}", r.text);
             assert_eq!(
                 r.json,
-                json!({"success": true, "status": "active"}),
+                json!({"success": true, "status": "active", "renewal_plan": null}),
                 "round {round} resume"
             );
             assert_eq!(subscription_of(&pool, user).await, active);

@@ -348,10 +348,13 @@ pub async fn confirm_email<C: ConnectionTrait>(
     }
     if outcome.first {
         super::otp::void_kind(db, user_id, super::otp::MailKind::Confirmation).await?;
-        let email = acc::Entity::find_by_id(user_id)
-            .one(db)
-            .await?
-            .map(|a| a.email);
+        let account = acc::Entity::find_by_id(user_id).one(db).await?;
+        if let Some(a) = &account {
+            // The mailbox is proven: its owner may ask for a magic link at
+            // once (the slot it shares with confirmations is released).
+            super::otp::release_confirmation_slot(db, &a.email_norm).await?;
+        }
+        let email = account.map(|a| a.email);
         let others = ident::Entity::find()
             .filter(ident::Column::UserId.eq(user_id))
             .filter(ident::Column::Provider.ne("email"))

@@ -139,6 +139,29 @@ fn slot_kind(kind: MailKind) -> &'static str {
     }
 }
 
+/// Releases the confirmation slot of `email_norm` (shared with magic links,
+/// [`slot_kind`]) when its first confirmation proved the mailbox, so the
+/// owner who just confirmed may ask for a magic link at once; the day's
+/// count of confirmation mails stays. (An observer who claimed the slot
+/// moments before can tell that the address was confirmed meanwhile; the
+/// owner's sign-up then sign-in in one minute is worth that.)
+pub async fn release_confirmation_slot<C: ConnectionTrait>(
+    db: &C,
+    email_norm: &str,
+) -> Result<(), sea_orm::DbErr> {
+    use crate::entities::auth_mail_slots as slot;
+    slot::Entity::update_many()
+        .col_expr(
+            slot::Column::LastSentAt,
+            Expr::value(chrono::DateTime::<chrono::Utc>::UNIX_EPOCH),
+        )
+        .filter(slot::Column::EmailNorm.eq(email_norm))
+        .filter(slot::Column::Kind.eq(MailKind::Confirmation.as_str()))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
 /// Claims the right to send a `kind` mail to the address `email_norm` now,
 /// whether or not an account has it: a conditional UPDATE of its
 /// `auth_mail_slots` row that succeeds only when the previous mail of that
