@@ -458,3 +458,37 @@ pub async fn move_period(
     .expect("move the subscription");
     (start, end)
 }
+
+/// Delivers provider_b's notice of `status` for `order_id` at `amount`
+/// ([`provider_b_notice`], signed with `client_id` and `secret`) to the
+/// api's webhook; asserts 200 and answers the webhook's JSON.
+pub async fn send_provider_b_notice(
+    api: &crate::Proc,
+    client_id: &str,
+    secret: &str,
+    order_id: &str,
+    amount: i64,
+    status: &str,
+) -> serde_json::Value {
+    const PATH: &str = "/api/webhooks/provider_b";
+    let (body, headers) = provider_b_notice(client_id, secret, PATH, order_id, amount, status);
+    let mut req = crate::client()
+        .post(api.url(PATH))
+        .header("content-type", "application/json")
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let r = crate::Reply::send(req).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json
+}
+
+/// The subscription row of `user`.
+pub async fn subscription_row(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
+    subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription")
+}

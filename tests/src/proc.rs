@@ -163,3 +163,22 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// The worker's own HTTP address (`WORKER_HTTP_PORT`), from its `worker http
+/// listening on …` line (20 s at most).
+pub async fn worker_http(worker: &Proc) -> String {
+    let ok = crate::wait_until(std::time::Duration::from_secs(20), || async {
+        worker.stdout().contains("worker http listening on ")
+    })
+    .await;
+    assert!(ok, "no worker http line; stderr:\n{}", worker.stderr());
+    worker
+        .stdout()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("worker http listening on ")
+                .map(str::to_string)
+        })
+        .expect("address")
+}

@@ -20,14 +20,13 @@ use entity::{
 use sea_orm::{sqlx::PgPool, ActiveModelTrait, EntityTrait, IntoActiveModel, Set};
 use serde_json::json;
 use tests::{
-    client, connect_db, count, payment_row, pending_payment, provider_b_notice,
-    wait_payment_status, wait_until, EnvMap, Mail, Proc, Reply, SmtpSink, Stack,
+    connect_db, count, payment_row, pending_payment, wait_payment_status, wait_until, EnvMap, Mail,
+    Proc, SmtpSink, Stack,
 };
 use worker::billing_mail::local_time;
 
 const B_CLIENT: &str = "BRN-0001-BILLING-MAILS";
 const B_SECRET: &str = "SK-billing-mail-tests";
-const B_PATH: &str = "/api/webhooks/provider_b";
 const APP_URL: &str = "https://app.example.test";
 
 fn env(stack: &Stack, sink: &SmtpSink) -> EnvMap {
@@ -43,17 +42,7 @@ fn env(stack: &Stack, sink: &SmtpSink) -> EnvMap {
 /// Delivers provider_b's notice of `status` for the PRO order; answers the
 /// webhook's JSON.
 async fn notify(api: &Proc, order_id: &str, status: &str) -> serde_json::Value {
-    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, order_id, 99_000, status);
-    let mut req = client()
-        .post(api.url(B_PATH))
-        .header("content-type", "application/json")
-        .body(body);
-    for (k, v) in headers {
-        req = req.header(k, v);
-    }
-    let r = Reply::send(req).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.json
+    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, order_id, 99_000, status).await
 }
 
 /// `html` with the entities the templates' escaping writes decoded, as a

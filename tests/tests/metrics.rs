@@ -8,7 +8,7 @@
 use std::{io::Write as _, process::Stdio, time::Duration};
 
 use serde_json::{json, Value};
-use tests::{post_json, random_ip, Proc, Reply, Stack, CONTACT_EMAIL};
+use tests::{post_json, random_ip, Reply, Stack, CONTACT_EMAIL};
 use wiremock::{
     matchers::{method, path},
     Mock, MockServer, ResponseTemplate,
@@ -108,24 +108,6 @@ async fn fake_email_api() -> MockServer {
         .mount(&server)
         .await;
     server
-}
-
-/// The worker's own HTTP address, from its `worker http listening on …` line.
-async fn worker_http(worker: &Proc) -> String {
-    let ok = tests::wait_until(Duration::from_secs(10), || async {
-        worker.stdout().contains("worker http listening on ")
-    })
-    .await;
-    assert!(ok, "no worker http line; stderr:\n{}", worker.stderr());
-    worker
-        .stdout()
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("worker http listening on ")
-                .map(str::to_string)
-        })
-        .expect("address")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -245,7 +227,7 @@ async fn counters_and_queue_depth_read_the_traffic_sent() {
     // A worker with its own port drains the queue.
     let wenv = env.clone().with("WORKER_HTTP_PORT", "0");
     let worker = stack.worker(&wenv).await;
-    let base = worker_http(&worker).await;
+    let base = tests::worker_http(&worker).await;
     assert_eq!(tests::get(&format!("{base}/healthz")).await.status, 200);
     let ready = tests::get(&format!("{base}/readyz")).await;
     assert_eq!(ready.status, 200, "{}", ready.text);
@@ -305,7 +287,7 @@ async fn without_a_token_there_is_no_metrics_route() {
     let r = scrape(&api.url("/metrics"), Some(TOKEN)).await;
     r.assert_problem(404, Some("not_found"), None);
     let worker = stack.worker(&env).await;
-    let base = worker_http(&worker).await;
+    let base = tests::worker_http(&worker).await;
     assert_eq!(
         scrape(&format!("{base}/metrics"), Some(TOKEN)).await.status,
         404

@@ -16,12 +16,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Months, Utc};
-use entity::entities::{payments::PaymentStatus, subscriptions};
-use sea_orm::{DatabaseConnection, EntityTrait};
+use entity::entities::payments::PaymentStatus;
+use sea_orm::DatabaseConnection;
 use serde_json::Value;
 use tests::{
     client, connect_db, free_user, hs256_token, move_period, payment_row, pending_plan_payment,
-    provider_b_notice, session_claims, wait_payment_status, Proc, Reply, SmtpSink, Stack,
+    session_claims, wait_payment_status, Proc, Reply, SmtpSink, Stack,
 };
 use uuid::Uuid;
 use worker::billing_mail::human_duration;
@@ -30,7 +30,6 @@ const SECRET: &str = "plan-change-test-secret-0123456789abcdef0123456789";
 const SERVICE_KEY: &str = "service-role-plan-change-key-0123456789";
 const B_CLIENT: &str = "BRN-0001-PLAN-CHANGES";
 const B_SECRET: &str = "SK-plan-change-tests";
-const B_PATH: &str = "/api/webhooks/provider_b";
 const DAY: i64 = 86_400;
 
 async fn start(stack: &Stack, sink: &SmtpSink) -> Proc {
@@ -46,22 +45,9 @@ async fn start(stack: &Stack, sink: &SmtpSink) -> Proc {
 /// the order id once it is PAID.
 async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount: i64) -> String {
     let order = pending_plan_payment(db, user, plan, amount, "provider_b").await;
-    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, &order, amount, "SUCCESS");
-    notify(api, body, headers).await;
+    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, &order, amount, "SUCCESS").await;
     wait_payment_status(db, &order, PaymentStatus::Paid).await;
     order
-}
-
-async fn notify(api: &Proc, body: Vec<u8>, headers: Vec<(&'static str, String)>) {
-    let mut req = client()
-        .post(api.url(B_PATH))
-        .header("content-type", "application/json")
-        .body(body);
-    for (k, v) in headers {
-        req = req.header(k, v);
-    }
-    let r = Reply::send(req).await;
-    assert_eq!(r.status, 200, "{}", r.text);
 }
 
 async fn quote(api: &Proc, user: Option<Uuid>, plan: Option<&str>) -> Reply {
@@ -84,14 +70,6 @@ fn at(v: &Value) -> DateTime<Utc> {
         .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
         .map(|t| t.with_timezone(&Utc))
         .unwrap_or_else(|| panic!("a UTC time: {v}"))
-}
-
-async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
-    subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .expect("subscription")
 }
 
 /// The carry of the rule, recomputed from stored times: `value` over the
@@ -147,7 +125,7 @@ async fn a_downgrade_carries_exactly_and_its_refund_gives_the_old_plan_back() {
     let end =
         paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
     assert_eq!(b.grant_end, Some(end));
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.current_period_end),
         ("BASIC", Some(end))
@@ -191,10 +169,9 @@ async fn a_downgrade_carries_exactly_and_its_refund_gives_the_old_plan_back() {
 
     // Refunded: the month goes, the carried value returns to PRO, whose
     // period end comes back.
-    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, &basic, 49_000, "REFUND");
-    notify(&api, body, headers).await;
+    tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, &basic, 49_000, "REFUND").await;
     wait_payment_status(&db, &basic, PaymentStatus::Refunded).await;
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.current_period_end),
         ("PRO", Some(pro_end))
@@ -230,7 +207,7 @@ async fn an_upgrade_carries_exactly_and_a_same_plan_quote_is_the_receipt() {
     let end =
         paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
     assert_eq!(p.grant_end, Some(end));
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
 
     // Another month of the plan in force: the quote is the receipt.
@@ -304,7 +281,7 @@ async fn paid_in_grace_extends_from_the_old_end() {
         (r.grant_start, r.grant_end, r.carried_seconds),
         (Some(old_end), Some(month_after), Some(0))
     );
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.status.as_str(), s.current_period_end),
         ("PRO", "active", Some(month_after))
@@ -337,15 +314,14 @@ async fn refunding_a_grant_carried_into_another_plan_takes_the_carried_time_back
         "PRO's month carried into BASIC: {carried} s"
     );
     assert_eq!(
-        subscription(&db, user).await.current_period_end,
+        tests::subscription_row(&db, user).await.current_period_end,
         Some(own_month + chrono::Duration::seconds(carried))
     );
 
-    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, &pro, 99_000, "REFUND");
-    notify(&api, body, headers).await;
+    tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, &pro, 99_000, "REFUND").await;
     wait_payment_status(&db, &pro, PaymentStatus::Refunded).await;
 
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.current_period_end),
         ("BASIC", Some(own_month)),
@@ -372,12 +348,10 @@ async fn refunding_both_sides_of_a_plan_change_leaves_nothing_paid() {
     move_period(&pool, &pro, 0, 30).await;
     let basic = pay(&api, &db, user, "BASIC", 49_000).await;
     for (order, amount) in [(&pro, 99_000), (&basic, 49_000)] {
-        let (body, headers) =
-            provider_b_notice(B_CLIENT, B_SECRET, B_PATH, order, amount, "REFUND");
-        notify(&api, body, headers).await;
+        tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, order, amount, "REFUND").await;
         wait_payment_status(&db, order, PaymentStatus::Refunded).await;
     }
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.current_period_end),
         ("FREE", None),

@@ -12,11 +12,11 @@
 //! * a refund notice for a payment that never became PAID takes nothing.
 
 use chrono::{DateTime, Months, Utc};
-use entity::entities::{audit_logs, payments::PaymentStatus, subscriptions};
+use entity::entities::{audit_logs, payments::PaymentStatus};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use tests::{
-    client, connect_db, free_user, move_period, payment_row, pending_plan_payment,
-    provider_b_notice, wait_payment_status, Proc, Reply, Stack,
+    connect_db, free_user, move_period, payment_row, pending_plan_payment, wait_payment_status,
+    Proc, Stack,
 };
 use uuid::Uuid;
 
@@ -24,7 +24,6 @@ const SECRET: &str = "refund-chain-test-secret-0123456789abcdef0123456789";
 const SERVICE_KEY: &str = "service-role-refund-chain-key-0123456789";
 const B_CLIENT: &str = "BRN-0001-REFUND-CHAINS";
 const B_SECRET: &str = "SK-refund-chain-tests";
-const B_PATH: &str = "/api/webhooks/provider_b";
 const DAY: i64 = 86_400;
 
 async fn start(stack: &Stack) -> Proc {
@@ -36,16 +35,7 @@ async fn start(stack: &Stack) -> Proc {
 }
 
 async fn notify(api: &Proc, order: &str, amount: i64, status: &str) {
-    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, order, amount, status);
-    let mut req = client()
-        .post(api.url(B_PATH))
-        .header("content-type", "application/json")
-        .body(body);
-    for (k, v) in headers {
-        req = req.header(k, v);
-    }
-    let r = Reply::send(req).await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, order, amount, status).await;
 }
 
 async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount: i64) -> String {
@@ -58,14 +48,6 @@ async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount
 async fn refund(api: &Proc, db: &DatabaseConnection, order: &str, amount: i64) {
     notify(api, order, amount, "REFUND").await;
     wait_payment_status(db, order, PaymentStatus::Refunded).await;
-}
-
-async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
-    subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .expect("subscription")
 }
 
 fn us(d: chrono::Duration) -> i128 {
@@ -98,7 +80,7 @@ async fn two_refunds_down_a_chain_leave_only_the_time_still_paid_for() {
 
     // 148,000 back, 49,000 kept: P3's month is what is left, not P3's
     // month plus PRO's carried ~2 months.
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(s.plan, "BASIC");
     assert_eq!(
         s.current_period_end,
@@ -136,7 +118,7 @@ async fn a_second_plan_change_carries_the_first_payments_value_too() {
         "PRO for {} days after paying 247,000",
         total.num_days()
     );
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.current_period_end),
         ("PRO", b4.grant_end)
@@ -152,9 +134,12 @@ async fn refunding_the_first_payment_after_two_changes_takes_its_share_from_the_
     let p1 = pay(&api, &db, user, "PRO", 99_000).await;
     let _p2 = pay(&api, &db, user, "BASIC", 49_000).await;
     let p4 = pay(&api, &db, user, "PRO", 99_000).await;
-    let before = subscription(&db, user).await.current_period_end.unwrap();
+    let before = tests::subscription_row(&db, user)
+        .await
+        .current_period_end
+        .unwrap();
     refund(&api, &db, &p1, 99_000).await;
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(s.plan, "PRO");
     // P1's 99,000, unused when it carried on twice, buys about a month of
     // PRO: that much comes off the end, no more than was carried.
@@ -179,7 +164,7 @@ async fn a_refund_notice_for_a_payment_never_paid_takes_nothing_back() {
     // A second checkout, still pending, is reported refunded.
     let p2 = pending_plan_payment(&db, user, "PRO", 99_000, "provider_b").await;
     refund(&api, &db, &p2, 99_000).await;
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.current_period_end),
         ("PRO", Some(end)),

@@ -21,7 +21,7 @@ use entity::{
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
-        subscriptions, webhook_events,
+        webhook_events,
     },
     payment::{
         provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
@@ -158,14 +158,6 @@ async fn wait_settled(db: &DatabaseConnection, order_id: &str, n: usize) {
     assert!(ok, "{n} events of {order_id} settled");
 }
 
-async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
-    subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .expect("subscription")
-}
-
 async fn actions(db: &DatabaseConnection, target: &str) -> Vec<String> {
     let mut rows = audit_logs::Entity::find()
         .filter(audit_logs::Column::TargetId.eq(target))
@@ -197,7 +189,7 @@ async fn a_verified_paid_report_for_an_expired_or_failed_payment_pays_late() {
     .await;
     wait_status(&db, &order_a, PaymentStatus::Paid).await;
     assert_eq!(actions(&db, &order_a).await, vec!["late_payment"]);
-    assert_eq!(subscription(&db, user_a).await.plan, "PRO");
+    assert_eq!(tests::subscription_row(&db, user_a).await.plan, "PRO");
 
     let (user_b, order_b) = pending_payment(&db, "provider_b").await;
     set_status(&db, &order_b, PaymentStatus::Failed).await;
@@ -205,7 +197,7 @@ async fn a_verified_paid_report_for_an_expired_or_failed_payment_pays_late() {
     post(&api, B_PATH, body, &headers).await;
     wait_status(&db, &order_b, PaymentStatus::Paid).await;
     assert_eq!(actions(&db, &order_b).await, vec!["late_payment"]);
-    assert_eq!(subscription(&db, user_b).await.plan, "PRO");
+    assert_eq!(tests::subscription_row(&db, user_b).await.plan, "PRO");
 }
 
 /// provider_a: a partial refund leaves the payment PAID; once the refunds
@@ -222,20 +214,20 @@ async fn a_whole_provider_a_refund_takes_back_the_period() {
     status.set(&order, "settlement");
     post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
     wait_status(&db, &order, PaymentStatus::Paid).await;
-    assert_eq!(subscription(&db, user).await.plan, "PRO");
+    assert_eq!(tests::subscription_row(&db, user).await.plan, "PRO");
 
     let part = json!({"refund_amount": "1000.00", "refund_chargeback_id": 1});
     status.set_with(&order, "partial_refund", part.clone());
     post(&api, path, a_notice(&order, "partial_refund", part), &[]).await;
     wait_settled(&db, &order, 2).await;
     assert_eq!(payment(&db, &order).await.status, PaymentStatus::Paid);
-    assert_eq!(subscription(&db, user).await.plan, "PRO");
+    assert_eq!(tests::subscription_row(&db, user).await.plan, "PRO");
 
     let whole = json!({"refund_amount": "99000.00", "refund_chargeback_id": 2});
     status.set_with(&order, "partial_refund", whole.clone());
     post(&api, path, a_notice(&order, "partial_refund", whole), &[]).await;
     wait_status(&db, &order, PaymentStatus::Refunded).await;
-    let sub = subscription(&db, user).await;
+    let sub = tests::subscription_row(&db, user).await;
     assert_eq!(sub.plan, "FREE", "nothing else was paid: FREE at once");
     assert_eq!(sub.current_period_end, None);
     assert_eq!(
@@ -260,13 +252,16 @@ async fn provider_b_refunds_take_back_each_period() {
     let (body, headers) = b_notice(&first, "SUCCESS");
     post(&api, B_PATH, body, &headers).await;
     wait_status(&db, &first, PaymentStatus::Paid).await;
-    let first_end = subscription(&db, user).await.current_period_end.unwrap();
+    let first_end = tests::subscription_row(&db, user)
+        .await
+        .current_period_end
+        .unwrap();
 
     let second = pending_payment_at(&db, user, "provider_b", Utc::now()).await;
     let (body, headers) = b_notice(&second, "SUCCESS");
     post(&api, B_PATH, body, &headers).await;
     wait_status(&db, &second, PaymentStatus::Paid).await;
-    let renewed = subscription(&db, user).await;
+    let renewed = tests::subscription_row(&db, user).await;
     assert_eq!(
         renewed.current_period_end,
         first_end.checked_add_months(Months::new(1)),
@@ -276,7 +271,7 @@ async fn provider_b_refunds_take_back_each_period() {
     let (body, headers) = b_notice(&second, "REFUND");
     post(&api, B_PATH, body, &headers).await;
     wait_status(&db, &second, PaymentStatus::Refunded).await;
-    let sub = subscription(&db, user).await;
+    let sub = tests::subscription_row(&db, user).await;
     assert_eq!(sub.plan, "PRO");
     assert_eq!(
         sub.current_period_end,
@@ -287,7 +282,7 @@ async fn provider_b_refunds_take_back_each_period() {
     let (body, headers) = b_notice(&first, "REFUND");
     post(&api, B_PATH, body, &headers).await;
     wait_status(&db, &first, PaymentStatus::Refunded).await;
-    let sub = subscription(&db, user).await;
+    let sub = tests::subscription_row(&db, user).await;
     assert_eq!(sub.plan, "FREE");
     assert_eq!(sub.current_period_end, None);
     assert_eq!(
@@ -311,12 +306,16 @@ async fn a_provider_a_refund_and_a_chargeback_take_back_the_period() {
         status.set(&order, "settlement");
         post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
         wait_status(&db, &order, PaymentStatus::Paid).await;
-        assert_eq!(subscription(&db, user).await.plan, "PRO", "{back}");
+        assert_eq!(
+            tests::subscription_row(&db, user).await.plan,
+            "PRO",
+            "{back}"
+        );
 
         status.set(&order, back);
         post(&api, path, a_notice(&order, back, json!({})), &[]).await;
         wait_status(&db, &order, PaymentStatus::Refunded).await;
-        let sub = subscription(&db, user).await;
+        let sub = tests::subscription_row(&db, user).await;
         assert_eq!(sub.plan, "FREE", "{back}: nothing else was paid");
         assert_eq!(sub.current_period_end, None, "{back}");
         assert_eq!(
@@ -357,7 +356,11 @@ async fn a_refund_or_chargeback_the_status_api_does_not_confirm_is_refused() {
             PaymentStatus::Paid,
             "{back}"
         );
-        assert_eq!(subscription(&db, user).await.plan, "PRO", "{back}");
+        assert_eq!(
+            tests::subscription_row(&db, user).await.plan,
+            "PRO",
+            "{back}"
+        );
         assert_eq!(
             actions(&db, &order).await,
             vec!["payment.settle", "payment.unconfirmed"],
@@ -397,6 +400,6 @@ async fn a_payment_that_changed_while_the_status_api_was_asked_is_not_settled() 
     status.hold(false);
     wait_settled(&db, &order, 1).await;
     assert_eq!(payment(&db, &order).await.status, PaymentStatus::Failed);
-    assert_eq!(subscription(&db, user).await.plan, "FREE");
+    assert_eq!(tests::subscription_row(&db, user).await.plan, "FREE");
     assert_eq!(actions(&db, &order).await, vec!["payment.unconfirmed"]);
 }

@@ -80,17 +80,9 @@ async fn set_subscription(
     user: Uuid,
     f: impl FnOnce(&mut subscriptions::ActiveModel),
 ) {
-    let mut s = subscription(db, user).await.into_active_model();
+    let mut s = tests::subscription_row(db, user).await.into_active_model();
     f(&mut s);
     s.update(db).await.unwrap();
-}
-
-async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
-    subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .expect("subscription")
 }
 
 async fn renewals_of(db: &DatabaseConnection, user: Uuid) -> Vec<renewals::Model> {
@@ -145,7 +137,7 @@ async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     for &user in &due {
         let rs = renewals_of(&db, user).await;
         assert_eq!(rs.len(), 1, "one renewal for {user}: {rs:?}");
-        let sub = subscription(&db, user).await;
+        let sub = tests::subscription_row(&db, user).await;
         assert_eq!(rs[0].status, RenewalStatus::Open);
         assert_eq!(Some(rs[0].period_end), sub.current_period_end);
         assert_eq!((rs[0].plan.as_str(), rs[0].amount), ("PRO", 99_000));
@@ -165,7 +157,9 @@ async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     let due_at: chrono::DateTime<Utc> = r["due_at"].as_str().unwrap().parse().unwrap();
     assert_eq!(
         Some(due_at),
-        subscription(&db, due[0]).await.current_period_end
+        tests::subscription_row(&db, due[0])
+            .await
+            .current_period_end
     );
     let pay_url = r["pay_url"].as_str().expect("a pay link");
     assert!(pay_url.contains("/api/payments/pay/"), "{pay_url}");
@@ -187,8 +181,8 @@ async fn grace_keeps_the_plan_and_its_ai_limits_then_lapses_to_free() {
 
     let _worker = stack.worker(&env).await;
     let in_grace = wait_until(Duration::from_secs(30), || async {
-        subscription(&db, user).await.status == SubscriptionStatus::PastDue
-            && subscription(&db, cancelling).await.plan == "FREE"
+        tests::subscription_row(&db, user).await.status == SubscriptionStatus::PastDue
+            && tests::subscription_row(&db, cancelling).await.plan == "FREE"
     })
     .await;
     assert!(in_grace, "past_due, and the cancelling one lapsed");
@@ -223,7 +217,7 @@ async fn grace_keeps_the_plan_and_its_ai_limits_then_lapses_to_free() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let lapsed = wait_until(Duration::from_secs(30), || async {
-        subscription(&db, user).await.plan == "FREE"
+        tests::subscription_row(&db, user).await.plan == "FREE"
     })
     .await;
     assert!(lapsed);
@@ -245,7 +239,7 @@ async fn grace_ends_then_free_once() {
     let _w2 = stack.worker(&env).await;
     assert!(
         wait_until(Duration::from_secs(30), || async {
-            subscription(&db, user).await.status == SubscriptionStatus::PastDue
+            tests::subscription_row(&db, user).await.status == SubscriptionStatus::PastDue
         })
         .await
     );
@@ -256,13 +250,13 @@ async fn grace_ends_then_free_once() {
     .await;
     assert!(
         wait_until(Duration::from_secs(30), || async {
-            subscription(&db, user).await.plan == "FREE"
+            tests::subscription_row(&db, user).await.plan == "FREE"
         })
         .await
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(audits(&db, user, "subscription.expire").await, 1);
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.status, s.current_period_end),
         (SubscriptionStatus::Active, None)
@@ -549,7 +543,7 @@ async fn a_plan_gone_from_the_catalogue_gets_no_renewal_and_one_mail() {
         renewals_of(&db, user).await.is_empty(),
         "no renewal can be priced"
     );
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.status),
         ("LEGACY", SubscriptionStatus::Active)

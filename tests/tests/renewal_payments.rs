@@ -20,7 +20,7 @@ use entity::entities::{
     audit_logs,
     payments::PaymentStatus,
     renewals::{self, RenewalStatus},
-    subscriptions::{self, SubscriptionStatus},
+    subscriptions::SubscriptionStatus,
 };
 use sea_orm::{
     ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
@@ -28,7 +28,7 @@ use sea_orm::{
 use serde_json::{json, Value};
 use tests::{
     client, connect_db, free_user, hs256_token, move_period, payment_row, pending_plan_payment,
-    provider_b_notice, session_claims, wait_payment_status, wait_until, EnvMap, Proc, Reply, Stack,
+    session_claims, wait_payment_status, wait_until, EnvMap, Proc, Reply, Stack,
 };
 use uuid::Uuid;
 
@@ -38,7 +38,6 @@ const METRICS: &str = "renewal-pay-metrics-token-0123456789abcdef";
 // The provider_b credentials `Stack::session_env` configures.
 const B_CLIENT: &str = "client-test";
 const B_SECRET: &str = "secret-test";
-const B_PATH: &str = "/api/webhooks/provider_b";
 
 fn env(stack: &Stack) -> EnvMap {
     stack
@@ -58,14 +57,6 @@ async fn me(api: &Proc, user: Uuid) -> Value {
     let r = Reply::send(client().get(api.url("/api/me")).bearer_auth(token(user))).await;
     assert_eq!(r.status, 200, "{}", r.text);
     r.json
-}
-
-async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
-    subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .expect("subscription")
 }
 
 async fn renewal(db: &DatabaseConnection, id: Uuid) -> renewals::Model {
@@ -98,16 +89,7 @@ async fn offered(db: &DatabaseConnection, user: Uuid, end: DateTime<Utc>) -> ren
 
 /// Sends provider_b's SUCCESS notice for `order` and waits until it is PAID.
 async fn settle(api: &Proc, db: &DatabaseConnection, order: &str, amount: i64) {
-    let (body, headers) = provider_b_notice(B_CLIENT, B_SECRET, B_PATH, order, amount, "SUCCESS");
-    let mut req = client()
-        .post(api.url(B_PATH))
-        .header("content-type", "application/json")
-        .body(body);
-    for (k, v) in headers {
-        req = req.header(k, v);
-    }
-    let r = Reply::send(req).await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, order, amount, "SUCCESS").await;
     wait_payment_status(db, order, PaymentStatus::Paid).await;
 }
 
@@ -150,24 +132,6 @@ fn month_after(t: DateTime<Utc>) -> DateTime<Utc> {
     t.checked_add_months(Months::new(1)).unwrap()
 }
 
-/// The worker's own HTTP address, from its `worker http listening on …` line.
-async fn worker_http(worker: &Proc) -> String {
-    let ok = wait_until(Duration::from_secs(20), || async {
-        worker.stdout().contains("worker http listening on ")
-    })
-    .await;
-    assert!(ok, "no worker http line; stderr:\n{}", worker.stderr());
-    worker
-        .stdout()
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("worker http listening on ")
-                .map(str::to_string)
-        })
-        .unwrap()
-}
-
 /// `billing_renewals_total{outcome}` on the worker's `/metrics`.
 async fn renewals_counted(base: &str, outcome: &str) -> Option<f64> {
     let r = Reply::send(client().get(format!("{base}/metrics")).bearer_auth(METRICS)).await;
@@ -186,7 +150,7 @@ async fn a_paid_renewal_extends_a_month_and_a_second_payment_of_it_is_time_audit
     let worker = stack
         .worker(&env.clone().with("WORKER_HTTP_PORT", "0"))
         .await;
-    let base = worker_http(&worker).await;
+    let base = tests::worker_http(&worker).await;
     let db = connect_db(&stack).await;
     let pool = stack.db.pool().await;
     let user = free_user(&db).await;
@@ -199,7 +163,7 @@ async fn a_paid_renewal_extends_a_month_and_a_second_payment_of_it_is_time_audit
     let b = renewal_payment(&pool, &db, &r).await;
 
     settle(&api, &db, &a, 99_000).await;
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(s.plan, "PRO");
     assert_eq!(s.status, SubscriptionStatus::Active);
     assert_eq!(
@@ -213,7 +177,7 @@ async fn a_paid_renewal_extends_a_month_and_a_second_payment_of_it_is_time_audit
     assert_eq!(audit_rows(&db, &a, "renewal.duplicate").await.len(), 0);
 
     settle(&api, &db, &b, 99_000).await;
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         s.current_period_end,
         Some(month_after(month_after(end))),
@@ -263,13 +227,13 @@ async fn a_renewal_paid_after_an_upgrade_does_not_move_the_plan_back() {
         RenewalStatus::Void,
         "the upgrade moved plan and period end: the renewal is void"
     );
-    let upgraded = subscription(&db, user).await;
+    let upgraded = tests::subscription_row(&db, user).await;
     assert_eq!(upgraded.plan, "PRO");
     let pro_end = upgraded.current_period_end.unwrap();
 
     // Then the old BASIC checkout is paid after all.
     settle(&api, &db, &late, 49_000).await;
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(s.plan, "PRO", "a renewal never moves the plan back");
     // 49,000 buys time of PRO at the rate of its stored grant: 99,000 for
     // its own month (carried time excluded), rounded down to the second.
@@ -346,7 +310,7 @@ async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_ca
     // Paying it switches to BASIC at once and carries PRO's unused days.
     let order = renewal_payment(&pool, &db, &next).await;
     settle(&api, &db, &order, 49_000).await;
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(s.plan, "BASIC");
     assert_eq!(s.renewal_plan, None, "the choice is spent");
     assert_eq!(renewal(&db, next.id).await.status, RenewalStatus::Paid);
@@ -370,7 +334,7 @@ async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_ca
     let r = post_subscription(&api, user, json!({"action": "change", "plan": "BASIC"})).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["renewal_plan"], Value::Null);
-    assert_eq!(subscription(&db, user).await.renewal_plan, None);
+    assert_eq!(tests::subscription_row(&db, user).await.renewal_plan, None);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -395,7 +359,7 @@ async fn the_renewal_loop_waits_while_payments_are_off() {
     })
     .await;
     assert!(paused, "worker stderr:\n{}", worker.stderr());
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.status),
         ("PRO", SubscriptionStatus::Active)
@@ -413,10 +377,10 @@ async fn the_renewal_loop_waits_while_payments_are_off() {
     // Payments back: the loop resumes and the period lapses.
     let _worker = stack.worker(&on).await;
     let lapsed = wait_until(Duration::from_secs(30), || async {
-        subscription(&db, user).await.plan == "FREE"
+        tests::subscription_row(&db, user).await.plan == "FREE"
     })
     .await;
-    assert!(lapsed, "{:?}", subscription(&db, user).await);
+    assert!(lapsed, "{:?}", tests::subscription_row(&db, user).await);
     assert_eq!(
         audit_rows(&db, &user.to_string(), "subscription.expire")
             .await
@@ -452,7 +416,7 @@ async fn the_embedded_mode_renews_too() {
     .expect("the embedded database");
     // A PRO period ending in two days.
     let end = chrono::SubsecRound::trunc_subsecs(Utc::now() + chrono::Duration::days(2), 6);
-    let mut s = subscription(&db, user).await.into_active_model();
+    let mut s = tests::subscription_row(&db, user).await.into_active_model();
     s.plan = Set("PRO".into());
     s.current_period_start = Set(Some(Utc::now() - chrono::Duration::days(28)));
     s.current_period_end = Set(Some(end));
@@ -473,26 +437,18 @@ async fn the_embedded_mode_renews_too() {
     let mut p = payment_row(&db, &order).await.into_active_model();
     p.renewal_id = Set(Some(r.id));
     p.update(&db).await.unwrap();
-    let (body, headers) = provider_b_notice(
+    tests::send_provider_b_notice(
+        &api,
         "client-dummy",
         "secret-dummy",
-        B_PATH,
         &order,
         99_000,
         "SUCCESS",
-    );
-    let mut req = client()
-        .post(api.url(B_PATH))
-        .header("content-type", "application/json")
-        .body(body);
-    for (k, v) in headers {
-        req = req.header(k, v);
-    }
-    let w = Reply::send(req).await;
-    assert_eq!(w.status, 200, "{}", w.text);
+    )
+    .await;
     wait_payment_status(&db, &order, PaymentStatus::Paid).await;
     assert_eq!(renewal(&db, r.id).await.status, RenewalStatus::Paid);
-    let s = subscription(&db, user).await;
+    let s = tests::subscription_row(&db, user).await;
     assert_eq!(s.plan, "PRO");
     assert_eq!(s.current_period_end, Some(month_after(r.period_end)));
 }

@@ -7,7 +7,7 @@ use entity::{
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
-        subscriptions::{self, SubscriptionStatus},
+        subscriptions::SubscriptionStatus,
         webhook_events,
     },
     settlement::{self, RecordError, Recorded, Settled},
@@ -98,14 +98,6 @@ async fn payment(db: &DatabaseConnection, order_id: &str) -> payments::Model {
         .expect("payment row")
 }
 
-async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
-    subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .expect("subscription row")
-}
-
 async fn audit_rows(db: &DatabaseConnection, target: &str) -> u64 {
     audit_logs::Entity::find()
         .filter(audit_logs::Column::TargetId.eq(target))
@@ -142,7 +134,7 @@ async fn a_settlement_event_pays_and_activates_once_even_when_settled_concurrent
     let p = payment(&db, &order).await;
     assert_eq!(p.status, PaymentStatus::Paid);
     assert!(p.paid_at.is_some());
-    let s = subscription(&db, u).await;
+    let s = tests::subscription_row(&db, u).await;
     assert_eq!(s.plan, "PRO");
     assert_eq!(s.status, SubscriptionStatus::Active);
     assert!(!s.cancel_at_period_end);
@@ -205,7 +197,7 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
     ));
     assert_eq!(payment(&db, &order).await.status, PaymentStatus::Refunded);
     assert_eq!(audit_rows(&db, &order).await, 2, "paid + refunded");
-    let s = subscription(&db, u).await;
+    let s = tests::subscription_row(&db, u).await;
     assert_eq!(s.plan, "FREE", "the refund took back the only paid period");
     assert_eq!(s.current_period_end, None);
     assert_eq!(audit_rows(&db, &u.to_string()).await, 1, "take-back row");
@@ -219,12 +211,21 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     settlement::settle_status_check(&db, &first, PaymentStatus::Paid, None)
         .await
         .unwrap();
-    let end1 = subscription(&db, u).await.current_period_end.unwrap();
+    let end1 = tests::subscription_row(&db, u)
+        .await
+        .current_period_end
+        .unwrap();
     let second = pending(&db, u, "PRO", "provider_a").await;
     settlement::settle_status_check(&db, &second, PaymentStatus::Paid, None)
         .await
         .unwrap();
-    assert!(subscription(&db, u).await.current_period_end.unwrap() > end1);
+    assert!(
+        tests::subscription_row(&db, u)
+            .await
+            .current_period_end
+            .unwrap()
+            > end1
+    );
 
     // A chargeback of the renewal: back to the first period's end.
     let chargeback = event(&db, "provider_a", &second, "chargeback", json!({})).await;
@@ -237,7 +238,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
             ..
         }
     ));
-    let s = subscription(&db, u).await;
+    let s = tests::subscription_row(&db, u).await;
     assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end1)));
 
     // A partial chargeback that does not cover the amount changes nothing;
@@ -265,7 +266,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     .await;
     settlement::settle_event(&db, whole, None).await.unwrap();
     assert_eq!(payment(&db, &first).await.status, PaymentStatus::Refunded);
-    let s = subscription(&db, u).await;
+    let s = tests::subscription_row(&db, u).await;
     assert_eq!((s.plan.as_str(), s.current_period_end), ("FREE", None));
     assert_eq!(audit_rows(&db, &u.to_string()).await, 2);
 }
@@ -285,14 +286,14 @@ async fn a_refund_of_a_superseded_plan_takes_its_carried_time_back_from_the_late
     settlement::settle_status_check(&db, &ultimate, PaymentStatus::Paid, None)
         .await
         .unwrap();
-    let before = subscription(&db, u).await;
+    let before = tests::subscription_row(&db, u).await;
     let carried = payment(&db, &ultimate).await.carried_seconds.unwrap();
     assert!(carried > 0, "PRO's unused month was carried into ULTIMATE");
     settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, None)
         .await
         .unwrap();
     assert_eq!(payment(&db, &pro).await.status, PaymentStatus::Refunded);
-    let after = subscription(&db, u).await;
+    let after = tests::subscription_row(&db, u).await;
     assert_eq!(after.plan, "ULTIMATE");
     assert_eq!(
         after.current_period_end,
@@ -320,7 +321,7 @@ async fn a_late_payment_pays_and_is_audited_as_late() {
             ..
         }
     ));
-    assert_eq!(subscription(&db, u).await.plan, "PRO");
+    assert_eq!(tests::subscription_row(&db, u).await.plan, "PRO");
     let late = audit_logs::Entity::find()
         .filter(audit_logs::Column::TargetId.eq(order.as_str()))
         .filter(audit_logs::Column::Action.eq("late_payment"))
@@ -350,7 +351,7 @@ async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() 
         Settled::Unchanged
     );
     assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
-    assert_eq!(subscription(&db, u).await.plan, "FREE");
+    assert_eq!(tests::subscription_row(&db, u).await.plan, "FREE");
 
     let odd = event(&db, "provider_a", &order, "teleported", json!({})).await;
     assert!(matches!(
@@ -374,13 +375,16 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
     settlement::settle_status_check(&db, &first, PaymentStatus::Paid, None)
         .await
         .unwrap();
-    let end1 = subscription(&db, u).await.current_period_end.unwrap();
+    let end1 = tests::subscription_row(&db, u)
+        .await
+        .current_period_end
+        .unwrap();
 
     let second = pending(&db, u, "PRO", "provider_a").await;
     settlement::settle_status_check(&db, &second, PaymentStatus::Paid, None)
         .await
         .unwrap();
-    let s = subscription(&db, u).await;
+    let s = tests::subscription_row(&db, u).await;
     assert_eq!(s.current_period_start.unwrap(), end1);
     assert!(s.current_period_end.unwrap() - end1 >= Span::days(28));
 
@@ -389,7 +393,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
     settlement::settle_status_check(&db, &other, PaymentStatus::Paid, None)
         .await
         .unwrap();
-    let s = subscription(&db, u).await;
+    let s = tests::subscription_row(&db, u).await;
     assert_eq!(s.plan, "ULTIMATE");
     assert!(s.current_period_start.unwrap() < end1);
 }

@@ -9,29 +9,11 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tests::{host_port, EnvMap, Proc, ProxyMode, Reply, Stack, TcpProxy};
+use tests::{host_port, EnvMap, ProxyMode, Reply, Stack, TcpProxy};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
 };
-
-/// The worker's own HTTP address, from its `worker http listening on …` line.
-async fn worker_http(worker: &Proc) -> String {
-    let ok = tests::wait_until(Duration::from_secs(20), || async {
-        worker.stdout().contains("worker http listening on ")
-    })
-    .await;
-    assert!(ok, "no worker http line; stderr:\n{}", worker.stderr());
-    worker
-        .stdout()
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("worker http listening on ")
-                .map(str::to_string)
-        })
-        .expect("address")
-}
 
 /// `/readyz` until it answers `status` with `body`; the last answer.
 async fn readyz_until(base: &str, status: u16, body: &Value) -> Reply {
@@ -56,7 +38,7 @@ async fn unready_while_down(stack: &Stack, env: EnvMap, proxy: &TcpProxy, down: 
                 .with("DEPENDENCY_TIMEOUT_MS", "1000"),
         )
         .await;
-    let base = worker_http(&worker).await;
+    let base = tests::worker_http(&worker).await;
     let ok = json!({"database": "ok", "queue": "ok"});
     let r = readyz_until(&base, 200, &ok).await;
     assert_eq!((r.status.as_u16(), &r.json), (200, &ok), "{}", r.text);
@@ -114,7 +96,7 @@ async fn the_worker_port_disconnects_a_client_trickling_its_headers() {
                 .with("HTTP_HEADER_TIMEOUT_MS", "1000"),
         )
         .await;
-    let base = worker_http(&worker).await;
+    let base = tests::worker_http(&worker).await;
     let mut s = TcpStream::connect(host_port(&base)).await.expect("connect");
     let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     let mut closed_after = None;
@@ -158,7 +140,7 @@ async fn the_worker_port_closes_an_h2c_connection_sending_only_pings() {
                 .with("HTTP_IDLE_TIMEOUT_SECS", "2"),
         )
         .await;
-    let base = worker_http(&worker).await;
+    let base = tests::worker_http(&worker).await;
     let c = tests::h2c_pings_after_requests(
         &host_port(&base),
         &[("/healthz", Vec::new())],
@@ -184,7 +166,7 @@ async fn one_client_holds_at_most_eight_connections_of_the_worker_port() {
     let worker = stack
         .worker(&stack.env().with("WORKER_HTTP_PORT", "0"))
         .await;
-    let base = worker_http(&worker).await;
+    let base = tests::worker_http(&worker).await;
     let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
     // 20 connections from 127.0.0.2, each sending half a request's headers.
     let mut conns = Vec::new();
