@@ -15,6 +15,8 @@
 //!   (`overloaded`, with `Retry-After`; [`crate::shed`]);
 //! * bodies whose shapes poem-openapi cannot state: the dead-letter redrive
 //!   is a `oneOf` of `{queue, all: true}` and `{queue, ids}` (1–100 ids),
+//!   the subscription move a `oneOf` of `{action: cancel|resume}` and
+//!   `{action: change, plan}`,
 //!   and the chat needs a message that holds text (`content` of at least one
 //!   character, or no `content` and a `text` part with text), as
 //!   [`crate::routes::dead_letters`] and the chat's parser refuse the rest;
@@ -77,6 +79,11 @@ fn document_plans(doc: &mut Value, plans: &entity::plans::Catalogue) {
         .map(|p| Value::String(p.id.clone()))
         .collect();
     if let Some(plan) = doc.pointer_mut("/components/schemas/PaymentRequest/properties/plan") {
+        plan["enum"] = Value::Array(ids.clone());
+    }
+    if let Some(plan) =
+        doc.pointer_mut("/components/schemas/SubscriptionRequest/oneOf/1/properties/plan")
+    {
         plan["enum"] = Value::Array(ids);
     }
 }
@@ -214,7 +221,42 @@ pub fn patch(doc: &mut Value) {
         }
     }
     document_redrive(doc);
+    document_subscription(doc);
     document_chat_text(doc);
+}
+
+/// `SubscriptionRequest` as the `oneOf` it is: `{action: "cancel" |
+/// "resume"}` or `{action: "change", plan}`, each closed (poem-openapi can
+/// only say "`plan` optional"). `plan` with another action, or `change`
+/// without it, is a 400 naming `plan`.
+fn document_subscription(doc: &mut Value) {
+    let Some(schema) = doc.pointer_mut("/components/schemas/SubscriptionRequest") else {
+        return;
+    };
+    let plan = schema["properties"]["plan"].clone();
+    *schema = json!({
+        "title": "SubscriptionRequest",
+        "description": "What to do with the subscription: `{action: \"cancel\"}` (stop at the end of \
+            the paid period), `{action: \"resume\"}` (undo a cancel) or `{action: \"change\", plan}` \
+            (the next renewal bills `plan`).",
+        "example": {"action": "cancel"},
+        "oneOf": [
+            {
+                "title": "SubscriptionCancelOrResume",
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["action"],
+                "properties": {"action": {"type": "string", "enum": ["cancel", "resume"]}},
+            },
+            {
+                "title": "SubscriptionChange",
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["action", "plan"],
+                "properties": {"action": {"type": "string", "enum": ["change"]}, "plan": plan},
+            },
+        ],
+    });
 }
 
 /// `RedriveRequest` as the `oneOf` it is: `{queue, all: true}` or `{queue,
@@ -454,6 +496,23 @@ mod tests {
         assert_eq!(shapes[1]["properties"]["ids"]["minItems"], json!(1));
         assert_eq!(shapes[1]["properties"]["ids"]["maxItems"], json!(100));
         assert!(schema.get("properties").is_none(), "{schema}");
+    }
+
+    #[test]
+    fn the_subscription_body_is_one_of_two_closed_shapes() {
+        let doc: Value = serde_json::from_str(document()).unwrap();
+        let schema = &doc["components"]["schemas"]["SubscriptionRequest"];
+        let shapes = schema["oneOf"].as_array().expect("oneOf");
+        assert_eq!(shapes.len(), 2);
+        assert_eq!(shapes[0]["required"], json!(["action"]));
+        assert!(shapes[0]["properties"].get("plan").is_none());
+        assert_eq!(shapes[1]["required"], json!(["action", "plan"]));
+        assert_eq!(
+            shapes[1]["properties"]["plan"]["enum"],
+            doc["components"]["schemas"]["PaymentRequest"]["properties"]["plan"]["enum"],
+            "the plans for sale"
+        );
+        assert_eq!(schema["example"], json!({"action": "cancel"}));
     }
 
     #[test]
