@@ -26,7 +26,7 @@
 # answers in 5 ms for the whole run): drain-scale (DRAIN_JOBS, 100,000, email
 # jobs drained by 1, 2 and 4 worker processes; throughput of each as a ratio of one)
 #   bash bench/run.sh drain-scale
-# Renewals at scale (issue 37; not in the default list; run it alone: the fake
+# Renewals at scale (not in the default list; run it alone: the fake
 # email API then answers in 50 ms): renewals (RENEWAL_SUBS, 100,000, paid
 # subscriptions ending within the hour; two workers make every renewal and
 # send every reminder; seconds to each, renewals/s and reminders/s)
@@ -809,7 +809,7 @@ if want shed; then
   done
 fi
 
-# ---- Renewals and reminders at scale (issue 37) -------------------------------
+# ---- Renewals and reminders at scale -----------------------------------------
 # RENEWAL_SUBS (100,000) users with an email and a paid PRO subscription
 # (active, not cancelling) whose period ends are spread evenly over the next
 # hour by the database's clock (bench/seed_renewals.sql), then TWO worker
