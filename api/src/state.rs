@@ -232,16 +232,9 @@ pub fn client_ip(peer: Option<IpAddr>, forwarded_for: &str, hops: usize) -> Opti
 /// The rate-limit bucket of `ip`: IPv4 (also IPv4-mapped IPv6) as itself,
 /// IPv6 as its /64 network.
 pub fn bucket(ip: IpAddr) -> String {
-    match ip {
+    match worker::server::client_network(ip) {
         IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
-            None => {
-                let s = v6.segments();
-                let net = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
-                format!("{net}/64")
-            }
-        },
+        IpAddr::V6(net) => format!("{net}/64"),
     }
 }
 

@@ -539,10 +539,13 @@ where
     let plan = sub.plan.clone();
     // A subscription already past its end when first seen (or whose offer
     // was voided) gets its renewal now, so the mail can carry its link.
-    if open_of(&txn, &sub).await?.is_none() {
-        offer(&txn, policy, catalogue, now, user_id).await?;
-    }
-    let renewal = open_of(&txn, &sub).await?;
+    let renewal = match open_of(&txn, &sub).await? {
+        Some(r) => Some(r),
+        None => {
+            offer(&txn, policy, catalogue, now, user_id).await?;
+            open_of(&txn, &sub).await?
+        }
+    };
     let vars = json!({
         "plan": plan,
         "amount": renewal.as_ref().map(|r| r.amount),

@@ -225,27 +225,28 @@ struct ClientSlot {
     key: std::net::IpAddr,
 }
 
-impl ClientCounts {
-    /// The key of `peer`: its IPv4 address, or its IPv6 /64 (an IPv4-mapped
-    /// IPv6 address counts as the IPv4 one).
-    fn key(peer: SocketAddr) -> std::net::IpAddr {
-        match peer.ip() {
-            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => std::net::IpAddr::V4(v4),
-                None => {
-                    let s = v6.segments();
-                    std::net::IpAddr::V6(std::net::Ipv6Addr::new(
-                        s[0], s[1], s[2], s[3], 0, 0, 0, 0,
-                    ))
-                }
-            },
-            v4 => v4,
-        }
+/// The client a connection or request from `ip` is counted as: an IPv4
+/// address (also IPv4-mapped IPv6) as itself, an IPv6 address as its /64
+/// network (its host bits zero), since one subscriber holds a whole /64.
+/// The api's rate-limit buckets and the worker port's per-client connection
+/// bound both use it.
+pub fn client_network(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                std::net::IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
     }
+}
 
+impl ClientCounts {
     /// Counts a connection of `peer` unless its client holds `max` already.
     fn enter(self: &Arc<Self>, peer: SocketAddr, max: usize) -> Option<ClientSlot> {
-        let key = Self::key(peer);
+        let key = client_network(peer.ip());
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let n = map.entry(key).or_insert(0);
         if *n >= max {
