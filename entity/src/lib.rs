@@ -28,6 +28,7 @@ pub mod reconcile;
 pub mod redirect;
 pub mod renewal;
 pub mod renewal_pay;
+pub mod renewal_scan;
 pub mod renewal_settle;
 pub mod roles;
 pub mod secret_file;

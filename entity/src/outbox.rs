@@ -116,6 +116,20 @@ pub async fn delete<C: ConnectionTrait>(db: &C, id: Uuid) -> Result<bool, DbErr>
     Ok(db.execute_raw(stmt).await?.rows_affected() > 0)
 }
 
+/// Deletes the rows `ids` (their jobs were pushed) in one statement;
+/// answers how many were still there.
+pub async fn delete_many<C: ConnectionTrait>(db: &C, ids: &[Uuid]) -> Result<u64, DbErr> {
+    use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(crate::entities::job_outbox::Entity::delete_many()
+        .filter(crate::entities::job_outbox::Column::Id.is_in(ids.iter().copied()))
+        .exec(db)
+        .await?
+        .rows_affected)
+}
+
 /// Takes up to `limit` due rows, oldest due first, and leases them for
 /// `lease`: they are not due again before that, so another relay skips them
 /// (on PostgreSQL rows locked by a concurrent claim are skipped, not waited

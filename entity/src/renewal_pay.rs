@@ -12,10 +12,13 @@
 //! period it renews, until that period's grace ends.
 
 use chrono::{DateTime, Duration, Utc};
+use hmac::{Hmac, KeyInit, Mac};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
     QuerySelect, Set, TransactionSession, TransactionTrait,
 };
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
 use uuid::Uuid;
 
 use crate::{
@@ -197,4 +200,114 @@ pub async fn payment<C: ConnectionTrait>(
     id: Uuid,
 ) -> Result<Option<payments::Model>, DbErr> {
     payments::Entity::find_by_id(id).one(db).await
+}
+
+/// The job type (`type` tag) of [`ExpireCheckout`] on the settlement queue.
+pub const EXPIRE_JOB_TYPE: &str = "expire_checkout";
+
+/// The `expire_checkout` job: a voided renewal's checkout, still `PENDING`,
+/// to be ended at its provider where the provider's API allows (the
+/// worker's `Job::ExpireCheckout`), so the customer cannot pay a renewal
+/// that no longer renews. Written into the job outbox by [`expire_checkouts`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpireCheckout {
+    /// `payments.order_id` of the checkout.
+    pub order_id: String,
+}
+
+/// Writes an `expire_checkout` job into the job outbox, due at once, in the
+/// caller's transaction, for each `PENDING` provider_a checkout of the
+/// renewals `renewal_ids` (just voided). provider_b (DOKU Checkout) has no
+/// API that ends a checkout: its checkouts expire there after
+/// `PAYMENT_EXPIRE_AFTER_SECS`. A checkout paid anyway is honoured as time
+/// ([`crate::renewal_settle`]). Answers how many jobs were written.
+pub async fn expire_checkouts<C: ConnectionTrait>(
+    db: &C,
+    renewal_ids: &[Uuid],
+) -> Result<usize, DbErr> {
+    if renewal_ids.is_empty() {
+        return Ok(0);
+    }
+    let orders: Vec<String> = payments::Entity::find()
+        .select_only()
+        .column(payments::Column::OrderId)
+        .filter(payments::Column::RenewalId.is_in(renewal_ids.iter().copied()))
+        .filter(payments::Column::Status.eq(PaymentStatus::Pending))
+        .filter(payments::Column::Provider.eq(payments::PROVIDER_A))
+        .into_tuple()
+        .all(db)
+        .await?;
+    for order_id in &orders {
+        let mut job = serde_json::to_value(ExpireCheckout {
+            order_id: order_id.clone(),
+        })
+        .expect("a job serialises");
+        job["type"] = serde_json::Value::String(EXPIRE_JOB_TYPE.into());
+        crate::outbox::insert(
+            db,
+            &crate::outbox::NewJob {
+                kind: EXPIRE_JOB_TYPE.to_string(),
+                job: job.to_string(),
+            },
+            std::time::Duration::ZERO,
+        )
+        .await?;
+    }
+    Ok(orders.len())
+}
+
+/// The pay link's token for renewal `renewal_id`:
+/// `<renewal id, 32 hex digits>.<HMAC-SHA256 of "renewal-pay:<id>" with
+/// `secret`, unpadded base64url>`. It carries no expiry: the link is valid
+/// while the renewal is payable (until its grace ends), which the database
+/// decides when it is used.
+pub fn pay_token(secret: &str, renewal_id: Uuid) -> String {
+    use base64::Engine as _;
+    let id = renewal_id.simple().to_string();
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sign(secret, &id));
+    format!("{id}.{sig}")
+}
+
+/// The renewal id a token of [`pay_token`] names, when its signature is
+/// right (compared in constant time); `None` for anything else.
+pub fn verify_pay_token(secret: &str, token: &str) -> Option<Uuid> {
+    use base64::Engine as _;
+    let (id, sig) = token.split_once('.')?;
+    if id.len() != 32 {
+        return None;
+    }
+    let uuid = Uuid::try_parse(id).ok()?;
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(sig)
+        .ok()?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).ok()?;
+    mac.update(format!("renewal-pay:{id}").as_bytes());
+    mac.verify_slice(&sig).ok()?;
+    Some(uuid)
+}
+
+fn sign(secret: &str, id: &str) -> Vec<u8> {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
+    mac.update(format!("renewal-pay:{id}").as_bytes());
+    mac.finalize().into_bytes().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pay_tokens_verify_only_when_signed_with_the_secret() {
+        let id = Uuid::now_v7();
+        let t = pay_token("secret-one", id);
+        assert_eq!(verify_pay_token("secret-one", &t), Some(id));
+        assert_eq!(verify_pay_token("secret-two", &t), None);
+        let other = pay_token("secret-one", Uuid::now_v7());
+        let forged = format!("{}.{}", id.simple(), other.split_once('.').unwrap().1);
+        assert_eq!(verify_pay_token("secret-one", &forged), None);
+        for bad in ["", ".", "abc", "x.y", &format!("{}.", id.simple())] {
+            assert_eq!(verify_pay_token("secret-one", bad), None);
+        }
+    }
 }

@@ -39,6 +39,7 @@ mod m20261210_000001_identity_address_rules;
 mod m20261213_000001_create_billing_mails;
 mod m20261213_000002_add_payment_grants;
 mod m20261214_000001_create_renewals;
+mod m20261215_000001_create_renewal_claims;
 
 mod lock;
 pub use lock::{up_locked, MIGRATION_LOCK_KEY};
@@ -74,6 +75,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261213_000001_create_billing_mails::Migration),
             Box::new(m20261213_000002_add_payment_grants::Migration),
             Box::new(m20261214_000001_create_renewals::Migration),
+            Box::new(m20261215_000001_create_renewal_claims::Migration),
         ]
     }
 }

@@ -4,8 +4,9 @@
 //!   could not be queued goes into the database instead of being lost;
 //! * [`run`]: the relay, a periodic task of every worker on the Redis
 //!   backend, moves due rows to the queue in bounded batches
-//!   ([`BATCH`] every [`RELAY_EVERY`]), deleting a row only after its push
-//!   succeeded. Delivery is at least once (a push whose row could not be
+//!   ([`BATCH`] every [`RELAY_EVERY`], [`PUSH_CONCURRENCY`] pushes at a
+//!   time), deleting a row only after its push succeeded (the pushed rows of
+//!   a batch in one statement). Delivery is at least once (a push whose row could not be
 //!   deleted is pushed again after the lease): the jobs kept here
 //!   (`delete_avatar`, `record_ai_usage`) are idempotent. Every push of a row
 //!   carries the row id as the job's idempotency key.
@@ -29,7 +30,9 @@ pub const RELAY_EVERY: Duration = Duration::from_secs(1);
 /// Longest pause between rounds after failures.
 pub const MAX_PAUSE: Duration = Duration::from_secs(30);
 /// Rows one claim takes at most; a full batch is followed by another at once.
-pub const BATCH: u64 = 100;
+pub const BATCH: u64 = 500;
+/// Pushes of one batch in flight at once.
+pub const PUSH_CONCURRENCY: usize = 16;
 /// How long claimed rows stay hidden from other relays: time for a batch of
 /// pushes and deletes.
 pub const LEASE: Duration = Duration::from_secs(60);
@@ -92,16 +95,22 @@ pub enum RelayError {
     Queue(#[from] crate::queue::QueueError),
 }
 
-/// One round: claims up to [`BATCH`] due rows and pushes them in order,
-/// deleting each after its push. At the first failed push that row and the
-/// rest of the batch are released for [`RETRY_AFTER`]. Returns how many rows
-/// were claimed (moved or set aside as undecodable).
+/// One round: claims up to [`BATCH`] due rows and pushes them,
+/// [`PUSH_CONCURRENCY`] at a time, then deletes the pushed rows in one
+/// statement. After the first failed push no further push is started: that
+/// row and the ones not tried are released for [`RETRY_AFTER`] and the
+/// error returned (the rows pushed before it are deleted first). Returns
+/// how many rows were claimed (moved or set aside as undecodable).
 pub async fn relay_once(db: &DatabaseConnection, queues: &Queues) -> Result<usize, RelayError> {
+    use futures::StreamExt as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     let rows = outbox::claim(db, BATCH, LEASE).await?;
     let claimed = rows.len();
-    for (i, row) in rows.iter().enumerate() {
-        let job: Job = match serde_json::from_str(&row.job) {
-            Ok(job) => job,
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in rows {
+        match serde_json::from_str::<Job>(&row.job) {
+            Ok(job) => jobs.push((row, job)),
             Err(e) => {
                 tracing::error!(outbox_id = %row.id, kind = %row.kind, error = %e, "job outbox: a job does not decode; kept");
                 outbox::retry_later(
@@ -111,23 +120,48 @@ pub async fn relay_once(db: &DatabaseConnection, queues: &Queues) -> Result<usiz
                     &format!("does not decode: {e}"),
                 )
                 .await?;
-                continue;
-            }
-        };
-        let key = row.id.to_string();
-        match queues.push_keyed(job, &key).await {
-            Ok(task_id) => {
-                outbox::delete(db, row.id).await?;
-                tracing::info!(outbox_id = %row.id, kind = %row.kind, task_id, attempts = row.attempts, "job outbox: job queued");
-            }
-            Err(e) => {
-                let error = e.to_string();
-                for rest in &rows[i..] {
-                    outbox::retry_later(db, rest.id, RETRY_AFTER, &error).await?;
-                }
-                return Err(e.into());
             }
         }
+    }
+    let stop = AtomicBool::new(false);
+    let stop = &stop;
+    let results: Vec<_> = futures::stream::iter(jobs)
+        .map(|(row, job): (outbox::Claimed, Job)| async move {
+            if stop.load(Ordering::Relaxed) {
+                return (row, None);
+            }
+            let pushed = queues.push_keyed(job, &row.id.to_string()).await;
+            if pushed.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            (row, Some(pushed))
+        })
+        .buffer_unordered(PUSH_CONCURRENCY)
+        .collect()
+        .await;
+    let mut pushed = Vec::with_capacity(results.len());
+    let mut failed: Vec<outbox::Claimed> = Vec::new();
+    let mut error = None;
+    for (row, result) in results {
+        match result {
+            Some(Ok(task_id)) => {
+                tracing::info!(outbox_id = %row.id, kind = %row.kind, task_id, attempts = row.attempts, "job outbox: job queued");
+                pushed.push(row.id);
+            }
+            Some(Err(e)) => {
+                error.get_or_insert(e);
+                failed.push(row);
+            }
+            None => failed.push(row),
+        }
+    }
+    outbox::delete_many(db, &pushed).await?;
+    if let Some(e) = error {
+        let message = e.to_string();
+        for row in failed {
+            outbox::retry_later(db, row.id, RETRY_AFTER, &message).await?;
+        }
+        return Err(e.into());
     }
     Ok(claimed)
 }

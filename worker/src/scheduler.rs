@@ -11,10 +11,13 @@
 //!   past `PAYMENT_EXPIRE_AFTER_SECS` are left to payment expiry;
 //! * the renewal loop ([`entity::renewal`]): lapse (paid subscriptions past
 //!   their grace, or cancelling and past their end, fall back to FREE with an
-//!   audit row), grace (`past_due` at the period end), renewal records and
-//!   reminders; each pass pages through what is due by keyset
-//!   ([`entity::renewal::due_page`]) until nothing is left and queues every
-//!   page as a `renewal_batch` job, which any worker runs;
+//!   audit row), grace (`past_due` at the period end), renewal records (with
+//!   the reminder already due) and later reminders; each pass pages through
+//!   what is due by keyset until nothing is left, claiming each page
+//!   ([`entity::renewal_scan::claim_page`]) and queueing it as a
+//!   `renewal_batch` job, which any worker runs. A claimed row is not queued
+//!   again for [`CLAIM_TICKS`] ticks, so rows whose job still waits in the
+//!   queue are not queued twice; claims past that lease are deleted;
 //! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
 //!   after creation get a `reconcile_payment` job too (claimed the same way,
 //!   [`entity::reconcile::claim_expiring_payments`]): the provider is asked
@@ -35,7 +38,7 @@
 
 use std::time::Duration;
 
-use entity::{reconcile, renewal, settlement, Settings};
+use entity::{reconcile, renewal, renewal_scan, settlement, Settings};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -43,8 +46,13 @@ use crate::{
     queue::Queues,
 };
 
-/// Rows one task handles per tick at most.
+/// Rows one task handles per tick at most (one page of the renewal loop).
 pub const BATCH: u64 = 500;
+
+/// Ticks a row queued for a pass of the renewal loop stays claimed: it is
+/// queued again only if still due after this many ticks (its job was lost, or
+/// left it due).
+pub const CLAIM_TICKS: u32 = 10;
 
 /// What one tick did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -155,9 +163,11 @@ pub async fn run_tick(
     Ok(report)
 }
 
-/// Pages through every pass of the renewal loop due at `now` and queues
-/// each page as a `renewal_batch` job; answers how many were queued. Also
-/// sets the `past_due` gauge.
+/// Pages through every pass of the renewal loop due at `now`, claiming and
+/// queueing each page of rows not already claimed as a `renewal_batch` job;
+/// answers how many were queued. A page whose push fails is given back
+/// (due again at the next tick) and the error returned. Also sets the
+/// `past_due` gauge and deletes claims past their lease.
 async fn queue_renewals(
     db: &sea_orm::DatabaseConnection,
     queues: &Queues,
@@ -165,6 +175,9 @@ async fn queue_renewals(
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<usize> {
     crate::metrics::past_due(renewal::past_due_count(db).await?);
+    let lease = chrono::Duration::from_std(settings.scheduler_tick * CLAIM_TICKS)
+        .unwrap_or(chrono::Duration::MAX);
+    renewal_scan::delete_stale_claims(db, now - lease).await?;
     if renewal::paused(&entity::Features::compute(settings)) {
         tracing::info!("renewal loop paused: payments are switched off or not ready");
         return Ok(0);
@@ -174,14 +187,22 @@ async fn queue_renewals(
     for step in renewal::Step::ALL {
         let mut after = None;
         loop {
-            let page = renewal::due_page(db, step, &policy, now, after, BATCH).await?;
+            let page =
+                renewal_scan::claim_page(db, step, &policy, now, lease, after, BATCH).await?;
             let Some(last) = page.last().copied() else {
                 break;
             };
-            let ids = page.iter().map(|(_, id)| *id).collect();
-            queues
-                .push(Job::RenewalBatch(RenewalBatch { step, ids }))
-                .await?;
+            let ids: Vec<_> = page.iter().map(|(_, id)| *id).collect();
+            let job = Job::RenewalBatch(RenewalBatch {
+                step,
+                ids: ids.clone(),
+            });
+            if let Err(e) = queues.push(job).await {
+                if let Err(e) = renewal_scan::release_claims(db, step, &ids).await {
+                    tracing::warn!(step = step.as_str(), error = %e, "scheduler: could not give back a renewal page's claims");
+                }
+                return Err(e.into());
+            }
             queued += 1;
             if (page.len() as u64) < BATCH {
                 break;

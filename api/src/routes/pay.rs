@@ -1,7 +1,7 @@
 //! `GET /api/payments/pay/{token}`: the renewal's pay link, as it appears in
 //! `GET /api/me` (`subscription.renewal.pay_url`) and in the reminder and
 //! past-due mails. No session: the token, signed with the server secret
-//! (`BACKEND_SERVICE_ROLE_KEY`) for one renewal ([`entity::renewal::pay_token`]),
+//! (`BACKEND_SERVICE_ROLE_KEY`) for one renewal ([`entity::renewal_pay::pay_token`]),
 //! is the credential. Rules in [`entity::renewal_pay`].
 //!
 //! Flow: payments ready (503) → token (404 `invalid_link`) → the renewal by
@@ -38,7 +38,7 @@ pub fn pay_url(settings: &entity::Settings, renewal_id: Uuid) -> Option<String> 
     Some(format!(
         "{}/api/payments/pay/{}",
         settings.api_external_url.trim_end_matches('/'),
-        entity::renewal::pay_token(secret, renewal_id)
+        entity::renewal_pay::pay_token(secret, renewal_id)
     ))
 }
 
@@ -145,7 +145,7 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
         .backend_service_role_key
         .as_deref()
         .ok_or_else(invalid_link)?;
-    let renewal_id = entity::renewal::verify_pay_token(secret, token).ok_or_else(invalid_link)?;
+    let renewal_id = entity::renewal_pay::verify_pay_token(secret, token).ok_or_else(invalid_link)?;
     let grace = span(state.settings.renewal_grace);
     let expire_after = span(state.settings.payment_expire_after);
     // At most: a stale checkout asked about, then a new one started.

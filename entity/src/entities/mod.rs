@@ -76,6 +76,7 @@ pub mod auth_sessions;
 pub mod job_outbox;
 pub mod payments;
 pub mod profiles;
+pub mod renewal_claims;
 pub mod renewals;
 pub mod subscriptions;
 pub mod user_roles;

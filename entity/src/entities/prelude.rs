@@ -7,6 +7,7 @@ pub use super::audit_logs::Entity as AuditLogs;
 pub use super::job_outbox::Entity as JobOutbox;
 pub use super::payments::Entity as Payments;
 pub use super::profiles::Entity as Profiles;
+pub use super::renewal_claims::Entity as RenewalClaims;
 pub use super::renewals::Entity as Renewals;
 pub use super::subscriptions::Entity as Subscriptions;
 pub use super::user_roles::Entity as UserRoles;

@@ -11,6 +11,7 @@ pub mod auth_email;
 pub mod avatar_cleanup;
 pub mod billing_mail;
 pub mod email;
+pub mod expire_checkout;
 pub mod reconcile;
 pub mod renewal;
 pub mod settlement;
@@ -101,6 +102,10 @@ pub enum Job {
     SendBillingMail(entity::billing_mail::BillingMailJob),
     /// Run one page of one pass of the renewal loop.
     RenewalBatch(RenewalBatch),
+    /// End at its provider the checkout of a voided renewal, then settle the
+    /// provider's word. Queued by the model through the job outbox
+    /// ([`entity::renewal_pay::expire_checkouts`]).
+    ExpireCheckout(entity::renewal_pay::ExpireCheckout),
 }
 
 impl Job {
@@ -109,9 +114,10 @@ impl Job {
         match self {
             Job::SendEmail(_) => QueueName::Email,
             Job::DeleteAvatar(_) => QueueName::Storage,
-            Job::SettlePayment(_) | Job::ReconcilePayment(_) | Job::RenewalBatch(_) => {
-                QueueName::Settlement
-            }
+            Job::SettlePayment(_)
+            | Job::ReconcilePayment(_)
+            | Job::RenewalBatch(_)
+            | Job::ExpireCheckout(_) => QueueName::Settlement,
 
             Job::RecordAiUsage(_) => QueueName::AiUsage,
             Job::SendAuthEmail(_) | Job::SendBillingMail(_) => QueueName::Email,
@@ -129,6 +135,7 @@ impl Job {
             Job::SendAuthEmail(_) => "send_auth_email",
             Job::SendBillingMail(_) => entity::billing_mail::JOB_TYPE,
             Job::RenewalBatch(_) => "renewal_batch",
+            Job::ExpireCheckout(_) => entity::renewal_pay::EXPIRE_JOB_TYPE,
         }
     }
 }
@@ -219,5 +226,6 @@ pub async fn handle(
         Job::SendAuthEmail(j) => auth_email::handle(j, task_id, attempt, ctx).await,
         Job::SendBillingMail(j) => billing_mail::handle(j, task_id, attempt, ctx).await,
         Job::RenewalBatch(j) => renewal::handle(j, task_id, attempt, ctx).await,
+        Job::ExpireCheckout(j) => expire_checkout::handle(j, task_id, attempt, ctx).await,
     }
 }

@@ -1,6 +1,7 @@
 //! Clients of the payment providers' HTTP APIs (an I/O adapter, like the
-//! mailer): checkout for `POST /api/payments` ([`checkout`]) and the status
-//! checks of reconciliation ([`status`]).
+//! mailer): checkout for `POST /api/payments` ([`checkout`]), the status
+//! checks of reconciliation ([`status`]) and ending a voided renewal's
+//! checkout ([`expire`]).
 //!
 //! Protocols (decisions.md, "Payments"):
 //! * provider_a is the Snap / Core API protocol of Midtrans: `Authorization:
@@ -21,6 +22,7 @@ use base64::Engine as _;
 use entity::{payment::ProviderBRequest, Settings};
 
 pub mod checkout;
+pub mod expire;
 pub mod status;
 
 /// Why a provider call gave no usable answer.

@@ -1,0 +1,168 @@
+//! The renewal loop's pages under load, against the real worker binary,
+//! PostgreSQL and Redis, as an operator with many subscriptions coming due
+//! would see it: a page of rows whose batch job still waits in the queue is
+//! not queued again by the next ticks (the queue holds one job per page, not
+//! one per page and tick); a page whose job was lost is queued again once its
+//! claim's lease (ten ticks) is over; every subscription gets one renewal and
+//! the reminder already due with it, once.
+
+use std::time::Duration;
+
+use entity::entities::renewals::{self, RenewalStatus};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter,
+};
+use tests::{connect_db, wait_until, EnvMap, Proc, Stack};
+
+/// Subscriptions seeded: two full pages of 500 and one of 100.
+const SUBS: u64 = 1_100;
+const PAGES: u64 = 3;
+
+fn env(stack: &Stack) -> EnvMap {
+    stack
+        .session_env(
+            "renewal-pages-jwt-0123456789abcdef0123456789",
+            "renewal-pages-service-role-0123456789abcdef",
+        )
+        .with("SCHEDULER_TICK_SECS", "1")
+        // Every tick logs "scheduler tick", idle ones too.
+        .with("RUST_LOG", "info,worker::scheduler=debug")
+}
+
+/// `n` users with an email and a paid PRO subscription ending two days (and
+/// a second per user) from now by the database's clock: each is due for its
+/// renewal, with the 3-day reminder (the latest offset past) due too.
+async fn seed(db: &DatabaseConnection, n: u64) {
+    for sql in [
+        format!(
+            "INSERT INTO users (id, email, created_at) \
+             SELECT ('00000000-0000-4000-a000-' || lpad(to_hex(u), 12, '0'))::uuid, \
+                    'pages' || u || '@example.com', now() - interval '1 month' \
+             FROM generate_series(1, {n}) u"
+        ),
+        format!(
+            "INSERT INTO subscriptions (user_id, plan, status, cancel_at_period_end, \
+                 current_period_start, current_period_end, created_at, updated_at) \
+             SELECT ('00000000-0000-4000-a000-' || lpad(to_hex(u), 12, '0'))::uuid, 'PRO', 'active', false, \
+                    now() - interval '28 days', now() + interval '2 days' + interval '1 second' * u, \
+                    now() - interval '1 month', now() - interval '1 month' \
+             FROM generate_series(1, {n}) u"
+        ),
+    ] {
+        db.execute_unprepared(&sql).await.expect("seed");
+    }
+}
+
+fn ticks(w: &Proc) -> usize {
+    w.stderr().matches("scheduler tick").count()
+}
+
+/// Waits until `w` has logged `n` more scheduler ticks.
+async fn more_ticks(w: &Proc, n: usize) {
+    let seen = ticks(w);
+    assert!(
+        wait_until(Duration::from_secs(30), || async { ticks(w) >= seen + n }).await,
+        "the scheduler ticks; stderr:\n{}",
+        w.stderr()
+    );
+}
+
+async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
+    use sea_orm::{FromQueryResult, JsonValue, Statement};
+    let row = JsonValue::find_by_statement(Statement::from_string(db.get_database_backend(), sql))
+        .one(db)
+        .await
+        .expect("count")
+        .expect("a row");
+    row["n"].as_i64().unwrap_or_else(|| panic!("{sql}: {row}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_waiting_in_the_queue_is_queued_once_and_a_lost_one_again_after_its_lease() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let _api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    seed(&db, SUBS).await;
+    let queued = || stack.redis.count("LLEN", "settlement:active");
+
+    // A worker that runs the scheduler but serves only the email queue: the
+    // renewal pages it queues wait on the settlement queue.
+    let scheduler = stack
+        .worker(&env.clone().with("WORKER_QUEUES", "email"))
+        .await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async { queued().await >= PAGES }).await,
+        "the pages are queued; stderr:\n{}",
+        scheduler.stderr()
+    );
+    more_ticks(&scheduler, 4).await;
+    assert_eq!(
+        queued().await,
+        PAGES,
+        "one job per page while the jobs wait, not one per page and tick"
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) AS n FROM renewal_claims WHERE step = 'create'").await,
+        SUBS as i64
+    );
+
+    // The jobs are lost (as if the queue's list were wiped): after the lease
+    // (ten ticks) the rows still due are queued again, once.
+    let mut c = stack.redis.conn().await;
+    let _: () = redis::cmd("DEL")
+        .arg(stack.redis.key("settlement:active"))
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    assert!(
+        wait_until(Duration::from_secs(60), || async { queued().await >= PAGES }).await,
+        "the lost pages are queued again after their lease"
+    );
+    more_ticks(&scheduler, 3).await;
+    assert_eq!(queued().await, PAGES, "once again, not once per tick");
+
+    // A worker serving the settlement queue runs them: one renewal each,
+    // with its reminder queued in the same transaction.
+    let _runner = stack
+        .worker(&env.clone().with("WORKER_QUEUES", "settlement"))
+        .await;
+    let open = || async {
+        renewals::Entity::find()
+            .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+            .count(&db)
+            .await
+            .unwrap()
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || async { open().await >= SUBS }).await,
+        "every subscription gets its renewal"
+    );
+    let reminders = "SELECT count(*) AS n FROM billing_mails WHERE kind = 'renewal_reminder'";
+    assert_eq!(
+        count(&db, reminders).await,
+        SUBS as i64,
+        "the reminder due comes with the renewal"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) AS n FROM renewals WHERE next_reminder_at IS NULL OR \
+             next_reminder_at <> period_end - interval '1 day'"
+        )
+        .await,
+        0,
+        "the next reminder is the 1-day one"
+    );
+    more_ticks(&scheduler, 3).await;
+    assert_eq!(open().await, SUBS, "nothing created twice");
+    assert_eq!(
+        count(&db, "SELECT count(*) AS n FROM renewals").await,
+        SUBS as i64
+    );
+    assert_eq!(count(&db, reminders).await, SUBS as i64, "no reminder twice");
+    assert!(
+        wait_until(Duration::from_secs(30), || async { queued().await == 0 }).await,
+        "the queue drains"
+    );
+}
