@@ -73,9 +73,22 @@ pub struct InForce<'a> {
     pub plan: &'a str,
     /// End of its paid period, if any.
     pub period_end: Option<DateTime<Utc>>,
-    /// In its renewal grace (`past_due`): the period ended unpaid and the
+    /// In its renewal grace ([`in_grace`]): the period ended unpaid and the
     /// plan is kept until the grace ends.
     pub in_grace: bool,
+}
+
+/// Whether `s` is in its renewal grace at `at`: `past_due`, or still
+/// `active` (not cancelling) on a paid plan whose period ended at or before
+/// `at` but which the scheduler has not yet moved to `past_due` (between two
+/// ticks, or while the renewal loop is paused): the plan is still in force,
+/// so a payment for it continues from the old end, never from `at`.
+pub fn in_grace(s: &subscriptions::Model, at: DateTime<Utc>) -> bool {
+    s.status == SubscriptionStatus::PastDue
+        || (s.status == SubscriptionStatus::Active
+            && s.plan != FREE
+            && !s.cancel_at_period_end
+            && s.current_period_end.is_some_and(|e| e <= at))
 }
 
 /// One running grant as the carry reads it.
@@ -244,7 +257,7 @@ pub async fn plan<C: ConnectionTrait>(
         |s| InForce {
             plan: &s.plan,
             period_end: s.current_period_end,
-            in_grace: s.status == SubscriptionStatus::PastDue,
+            in_grace: in_grace(s, paid_at),
         },
     );
     let carries = in_force.plan != FREE
@@ -267,9 +280,11 @@ pub async fn plan<C: ConnectionTrait>(
 ///   payment: a month from `paid_at`).
 /// * Another paid plan Q is in force (paid beyond `paid_at`, or in its
 ///   grace): the period end moves on by the time `amount` buys of Q at the
-///   rate of Q's latest stored grant (its amount less partial refunds over
-///   its own month, carried time excluded), rounded down to the second; with
-///   no stored grant of Q, one calendar month.
+///   price Q was sold at in its latest stored grant (that payment's amount
+///   over its own month, carried time excluded; paid or refunded since, and
+///   never net of partial refunds, which change what a customer paid, not
+///   what Q costs), rounded down to the second; with no stored grant of Q at
+///   all (a subscription older than stored grants), one calendar month.
 pub async fn as_time<C: ConnectionTrait>(
     db: &C,
     user: Uuid,
@@ -279,8 +294,8 @@ pub async fn as_time<C: ConnectionTrait>(
     paid_at: DateTime<Utc>,
 ) -> Result<Grant, DbErr> {
     let other = sub.and_then(|s| {
-        let in_grace = s.status == SubscriptionStatus::PastDue;
-        let end = s.current_period_end.filter(|e| in_grace || *e > paid_at)?;
+        let grace = in_grace(s, paid_at);
+        let end = s.current_period_end.filter(|e| grace || *e > paid_at)?;
         (s.plan != FREE && s.plan != plan_id).then_some((s, end))
     });
     let Some((s, end)) = other else {
@@ -288,7 +303,7 @@ pub async fn as_time<C: ConnectionTrait>(
     };
     let latest = payments::Entity::find()
         .filter(payments::Column::UserId.eq(user))
-        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+        .filter(payments::Column::Status.is_in([PaymentStatus::Paid, PaymentStatus::Refunded]))
         .filter(payments::Column::GrantPlan.eq(s.plan.as_str()))
         .order_by_desc(payments::Column::GrantEnd)
         .one(db)
@@ -296,8 +311,8 @@ pub async fn as_time<C: ConnectionTrait>(
     let bought = latest.and_then(|p| {
         let own = micros(p.grant_end? - p.grant_start?)
             - i128::from(p.carried_seconds.unwrap_or(0)) * 1_000_000;
-        let value = i128::from(p.amount - p.refunded_amount);
-        (own > 0 && value > 0).then(|| i128::from(amount.max(0)) * own / value)
+        let price = i128::from(p.amount);
+        (own > 0 && price > 0).then(|| i128::from(amount.max(0)) * own / price)
     });
     let new_end = match bought {
         Some(us) => {

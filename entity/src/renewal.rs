@@ -447,14 +447,31 @@ where
     if !due {
         return Ok(None);
     }
+    // A renewal the subscription no longer runs (its period end or plan
+    // moved by a settlement that raced the offer) asks for nothing: void.
+    let sub = subscriptions::Entity::find_by_id(r.user_id)
+        .one(&txn)
+        .await?;
+    if crate::renewal_settle::fit(Some(&r), sub.as_ref()) != crate::renewal_settle::Fit::Renews {
+        tracing::info!(renewal_id = %r.id, user_id = %r.user_id, "renewal: no longer renews the subscription; voided instead of reminded");
+        let mut am = r.into_active_model();
+        am.status = Set(RenewalStatus::Void);
+        am.next_reminder_at = Set(None);
+        am.updated_at = Set(now);
+        am.update(&txn).await?;
+        crate::renewal_pay::expire_checkouts(&txn, &[renewal_id]).await?;
+        txn.commit().await?;
+        return Ok(None);
+    }
     // Due already: the past-due mail speaks from now on.
     let sent = (r.period_end > now)
         .then(|| policy.latest_due(r.period_end, now))
         .flatten();
     let next = sent.and_then(|d| policy.after(r.period_end, d));
     let outcome = match sent {
-        Some(d) => (remind(&txn, policy, &r, d, now).await? == Queued::Queued)
-            .then_some(Outcome::Reminded),
+        Some(d) => {
+            (remind(&txn, policy, &r, d, now).await? == Queued::Queued).then_some(Outcome::Reminded)
+        }
         None => None,
     };
     let mut am = r.into_active_model();

@@ -118,6 +118,11 @@ pub struct Seen {
     pub status: PaymentStatus,
     /// Its amount then (whole units of its currency).
     pub amount: i64,
+    /// What the provider's status API says went back so far by a partial
+    /// refund or chargeback (whole units, rounded up): the only figure a
+    /// provider_a partial refund is recorded from, never the notice's own
+    /// (its signature does not cover it).
+    pub refunded: Option<i64>,
 }
 
 /// Settles the recorded event `event_id` (see the module docs). `request_id`
@@ -179,12 +184,8 @@ where
         }
     }
     let reported = reported_status(&event.provider, &event.provider_status, &event.payload);
-    if event.provider == payments::PROVIDER_A {
-        if let Some(back) =
-            payment::provider_a_partial_refund(&event.provider_status, &event.payload)
-        {
-            grant::record_partial_refund(&txn, &event.order_id, back).await?;
-        }
+    if let Some(back) = seen.and_then(|s| s.refunded) {
+        grant::record_partial_refund(&txn, &event.order_id, back).await?;
     }
     let outcome = match reported {
         None => Settled::Invalid("the event reports a status its provider does not define"),
@@ -269,9 +270,14 @@ async fn unconfirmed<T: ConnectionTrait>(
     }
     .insert(txn)
     .await?;
+    // The notice's dedupe key is given back: a notice the provider did not
+    // stand behind must not make the genuine one that follows (same status,
+    // same refund total) a duplicate.
+    let released = format!("{}#unconfirmed:{}", event.dedupe_key, event.id);
     let mut am = event.into_active_model();
     am.settled_at = Set(Some(Utc::now()));
     am.settlement_error = Set(Some(format!("unconfirmed: {reason}")));
+    am.dedupe_key = Set(released);
     am.update(txn).await?;
     Ok(Settled::Unconfirmed(reason.to_string()))
 }

@@ -240,6 +240,70 @@ async fn a_whole_provider_a_refund_takes_back_the_period() {
     );
 }
 
+/// provider_a: the refund figure of a partial-refund notice is not covered
+/// by its signature, so a partial refund is recorded only when the status
+/// API states the same total: an edited notice (the payment still settled
+/// there) or an overstated one records nothing, and does not make the
+/// genuine notice with that figure a duplicate; a genuine one records it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partial_refund_is_recorded_only_as_the_status_api_states_it() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+    let (_, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
+    post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Paid).await;
+    let refunded = || async { payment(&db, &order).await.refunded_amount };
+
+    // Edited: a genuine `settlement` notice re-labelled, its signature intact.
+    let big = json!({"refund_amount": "98999.00", "refund_chargeback_id": 1});
+    post(
+        &api,
+        path,
+        a_notice(&order, "partial_refund", big.clone()),
+        &[],
+    )
+    .await;
+    wait_settled(&db, &order, 2).await;
+    assert_eq!(refunded().await, 0);
+    // Overstated: the API states 1,000 refunded.
+    status.set_with(
+        &order,
+        "partial_refund",
+        json!({"refund_amount": "1000.00"}),
+    );
+    post(
+        &api,
+        path,
+        a_notice(&order, "partial_refund", big.clone()),
+        &[],
+    )
+    .await;
+    wait_settled(&db, &order, 3).await;
+    assert_eq!(refunded().await, 0);
+    assert_eq!(
+        actions(&db, &order).await,
+        vec![
+            "payment.settle",
+            "payment.unconfirmed",
+            "payment.unconfirmed"
+        ]
+    );
+    // Genuine: 1,000, then 98,999 in all (the figure the edits used).
+    let small = json!({"refund_amount": "1000.00", "refund_chargeback_id": 1});
+    post(&api, path, a_notice(&order, "partial_refund", small), &[]).await;
+    wait_settled(&db, &order, 4).await;
+    assert_eq!(refunded().await, 1_000);
+    status.set_with(&order, "partial_refund", big.clone());
+    post(&api, path, a_notice(&order, "partial_refund", big), &[]).await;
+    wait_settled(&db, &order, 5).await;
+    let p = payment(&db, &order).await;
+    assert_eq!((p.status, p.refunded_amount), (PaymentStatus::Paid, 98_999));
+}
+
 /// provider_b: of two chained PRO months, refunding the second ends the
 /// subscription where the first ended; refunding the first too leaves FREE.
 #[tokio::test(flavor = "multi_thread")]

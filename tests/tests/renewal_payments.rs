@@ -452,3 +452,207 @@ async fn the_embedded_mode_renews_too() {
     assert_eq!(s.plan, "PRO");
     assert_eq!(s.current_period_end, Some(month_after(r.period_end)));
 }
+
+/// Sets what went back of `order` by a partial refund the provider
+/// confirmed (the figure settlement records from the status API).
+async fn partly_refunded(pool: &sea_orm::sqlx::PgPool, order: &str, amount: i64) {
+    sea_orm::sqlx::query("UPDATE payments SET refunded_amount = $2 WHERE order_id = $1")
+        .bind(order)
+        .bind(amount)
+        .execute(pool)
+        .await
+        .expect("record the partial refund");
+}
+
+/// The checkout of a renewal for `cheaper` (at `price`), opened after
+/// `change`, then left behind by a `change` back to the plan in force: the
+/// renewal is void, its checkout still payable. Answers its order id.
+async fn stale_cheaper_checkout(
+    api: &Proc,
+    db: &DatabaseConnection,
+    pool: &sea_orm::sqlx::PgPool,
+    user: Uuid,
+    end: DateTime<Utc>,
+    (cheaper, price): (&str, i64),
+    in_force: &str,
+) -> String {
+    let r = post_subscription(api, user, json!({"action": "change", "plan": cheaper})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let next = offered(db, user, end).await;
+    assert_eq!((next.plan.as_str(), next.amount), (cheaper, price));
+    let order = renewal_payment(pool, db, &next).await;
+    let r = post_subscription(api, user, json!({"action": "change", "plan": in_force})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(renewal(db, next.id).await.status, RenewalStatus::Void);
+    order
+}
+
+/// The seconds `amount` buys of a plan sold at `price` for the grant of
+/// `order` (its own month, carried time excluded), rounded down.
+async fn bought(db: &DatabaseConnection, order: &str, amount: i64, price: i64) -> i64 {
+    let p = payment_row(db, order).await;
+    let us = |d: chrono::Duration| i128::from(d.num_microseconds().unwrap());
+    let own = us(p.grant_end.unwrap() - p.grant_start.unwrap())
+        - i128::from(p.carried_seconds.unwrap_or(0)) * 1_000_000;
+    (i128::from(amount) * own / i128::from(price) / 1_000_000) as i64
+}
+
+/// A partial refund lowers what the customer paid, not the price of the
+/// plan: an outdated renewal's money buys time of the plan in force at the
+/// price it was sold at (a partial refund of 98,999 once made 49,000 buy
+/// thousands of years of PRO).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partial_refund_does_not_make_an_outdated_renewal_buy_more_time() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    let (_, end) = move_period(&pool, &pro, 28, 2).await;
+    offered(&db, user, end).await;
+    let stale = stale_cheaper_checkout(&api, &db, &pool, user, end, ("BASIC", 49_000), "PRO").await;
+    partly_refunded(&pool, &pro, 98_999).await;
+
+    settle(&api, &db, &stale, 49_000).await;
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(s.plan, "PRO");
+    let secs = bought(&db, &pro, 49_000, 99_000).await;
+    assert!((1_250_000..1_300_000).contains(&secs), "{secs}");
+    assert_eq!(
+        s.current_period_end,
+        Some(end + chrono::Duration::seconds(secs)),
+        "49,000 buys 49/99 of a PRO month"
+    );
+}
+
+/// A refund in grace leaves the plan in force with no paid grant behind it;
+/// an outdated cheaper renewal paid then buys what its money buys of that
+/// plan, not a whole month of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_refund_in_grace_an_outdated_cheaper_renewal_buys_its_share_not_a_month() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let ultimate = pay(&api, &db, user, "ULTIMATE", 299_000).await;
+    let (_, end) = move_period(&pool, &ultimate, 28, 2).await;
+    offered(&db, user, end).await;
+    let stale =
+        stale_cheaper_checkout(&api, &db, &pool, user, end, ("BASIC", 49_000), "ULTIMATE").await;
+    // The period ends unpaid: grace.
+    let (_, end) = move_period(&pool, &ultimate, 31, 0).await;
+    let in_grace = wait_until(Duration::from_secs(30), || async {
+        tests::subscription_row(&db, user).await.status == SubscriptionStatus::PastDue
+    })
+    .await;
+    assert!(in_grace, "{:?}", tests::subscription_row(&db, user).await);
+    // The ULTIMATE payment is refunded: its month is over, nothing to take.
+    tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, &ultimate, 299_000, "REFUNDED").await;
+    wait_payment_status(&db, &ultimate, PaymentStatus::Refunded).await;
+
+    settle(&api, &db, &stale, 49_000).await;
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(s.plan, "ULTIMATE");
+    let secs = bought(&db, &ultimate, 49_000, 299_000).await;
+    assert!(secs < 6 * 86_400, "{secs}");
+    assert_eq!(
+        s.current_period_end,
+        Some(end + chrono::Duration::seconds(secs)),
+        "49,000 buys 49/299 of an ULTIMATE month from the old end"
+    );
+}
+
+/// A renewal paid after its period end, before the scheduler marked the
+/// subscription `past_due` (between ticks, or while the loop is paused),
+/// continues from the old end: the days since are paid for, not free.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_paid_after_its_end_before_past_due_continues_from_the_old_end() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let worker = stack.worker(&env).await;
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    let (_, end) = move_period(&pool, &pro, 28, 2).await;
+    let r = offered(&db, user, end).await;
+    let order = renewal_payment(&pool, &db, &r).await;
+    drop(worker);
+    // Two days later, nobody has ticked since: still `active`.
+    let (_, end) = move_period(&pool, &pro, 32, -2).await;
+    sea_orm::sqlx::query("UPDATE renewals SET period_end = $2 WHERE id = $1")
+        .bind(r.id)
+        .bind(end)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let _worker = stack
+        .worker(&env.clone().with("SCHEDULER_TICK_SECS", "3600"))
+        .await;
+    settle(&api, &db, &order, 99_000).await;
+    assert_eq!(renewal(&db, r.id).await.status, RenewalStatus::Paid);
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(
+        s.current_period_end,
+        Some(month_after(end)),
+        "a month from the old end, not from the payment"
+    );
+}
+
+/// A settlement that moved the period end while the renewal was being
+/// offered leaves that renewal open for the old end; its next reminder
+/// voids it instead of asking the customer to pay for a period already paid.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_left_open_by_a_race_is_voided_not_reminded() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let worker = stack.worker(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    let (_, end) = move_period(&pool, &pro, 28, 2).await;
+    let r = offered(&db, user, end).await;
+    let reminders = || async {
+        tests::count(
+            &pool,
+            "SELECT count(*) FROM billing_mails WHERE kind = 'renewal_reminder'",
+        )
+        .await
+    };
+    assert_eq!(reminders().await, 1, "the reminder due came with the offer");
+    // As if a payment had moved the end by a month while the offer was made
+    // (the offer now holds the subscription's lock, so the test writes the
+    // outcome of the race), and the 1-day reminder came due.
+    sea_orm::sqlx::query(
+        "UPDATE subscriptions SET current_period_end = current_period_end + interval '30 days' \
+         WHERE user_id = $1",
+    )
+    .bind(user)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sea_orm::sqlx::query("UPDATE renewals SET next_reminder_at = now() WHERE id = $1")
+        .bind(r.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let voided = wait_until(Duration::from_secs(30), || async {
+        renewal(&db, r.id).await.status == RenewalStatus::Void
+    })
+    .await;
+    assert!(voided, "worker stderr:\n{}", worker.stderr());
+    assert_eq!(
+        reminders().await,
+        1,
+        "no reminder for a period already paid"
+    );
+}

@@ -145,7 +145,8 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
         .backend_service_role_key
         .as_deref()
         .ok_or_else(invalid_link)?;
-    let renewal_id = entity::renewal_pay::verify_pay_token(secret, token).ok_or_else(invalid_link)?;
+    let renewal_id =
+        entity::renewal_pay::verify_pay_token(secret, token).ok_or_else(invalid_link)?;
     let grace = span(state.settings.renewal_grace);
     let expire_after = span(state.settings.payment_expire_after);
     // At most: a stale checkout asked about, then a new one started.

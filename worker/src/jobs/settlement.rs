@@ -15,7 +15,12 @@
 //! and nothing changes. The confirmation compares the provider's answer with
 //! the payment as read before the settlement's transaction; settlement reads
 //! it again under its row lock and settles the event as unconfirmed when it
-//! changed meanwhile ([`settlement::settle_event_seen`]). While the status
+//! changed meanwhile ([`settlement::settle_event_seen`]). A `partial_refund`
+//! or `partial_chargeback` notice is always confirmed, even when the payment
+//! stays PAID: it settles only when the status API states the same refunded
+//! total (the notice's figure is not covered by its signature). An event
+//! settled as unconfirmed gives its dedupe key back, so the genuine notice
+//! that follows it is not taken for a duplicate. While the status
 //! API cannot be reached (or answers what cannot be used) the job is
 //! retried. provider_b's notifications are signed over the whole body (the
 //! required `Signature` header) and are settled as they are.
@@ -120,16 +125,23 @@ async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, 
     };
     // What this decision rests on: settlement re-reads the payment under its
     // lock and settles as unconfirmed when it is no longer this.
-    let seen = Some(settlement::Seen {
+    let seen = settlement::Seen {
         status: pay.status,
         amount: pay.amount,
-    });
+        refunded: None,
+    };
+    // A partial refund or chargeback changes what a payment is worth even
+    // when its status stays PAID, and the figure is not signed: always ask.
+    let notice_refund = payment::provider_a_partial_refund(&event.provider_status, &event.payload);
+    let partial = notice_refund.is_some();
     // Repeats and refused moves change nothing: no need to ask.
-    if !matches!(
-        payment::transition(pay.status, reported),
-        Transition::Apply { .. }
-    ) {
-        return Ok(Confirmation::Settle(seen));
+    if !partial
+        && !matches!(
+            payment::transition(pay.status, reported),
+            Transition::Apply { .. }
+        )
+    {
+        return Ok(Confirmation::Settle(Some(seen)));
     }
     let status_code = event.payload["status_code"].as_str().unwrap_or_default();
     if reported == PaymentStatus::Paid && status_code != "200" {
@@ -138,16 +150,26 @@ async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, 
         )));
     }
     match ctx.providers.status(PROVIDER_A, &event.order_id).await {
-        Ok(Some(r)) if r.reported == reported && r.amount == Some(pay.amount) => {
-            Ok(Confirmation::Settle(seen))
+        // A partial refund settles only when the API states the same total.
+        Ok(Some(r))
+            if r.reported == reported
+                && r.amount == Some(pay.amount)
+                && (!partial || r.refunded == notice_refund) =>
+        {
+            Ok(Confirmation::Settle(Some(settlement::Seen {
+                refunded: r.refunded,
+                ..seen
+            })))
         }
         Ok(Some(r)) => Ok(Confirmation::Unconfirmed(format!(
-            "the status API reports {} ({}) for amount {:?}, the notice {} for {}",
+            "the status API reports {} ({}) for amount {:?} refunded {:?}, the notice {} for {} refunded {:?}",
             r.provider_status,
             r.reported.as_str(),
             r.amount,
+            r.refunded,
             event.provider_status,
-            pay.amount
+            pay.amount,
+            notice_refund
         ))),
         Ok(None) => Ok(Confirmation::Unconfirmed(
             "the status API does not know the order".into(),

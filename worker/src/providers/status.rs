@@ -42,6 +42,10 @@ pub struct StatusReport {
     pub amount: Option<i64>,
     /// The provider's own status text (`settlement`, `SUCCESS`, …), for logs.
     pub provider_status: String,
+    /// What went back so far by provider_a's `partial_refund` or
+    /// `partial_chargeback` answer, whole units rounded up
+    /// ([`payment::provider_a_partial_refund`]); `None` otherwise.
+    pub refunded: Option<i64>,
 }
 
 /// Whole units of a non-negative decimal text (`99000`, `99000.00`):
@@ -165,6 +169,7 @@ impl Providers {
             reported,
             amount: whole_units(gross_amount)?,
             provider_status: transaction_status.to_string(),
+            refunded: payment::provider_a_partial_refund(transaction_status, &v),
         }))
     }
 
@@ -209,6 +214,7 @@ impl Providers {
             reported: payment::provider_b_status(status),
             amount,
             provider_status: status.to_string(),
+            refunded: None,
         }))
     }
 }
