@@ -336,7 +336,7 @@ if want drain-scale; then
     secs=$(awk -v a="$start" -v b="$end" 'BEGIN {printf "%.2f", b - a}')
     rate[$n]=$(awk -v s="$s" -v a="$start" -v b="$end" 'BEGIN {printf "%.0f", s / (b - a)}')
     rss_all=$(for p in "${pids[@]}"; do awk '/VmHWM/ {printf "%.0f ", $2 / 1024}' "/proc/$p/status" || true; done)
-    echo "drain-scale $n: $n worker process(es) drained $queued jobs in $secs s: ${rate[$n]} jobs/s from their start ($(awk -v s="$((s - ${first_s:-0}))" -v a="${first:-$start}" -v b="$end" 'BEGIN {printf "%.0f", s / (b - a)}') jobs/s from the first email answered); email API answered $s; worker peak RSS ${rss_all}MiB; dead letters $(redis-cli zcard "$PREFIX:email:dead" 2>/dev/null || echo ?); $(load)"
+    echo "drain-scale $n: $n worker process(es) drained $queued jobs in $secs s: ${rate[$n]} jobs/s from their start ($(awk -v s="$((s - ${first_s:-0}))" -v a="${first:-$start}" -v b="$end" 'BEGIN {printf "%.0f", s / (b - a)}') jobs/s from the first email answered); email API answered $s; worker peak RSS ${rss_all}MiB; dead letters $(redis-cli scard "$PREFIX:email:dead" 2>/dev/null || echo ?); $(load)"
     kill "${pids[@]}" 2>/dev/null || true
     wait "${pids[@]}" 2>/dev/null || true
   done
@@ -410,7 +410,7 @@ if want settle; then
   done
   end=$(date +%s.%N)
   echo "settled $n of $queued queued events in $(echo "$end - $start" | bc) s from worker start: $(echo "$n / ($end - $start)" | bc) jobs/s ($(echo "($n - ${first_n:-0}) / ($end - ${first:-$start})" | bc) jobs/s from the first settled event); $(load)"
-  echo "payments PAID: $(psqlq -c "select count(*) from payments where status = 'PAID'"); events settled with a reason: $(psqlq -c 'select count(*) from webhook_events where settlement_error is not null'); audit rows: $(psqlq -c 'select count(*) from audit_logs'); dead jobs: $(redis-cli zcard "$PREFIX:settlement:dead" 2>/dev/null || echo ?)"
+  echo "payments PAID: $(psqlq -c "select count(*) from payments where status = 'PAID'"); events settled with a reason: $(psqlq -c 'select count(*) from webhook_events where settlement_error is not null'); audit rows: $(psqlq -c 'select count(*) from audit_logs'); dead jobs: $(redis-cli scard "$PREFIX:settlement:dead" 2>/dev/null || echo ?)"
   echo "events recorded but never queued (request cancelled between record and push when wrk closed its connections; left to the settlement sweep): $(( total - queued ))"
   echo "worker RSS: $(rss $WORKER_PID)"
 fi
