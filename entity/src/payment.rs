@@ -167,7 +167,7 @@ pub fn provider_a_report(
 /// What a provider_a report says went back so far, in hundredths: the
 /// larger of `refund_amount`, `chargeback_amount` and the sum of
 /// `refunds[].refund_amount` (0 when none is given).
-fn refunded_hundredths(payload: &serde_json::Value) -> i128 {
+pub fn refunded_hundredths(payload: &serde_json::Value) -> i128 {
     let listed: i128 = payload["refunds"]
         .as_array()
         .map(|rs| {

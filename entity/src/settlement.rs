@@ -270,14 +270,9 @@ async fn unconfirmed<T: ConnectionTrait>(
     }
     .insert(txn)
     .await?;
-    // The notice's dedupe key is given back: a notice the provider did not
-    // stand behind must not make the genuine one that follows (same status,
-    // same refund total) a duplicate.
-    let released = format!("{}#unconfirmed:{}", event.dedupe_key, event.id);
     let mut am = event.into_active_model();
     am.settled_at = Set(Some(Utc::now()));
-    am.settlement_error = Set(Some(format!("unconfirmed: {reason}")));
-    am.dedupe_key = Set(released);
+    am.settlement_error = Set(Some(format!("{UNCONFIRMED}{reason}")));
     am.update(txn).await?;
     Ok(Settled::Unconfirmed(reason.to_string()))
 }
@@ -586,8 +581,55 @@ pub enum Recorded {
 /// exist for this provider ([`RecordError::UnknownOrder`]) and the notified
 /// amount must equal the stored one ([`RecordError::AmountMismatch`]); then
 /// the event is inserted under its dedupe key (unique index), or recognised as
-/// a repeat ([`Recorded::Duplicate`]) — also under concurrent deliveries.
+/// a repeat ([`Recorded::Duplicate`]) — also under concurrent deliveries. A
+/// provider_a notice whose key is held by an event not confirmed (yet) and
+/// whose body differs is recorded as its own event (key plus body hash).
 pub async fn record_event<C: ConnectionTrait>(
+    db: &C,
+    n: &crate::webhook::Notification,
+) -> Result<Recorded, RecordError> {
+    let recorded = record_once(db, n).await?;
+    let Recorded::Duplicate { event_id, .. } = recorded else {
+        return Ok(recorded);
+    };
+    // A provider_a notice is only a hint until the status API confirms it,
+    // and its signature does not cover most of its body: an event of the
+    // same key that is not (yet) confirmed must not swallow a notice with
+    // another body (the genuine one behind an edited copy). Such a notice is
+    // recorded under its key plus a hash of its body; the same body again is
+    // a repeat.
+    if n.provider != payments::PROVIDER_A {
+        return Ok(recorded);
+    }
+    let Some(first) = webhook_events::Entity::find_by_id(event_id).one(db).await? else {
+        return Ok(recorded);
+    };
+    let trusted = first.settled_at.is_some()
+        && !first
+            .settlement_error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(UNCONFIRMED));
+    if trusted || first.payload == n.payload {
+        return Ok(recorded);
+    }
+    let mut other = n.clone();
+    other.dedupe_key = format!("{}#{}", n.dedupe_key, body_hash(&n.payload));
+    record_once(db, &other).await
+}
+
+/// Prefix of `webhook_events.settlement_error` for an event the provider's
+/// status API did not confirm.
+const UNCONFIRMED: &str = "unconfirmed: ";
+
+/// The first 32 hex digits of the SHA-256 of `payload`'s JSON text.
+fn body_hash(payload: &serde_json::Value) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(payload.to_string().as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// [`record_event`] under `n.dedupe_key` exactly.
+async fn record_once<C: ConnectionTrait>(
     db: &C,
     n: &crate::webhook::Notification,
 ) -> Result<Recorded, RecordError> {

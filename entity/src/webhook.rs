@@ -212,10 +212,12 @@ impl WebhookVerifier for ProviderA {
                     fraud,
                 );
                 // Each refund or chargeback of a series is its own event:
-                // the total refunded so far tells them apart.
-                match v["refund_amount"].as_str() {
-                    Some(refunded) => format!("{key}:{refunded}"),
-                    None => key,
+                // the total gone back so far (in hundredths, however the
+                // notice states it: `refund_amount`, `chargeback_amount` or
+                // `refunds[]`) tells them apart.
+                match payment::refunded_hundredths(&v) {
+                    0 => key,
+                    back => format!("{key}:{back}"),
                 }
             },
             payload: v.clone(),

@@ -304,6 +304,84 @@ async fn a_partial_refund_is_recorded_only_as_the_status_api_states_it() {
     assert_eq!((p.status, p.refunded_amount), (PaymentStatus::Paid, 98_999));
 }
 
+/// provider_a: each notice of a refund or chargeback series is its own
+/// event however it states the total (`chargeback_amount`, `refunds[]`): the
+/// second partial chargeback, covering the whole amount, is not taken for a
+/// repeat of the first, and the payment is REFUNDED.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_series_of_partial_chargebacks_is_not_taken_for_repeats() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+    let (user, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
+    post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Paid).await;
+
+    for (n, total) in [(2, "20000.00"), (3, "99000.00")] {
+        let figures = json!({"chargeback_amount": total});
+        status.set_with(&order, "partial_chargeback", figures.clone());
+        post(
+            &api,
+            path,
+            a_notice(&order, "partial_chargeback", figures),
+            &[],
+        )
+        .await;
+        wait_settled(&db, &order, n).await;
+    }
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Refunded);
+    assert_eq!(tests::subscription_row(&db, user).await.plan, "FREE");
+}
+
+/// provider_a: an edited copy of a notice, recorded first and waiting for
+/// the status API, does not make the genuine notice with the same status and
+/// total a repeat; the same edited body again is a repeat.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_edited_notice_waiting_for_confirmation_does_not_swallow_the_genuine_one() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+    let (_, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
+    post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Paid).await;
+
+    status.set_down(true);
+    let edited = a_notice(
+        &order,
+        "partial_refund",
+        json!({"refund_amount": "60000.00", "refunds": [{"refund_amount": "60000.00"}]}),
+    );
+    post(&api, path, edited.clone(), &[]).await;
+    // The provider refunds 60,000 and notifies: recorded, not a repeat.
+    let genuine = json!({"refund_amount": "60000.00"});
+    status.set_with(&order, "partial_refund", genuine.clone());
+    post(&api, path, a_notice(&order, "partial_refund", genuine), &[]).await;
+    status.set_down(false);
+    wait_settled(&db, &order, 3).await;
+    let p = payment(&db, &order).await;
+    assert_eq!((p.status, p.refunded_amount), (PaymentStatus::Paid, 60_000));
+    // Replaying the edited body is a repeat, not another status question.
+    let r = Reply::send(
+        client()
+            .post(api.url(path))
+            .header("content-type", "application/json")
+            .body(edited),
+    )
+    .await;
+    assert_eq!(
+        r.json,
+        json!({"received": true, "duplicate": true}),
+        "{}",
+        r.text
+    );
+}
+
 /// provider_b: of two chained PRO months, refunding the second ends the
 /// subscription where the first ended; refunding the first too leaves FREE.
 #[tokio::test(flavor = "multi_thread")]
