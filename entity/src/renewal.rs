@@ -622,8 +622,9 @@ where
 /// Voids every open renewal of `user_id` (a cancel, a lapse, a settlement
 /// that moved the plan or period end) and asks, through the job outbox in
 /// the same transaction, that their checkouts still `PENDING` be ended at
-/// the provider ([`crate::renewal_pay::expire_checkouts`]); answers how many
-/// renewals were voided.
+/// the provider ([`crate::renewal_pay::expire_checkouts`]); gives back the
+/// subscription's claim of the create pass, so the next offer is not held
+/// back by it; answers how many renewals were voided.
 pub async fn void_open<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
@@ -656,6 +657,10 @@ pub async fn void_open<C: ConnectionTrait>(
         .await?
         .rows_affected;
     crate::renewal_pay::expire_checkouts(db, &open).await?;
+    // The claim that queued its offer no longer hides the subscription: a
+    // new offer (after `resume`, or for a new period end already due) comes
+    // at the next tick, not a lease later.
+    crate::renewal_scan::release_claims(db, Step::Create, &[user_id]).await?;
     Ok(voided)
 }
 

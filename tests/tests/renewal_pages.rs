@@ -186,3 +186,51 @@ async fn a_page_waiting_in_the_queue_is_queued_once_and_a_lost_one_again_after_i
         "the queue drains"
     );
 }
+
+/// A renewal voided by `cancel` is offered again at the first ticks after
+/// `resume`, not held back by the claim that queued the first offer.
+#[tokio::test(flavor = "multi_thread")]
+async fn resume_is_offered_a_renewal_at_the_next_ticks() {
+    use tests::{client, hs256_token, session_claims, Reply};
+    let jwt = "renewal-pages-jwt-0123456789abcdef0123456789";
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    seed(&db, 1).await;
+    let user: uuid::Uuid = "00000000-0000-4000-a000-000000000001".parse().unwrap();
+    let worker = stack.worker(&env).await;
+    let open = || async {
+        renewals::Entity::find()
+            .filter(renewals::Column::UserId.eq(user))
+            .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+            .count(&db)
+            .await
+            .unwrap()
+    };
+    assert!(wait_until(Duration::from_secs(30), || async { open().await == 1 }).await);
+    let token = hs256_token(
+        jwt.as_bytes(),
+        &session_claims(&user.to_string(), Some("pages1@example.com")),
+    );
+    for action in ["cancel", "resume"] {
+        let r = Reply::send(
+            client()
+                .post(api.url("/api/subscription"))
+                .bearer_auth(&token)
+                .json(&serde_json::json!({ "action": action })),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    assert_eq!(open().await, 0, "cancel voided it");
+    let seen = ticks(&worker);
+    assert!(
+        wait_until(Duration::from_secs(30), || async { open().await == 1 }).await,
+        "offered again"
+    );
+    assert!(
+        ticks(&worker) <= seen + 3,
+        "within three ticks of resume, not a lease (ten ticks) later"
+    );
+}
