@@ -316,6 +316,11 @@ pub struct Settings {
     /// unpaid stays `past_due` on its plan before it returns to FREE
     /// (default 259200 = 3 days, 0–2592000; `0` lapses at the period end).
     pub renewal_grace: Duration,
+    /// `RENEWAL_CLAIM_SECS`: how long a row queued for a pass of the renewal
+    /// loop is not queued again while its batch job waits (default 900,
+    /// 1–86400): longer than the queue's backlog may last, short enough
+    /// that a lost job's rows come back soon.
+    pub renewal_claim: Duration,
     /// `RENEWAL_REMINDER_DAYS`: days before the period end a renewal reminder
     /// goes out, largest first (default `7,3,1`; each 1–365; empty: none).
     pub renewal_reminder_days: Vec<u32>,
@@ -1120,6 +1125,12 @@ impl Settings {
                 3 * 86_400u64,
                 0,
                 30 * 86_400,
+            )?),
+            renewal_claim: Duration::from_secs(r.num_or(
+                "RENEWAL_CLAIM_SECS",
+                900u64,
+                1,
+                86_400,
             )?),
             renewal_reminder_days: parse_reminder_days(
                 "RENEWAL_REMINDER_DAYS",

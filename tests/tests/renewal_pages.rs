@@ -3,7 +3,7 @@
 //! would see it: a page of rows whose batch job still waits in the queue is
 //! not queued again by the next ticks (the queue holds one job per page, not
 //! one per page and tick); a page whose job was lost is queued again once its
-//! claim's lease (ten ticks) is over; every subscription gets one renewal and
+//! claim's lease (`RENEWAL_CLAIM_SECS`) is over; every subscription gets one renewal and
 //! the reminder already due with it, once.
 
 use std::time::Duration;
@@ -25,6 +25,8 @@ fn env(stack: &Stack) -> EnvMap {
             "renewal-pages-service-role-0123456789abcdef",
         )
         .with("SCHEDULER_TICK_SECS", "1")
+        // A lost page comes back after eight seconds.
+        .with("RENEWAL_CLAIM_SECS", "8")
         // Every tick logs "scheduler tick", idle ones too.
         .with("RUST_LOG", "info,worker::scheduler=debug")
 }
@@ -120,7 +122,7 @@ async fn a_page_waiting_in_the_queue_is_queued_once_and_a_lost_one_again_after_i
     );
 
     // The jobs are lost (as if the queue's keys were wiped): after the lease
-    // (ten ticks) the rows still due are queued again, once.
+    // the rows still due are queued again, once.
     let mut c = stack.redis.conn().await;
     let _: () = redis::cmd("DEL")
         .arg(stack.redis.key("settlement:active"))
@@ -231,6 +233,6 @@ async fn resume_is_offered_a_renewal_at_the_next_ticks() {
     );
     assert!(
         ticks(&worker) <= seen + 3,
-        "within three ticks of resume, not a lease (ten ticks) later"
+        "within three ticks of resume, not a lease (eight ticks) later"
     );
 }

@@ -16,7 +16,7 @@
 //!   what is due by keyset until nothing is left, claiming each page
 //!   ([`entity::renewal_scan::claim_page`]) and queueing it as a
 //!   `renewal_batch` job, which any worker runs. A claimed row is not queued
-//!   again for [`CLAIM_TICKS`] ticks, so rows whose job still waits in the
+//!   again for `RENEWAL_CLAIM_SECS`, so rows whose job still waits in the
 //!   queue are not queued twice; claims past that lease are deleted;
 //! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
 //!   after creation get a `reconcile_payment` job too (claimed the same way,
@@ -48,11 +48,6 @@ use crate::{
 
 /// Rows one task handles per tick at most (one page of the renewal loop).
 pub const BATCH: u64 = 500;
-
-/// Ticks a row queued for a pass of the renewal loop stays claimed: it is
-/// queued again only if still due after this many ticks (its job was lost, or
-/// left it due).
-pub const CLAIM_TICKS: u32 = 10;
 
 /// What one tick did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -175,8 +170,7 @@ async fn queue_renewals(
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<usize> {
     crate::metrics::past_due(renewal::past_due_count(db).await?);
-    let lease = chrono::Duration::from_std(settings.scheduler_tick * CLAIM_TICKS)
-        .unwrap_or(chrono::Duration::MAX);
+    let lease = chrono::Duration::from_std(settings.renewal_claim).unwrap_or(chrono::Duration::MAX);
     renewal_scan::delete_stale_claims(db, now - lease).await?;
     if renewal::paused(&entity::Features::compute(settings)) {
         tracing::info!("renewal loop paused: payments are switched off or not ready");
