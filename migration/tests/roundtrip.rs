@@ -89,8 +89,15 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The renewals first: their table, `payments.renewal_id` and
-    // `subscriptions.renewal_plan` go with one step down.
+    // The renewal loop's claims first, then the renewals: their table,
+    // `payments.renewal_id` and `subscriptions.renewal_plan` go with one
+    // step down.
+    assert!(manager.has_table("renewal_claims").await?);
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager.has_table("renewal_claims").await?,
+        "renewal_claims after down"
+    );
     assert!(manager.has_table("renewals").await?);
     assert!(manager.has_column("payments", "renewal_id").await?);
     assert!(manager.has_column("subscriptions", "renewal_plan").await?);
@@ -131,7 +138,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    const BILLING_STEPS: usize = 3;
+    // renewal_claims, renewals, grants, billing mails.
+    const BILLING_STEPS: usize = 4;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

@@ -18,7 +18,7 @@
 use entity::entities::payments::PROVIDER_A;
 use serde_json::Value;
 
-use super::{json_answer, send_once_more_on_connect_error, ProviderError, Providers};
+use super::{json_answer, provider_a_error_in_body, ProviderError, Providers};
 
 /// What the provider said to the request to end a checkout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,20 +47,9 @@ impl Providers {
         if provider != PROVIDER_A {
             return Ok(ExpireAnswer::Unsupported);
         }
-        let auth = self.provider_a_auth()?;
-        let url = format!(
-            "{}/v2/{order_id}/expire",
-            self.settings()
-                .provider_a_api_base_url
-                .trim_end_matches('/')
-        );
-        let resp = send_once_more_on_connect_error(|| {
-            self.http()
-                .post(&url)
-                .header("Accept", "application/json")
-                .header("Authorization", &auth)
-        })
-        .await?;
+        let resp = self
+            .provider_a_core(reqwest::Method::POST, order_id, "expire")
+            .await?;
         let v = match json_answer(resp).await {
             Ok((_, v)) => v,
             Err(ProviderError::Status { status: 404, .. }) => return Ok(ExpireAnswer::Unknown),
@@ -71,21 +60,9 @@ impl Providers {
             Some("407" | "200") => Ok(ExpireAnswer::Expired),
             Some("412") => Ok(ExpireAnswer::Final),
             Some("404") => Ok(ExpireAnswer::Unknown),
-            Some(code) => match code.parse::<u16>() {
-                Ok(status @ 400..=599) => Err(ProviderError::Status {
-                    status,
-                    body: v
-                        .get("status_message")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .chars()
-                        .take(512)
-                        .collect(),
-                }),
-                _ => Err(ProviderError::Undocumented(format!(
-                    "expire answered status_code {code:?}"
-                ))),
-            },
+            Some(code) => Err(provider_a_error_in_body(code, &v).unwrap_or_else(|| {
+                ProviderError::Undocumented(format!("expire answered status_code {code:?}"))
+            })),
             None => Err(ProviderError::Undocumented(
                 "/status_code is missing or not a string".into(),
             )),

@@ -111,6 +111,32 @@ impl Providers {
         ))
     }
 
+    /// Sends `method` to provider_a's Core API at
+    /// `{PROVIDER_A_API_BASE_URL}/v2/{order_id}/{action}` with its Basic auth
+    /// (the status check, Expire Transaction); retried once only when no
+    /// connection could be made.
+    pub(crate) async fn provider_a_core(
+        &self,
+        method: reqwest::Method,
+        order_id: &str,
+        action: &str,
+    ) -> Result<reqwest::Response, ProviderError> {
+        let auth = self.provider_a_auth()?;
+        let url = format!(
+            "{}/v2/{order_id}/{action}",
+            self.settings()
+                .provider_a_api_base_url
+                .trim_end_matches('/')
+        );
+        send_once_more_on_connect_error(|| {
+            self.http()
+                .request(method.clone(), &url)
+                .header("Accept", "application/json")
+                .header("Authorization", &auth)
+        })
+        .await
+    }
+
     /// provider_b's request headers for a request to `target` (the path) with
     /// `body` (`None`: no `Digest` component): `Client-Id`, `Request-Id` (a new
     /// UUID), `Request-Timestamp` (now, UTC, whole seconds as the protocol
@@ -201,6 +227,25 @@ async fn send_retrying_connect(
         }
         Err(e) => Err(ProviderError::from_reqwest(&e)),
     }
+}
+
+/// provider_a's Core API answers some errors inside an HTTP 200, as a
+/// `status_code` of 4xx or 5xx: that status, with its `status_message`
+/// (at most 512 characters); `None` for any other code.
+pub fn provider_a_error_in_body(status_code: &str, v: &serde_json::Value) -> Option<ProviderError> {
+    let status @ 400..=599 = status_code.parse::<u16>().ok()? else {
+        return None;
+    };
+    Some(ProviderError::Status {
+        status,
+        body: v
+            .get("status_message")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .chars()
+            .take(512)
+            .collect(),
+    })
 }
 
 /// Reads a JSON answer of at most 64 KiB: HTTP error statuses become

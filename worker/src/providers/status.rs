@@ -27,7 +27,10 @@ use entity::{
 };
 use serde_json::Value;
 
-use super::{json_answer, send_once_more_on_connect_error, ProviderError, Providers};
+use super::{
+    json_answer, provider_a_error_in_body, send_once_more_on_connect_error, ProviderError,
+    Providers,
+};
 
 /// What the provider reported about an order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,25 +101,14 @@ impl Providers {
         &self,
         order_id: &str,
     ) -> Result<Option<StatusReport>, ProviderError> {
-        let auth = self.provider_a_auth()?;
         let key = self
             .settings()
             .provider_a_server_key
             .clone()
             .ok_or(ProviderError::NotConfigured("PROVIDER_A_SERVER_KEY"))?;
-        let url = format!(
-            "{}/v2/{order_id}/status",
-            self.settings()
-                .provider_a_api_base_url
-                .trim_end_matches('/')
-        );
-        let resp = send_once_more_on_connect_error(|| {
-            self.http()
-                .get(&url)
-                .header("Accept", "application/json")
-                .header("Authorization", &auth)
-        })
-        .await?;
+        let resp = self
+            .provider_a_core(reqwest::Method::GET, order_id, "status")
+            .await?;
         let v = match json_answer(resp).await {
             Ok((_, v)) => v,
             Err(ProviderError::Status { status: 404, .. }) => return Ok(None),
@@ -129,17 +121,8 @@ impl Providers {
         // An error the API answers inside an HTTP 200 (`status_code` 4xx or
         // 5xx, no signature): the same as that HTTP status.
         if v.get("signature_key").is_none() {
-            if let Ok(code @ 400..=599) = status_code.parse::<u16>() {
-                return Err(ProviderError::Status {
-                    status: code,
-                    body: v
-                        .get("status_message")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .chars()
-                        .take(512)
-                        .collect(),
-                });
+            if let Some(e) = provider_a_error_in_body(status_code, &v) {
+                return Err(e);
             }
         }
         let answered_order = str_at(&v, "/order_id")?;
