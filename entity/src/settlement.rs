@@ -583,13 +583,14 @@ pub enum Recorded {
 /// the event is inserted under its dedupe key (unique index), or recognised as
 /// a repeat ([`Recorded::Duplicate`]) — also under concurrent deliveries. A
 /// provider_a notice whose key is held by an event not confirmed (yet) and
-/// whose body differs is recorded as its own event (key plus body hash).
+/// whose body differs is recorded as its own event (key plus body hash), at
+/// most [`MAX_ALTERNATES`] of them, none once one of them is confirmed.
 pub async fn record_event<C: ConnectionTrait>(
     db: &C,
     n: &crate::webhook::Notification,
 ) -> Result<Recorded, RecordError> {
     let recorded = record_once(db, n).await?;
-    let Recorded::Duplicate { event_id, .. } = recorded else {
+    let Recorded::Duplicate { .. } = recorded else {
         return Ok(recorded);
     };
     // A provider_a notice is only a hint until the status API confirms it,
@@ -601,21 +602,39 @@ pub async fn record_event<C: ConnectionTrait>(
     if n.provider != payments::PROVIDER_A {
         return Ok(recorded);
     }
-    let Some(first) = webhook_events::Entity::find_by_id(event_id).one(db).await? else {
-        return Ok(recorded);
+    // The key's family: the first event and the bodies recorded beside it.
+    let alternate = format!("{}#", n.dedupe_key);
+    let family: Vec<webhook_events::Model> = webhook_events::Entity::find()
+        .filter(webhook_events::Column::OrderId.eq(n.order_id.as_str()))
+        .all(db)
+        .await?
+        .into_iter()
+        .filter(|e| e.dedupe_key == n.dedupe_key || e.dedupe_key.starts_with(&alternate))
+        .collect();
+    let trusted = |e: &webhook_events::Model| {
+        e.settled_at.is_some()
+            && !e
+                .settlement_error
+                .as_deref()
+                .is_some_and(|err| err.starts_with(UNCONFIRMED))
     };
-    let trusted = first.settled_at.is_some()
-        && !first
-            .settlement_error
-            .as_deref()
-            .is_some_and(|e| e.starts_with(UNCONFIRMED));
-    if trusted || first.payload == n.payload {
+    // A confirmed member makes every later body a repeat; so does a body
+    // seen before; and at most [`MAX_ALTERNATES`] bodies are recorded beside
+    // the first, so edited copies cannot buy unbounded status-API questions.
+    if family.iter().any(trusted)
+        || family.iter().any(|e| e.payload == n.payload)
+        || family.len() > MAX_ALTERNATES
+    {
         return Ok(recorded);
     }
     let mut other = n.clone();
     other.dedupe_key = format!("{}#{}", n.dedupe_key, body_hash(&n.payload));
     record_once(db, &other).await
 }
+
+/// Bodies recorded beside the first event of a provider_a dedupe key while
+/// none of them is confirmed (see [`record_event`]).
+const MAX_ALTERNATES: usize = 3;
 
 /// Prefix of `webhook_events.settlement_error` for an event the provider's
 /// status API did not confirm.

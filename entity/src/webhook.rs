@@ -388,6 +388,33 @@ mod tests {
     }
 
     #[test]
+    fn provider_a_keys_each_refund_of_a_series_by_the_total_however_stated() {
+        let key = |extra: Value| {
+            let mut v = a_body("partial_chargeback", None, "99000.00");
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            a().verify(&bytes(&v), &Default::default())
+                .unwrap()
+                .dedupe_key
+        };
+        let base = "ORD-1-ABCDEFGH:partial_chargeback:200:bank_transfer:";
+        assert_eq!(
+            key(json!({"chargeback_amount": "20000.00"})),
+            format!("{base}:2000000")
+        );
+        assert_eq!(
+            key(json!({"refund_amount": "20000.00"})),
+            format!("{base}:2000000")
+        );
+        assert_eq!(
+            key(json!({"refunds": [{"refund_amount": "10000.00"}, {"refund_amount": "89000.00"}]})),
+            format!("{base}:9900000")
+        );
+        assert_eq!(key(json!({})), base);
+    }
+
+    #[test]
     fn provider_a_refuses_what_does_not_verify() {
         let h = WebhookHeaders::default();
         let mut v = a_body("settlement", None, "99000.00");

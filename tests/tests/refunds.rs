@@ -366,20 +366,76 @@ async fn an_edited_notice_waiting_for_confirmation_does_not_swallow_the_genuine_
     wait_settled(&db, &order, 3).await;
     let p = payment(&db, &order).await;
     assert_eq!((p.status, p.refunded_amount), (PaymentStatus::Paid, 60_000));
-    // Replaying the edited body is a repeat, not another status question.
-    let r = Reply::send(
-        client()
-            .post(api.url(path))
-            .header("content-type", "application/json")
-            .body(edited),
-    )
-    .await;
-    assert_eq!(
-        r.json,
-        json!({"received": true, "duplicate": true}),
-        "{}",
-        r.text
-    );
+    // Replaying the edited body, or more edited copies of it (the signature
+    // does not cover `transaction_id`), is a repeat, not another question
+    // to the status API.
+    let asked = status.asked();
+    let copies = (0..5).map(|i| {
+        a_notice(
+            &order,
+            "partial_refund",
+            json!({"refund_amount": "60000.00", "refunds": [{"refund_amount": "60000.00"}], "copy": i}),
+        )
+    });
+    for body in std::iter::once(edited).chain(copies) {
+        let r = Reply::send(
+            client()
+                .post(api.url(path))
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await;
+        assert_eq!(
+            r.json,
+            json!({"received": true, "duplicate": true}),
+            "{}",
+            r.text
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(status.asked(), asked, "no more status questions");
+}
+
+/// provider_a: edited copies of a notice that the status API does not
+/// confirm (their bodies differ in what the signature does not cover) are
+/// recorded four times at most, the first and three beside it, then
+/// answered as repeats: each one recorded costs a status-API question.
+#[tokio::test(flavor = "multi_thread")]
+async fn edited_copies_of_an_unconfirmed_notice_are_bounded() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+    let (_, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "settlement");
+    post(&api, path, a_notice(&order, "settlement", json!({})), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Paid).await;
+    let asked = status.asked();
+
+    let mut recorded = 0;
+    for i in 0..10 {
+        let body = a_notice(
+            &order,
+            "partial_refund",
+            json!({"refund_amount": "50000.00", "copy": i}),
+        );
+        let r = Reply::send(
+            client()
+                .post(api.url(path))
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        if r.json.get("duplicate").is_none() {
+            recorded += 1;
+        }
+    }
+    assert_eq!(recorded, 4, "the first and three beside it");
+    wait_settled(&db, &order, 5).await;
+    assert_eq!(status.asked() - asked, 4, "one status question each");
+    assert_eq!(payment(&db, &order).await.refunded_amount, 0);
 }
 
 /// provider_b: of two chained PRO months, refunding the second ends the
