@@ -204,14 +204,7 @@ pub async fn queue<C: ConnectionTrait>(db: &C, mail: BillingMail) -> Result<Queu
 /// The job outbox row of `job`: the worker's tagged job JSON
 /// (`{"type": "send_billing_mail", ...}`).
 pub fn outbox_row(job: &BillingMailJob) -> outbox::NewJob {
-    let mut v = serde_json::to_value(job).expect("a billing mail job serialises");
-    if let Value::Object(m) = &mut v {
-        m.insert("type".into(), Value::String(JOB_TYPE.into()));
-    }
-    outbox::NewJob {
-        kind: JOB_TYPE.to_string(),
-        job: v.to_string(),
-    }
+    outbox::NewJob::tagged(JOB_TYPE, job)
 }
 
 /// Whether the mail with idempotency key `key` was sent already.

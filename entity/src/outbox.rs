@@ -43,6 +43,21 @@ pub struct NewJob {
     pub job: String,
 }
 
+impl NewJob {
+    /// The row of a job the worker's tagged job enum knows as `kind`:
+    /// `payload`'s JSON object with `"type": kind` added.
+    pub fn tagged(kind: &str, payload: &impl serde::Serialize) -> Self {
+        let mut v = serde_json::to_value(payload).expect("a job serialises");
+        if let serde_json::Value::Object(m) = &mut v {
+            m.insert("type".into(), serde_json::Value::String(kind.into()));
+        }
+        NewJob {
+            kind: kind.to_string(),
+            job: v.to_string(),
+        }
+    }
+}
+
 /// A row taken by [`claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {

@@ -154,6 +154,15 @@ impl Policy {
             .min()
     }
 
+    /// The offset of the reminder to send at `now` for a renewal due at
+    /// `period_end`: [`Self::latest_due`] while the period runs, `None` once
+    /// it has ended (the past-due mail speaks then).
+    pub fn reminder_due(&self, period_end: DateTime<Utc>, now: DateTime<Utc>) -> Option<u32> {
+        (period_end > now)
+            .then(|| self.latest_due(period_end, now))
+            .flatten()
+    }
+
     /// When the reminder after the one of offset `sent` is due (`None`: it
     /// was the last).
     pub fn after(&self, period_end: DateTime<Utc>, sent: u32) -> Option<DateTime<Utc>> {
@@ -352,9 +361,8 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
             vec![Outcome::Unpriced]
         });
     };
-    // The reminder due now, if any (none once the period has ended: the
-    // past-due mail speaks then), and when the next one is due.
-    let remind_now = (end > now).then(|| policy.latest_due(end, now)).flatten();
+    // The reminder due now, if any, and when the next one is due.
+    let remind_now = policy.reminder_due(end, now);
     let next_reminder_at = match remind_now {
         Some(d) => policy.after(end, d),
         None if end > now => policy.first_reminder(end),
@@ -454,19 +462,11 @@ where
         .await?;
     if crate::renewal_settle::fit(Some(&r), sub.as_ref()) != crate::renewal_settle::Fit::Renews {
         tracing::info!(renewal_id = %r.id, user_id = %r.user_id, "renewal: no longer renews the subscription; voided instead of reminded");
-        let mut am = r.into_active_model();
-        am.status = Set(RenewalStatus::Void);
-        am.next_reminder_at = Set(None);
-        am.updated_at = Set(now);
-        am.update(&txn).await?;
-        crate::renewal_pay::expire_checkouts(&txn, &[renewal_id]).await?;
+        void(&txn, &[renewal_id], now).await?;
         txn.commit().await?;
         return Ok(None);
     }
-    // Due already: the past-due mail speaks from now on.
-    let sent = (r.period_end > now)
-        .then(|| policy.latest_due(r.period_end, now))
-        .flatten();
+    let sent = policy.reminder_due(r.period_end, now);
     let next = sent.and_then(|d| policy.after(r.period_end, d));
     let outcome = match sent {
         Some(d) => {
@@ -641,6 +641,19 @@ pub async fn void_open<C: ConnectionTrait>(
     if open.is_empty() {
         return Ok(0);
     }
+    let voided = void(db, &open, now).await?;
+    // The claim that queued its offer no longer hides the subscription: a
+    // new offer (after `resume`, or for a new period end already due) comes
+    // at the next tick, not a lease later.
+    crate::renewal_scan::release_claims(db, Step::Create, &[user_id]).await?;
+    Ok(voided)
+}
+
+/// Voids the renewals `ids` still open and asks, through the job outbox in
+/// the caller's transaction, that their checkouts still `PENDING` be ended
+/// at the provider ([`crate::renewal_pay::expire_checkouts`]); answers how
+/// many were voided.
+async fn void<C: ConnectionTrait>(db: &C, ids: &[Uuid], now: DateTime<Utc>) -> Result<u64, DbErr> {
     let voided = renewals::Entity::update_many()
         .col_expr(
             renewals::Column::Status,
@@ -651,16 +664,12 @@ pub async fn void_open<C: ConnectionTrait>(
             Expr::value(None::<DateTime<Utc>>),
         )
         .col_expr(renewals::Column::UpdatedAt, Expr::value(now))
-        .filter(renewals::Column::Id.is_in(open.iter().copied()))
+        .filter(renewals::Column::Id.is_in(ids.iter().copied()))
         .filter(renewals::Column::Status.eq(RenewalStatus::Open))
         .exec(db)
         .await?
         .rows_affected;
-    crate::renewal_pay::expire_checkouts(db, &open).await?;
-    // The claim that queued its offer no longer hides the subscription: a
-    // new offer (after `resume`, or for a new period end already due) comes
-    // at the next tick, not a lease later.
-    crate::renewal_scan::release_claims(db, Step::Create, &[user_id]).await?;
+    crate::renewal_pay::expire_checkouts(db, ids).await?;
     Ok(voided)
 }
 

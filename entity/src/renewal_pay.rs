@@ -238,17 +238,12 @@ pub async fn expire_checkouts<C: ConnectionTrait>(
         .all(db)
         .await?;
     for order_id in &orders {
-        let mut job = serde_json::to_value(ExpireCheckout {
+        let job = ExpireCheckout {
             order_id: order_id.clone(),
-        })
-        .expect("a job serialises");
-        job["type"] = serde_json::Value::String(EXPIRE_JOB_TYPE.into());
+        };
         crate::outbox::insert(
             db,
-            &crate::outbox::NewJob {
-                kind: EXPIRE_JOB_TYPE.to_string(),
-                job: job.to_string(),
-            },
+            &crate::outbox::NewJob::tagged(EXPIRE_JOB_TYPE, &job),
             std::time::Duration::ZERO,
         )
         .await?;
