@@ -191,11 +191,15 @@ impl WebhookApi {
     ///
     /// Verifies `signature_key`, records the notification once (dedupe key
     /// `order_id:transaction_status:status_code:payment_type:fraud_status`,
-    /// plus `:refund_amount` when sent) and queues its settlement, which
-    /// applies it only once the provider's status API confirms it (and a PAID
-    /// status only with `status_code` 200); a repeat answers `duplicate:
-    /// true`. Register `{APP_URL}/api/webhooks/provider_a` as the notification
-    /// URL.
+    /// plus `:<total refunded or charged back, in hundredths>` when the
+    /// notice states one) and queues its settlement, which applies it only
+    /// once the provider's status API confirms it (a PAID status only with
+    /// `status_code` 200; a partial refund only when the API states the same
+    /// total); a repeat answers `duplicate: true`. While the event holding a
+    /// key is not confirmed, a notice of that key with another body is
+    /// recorded beside it (at most three), so an edited copy cannot make the
+    /// genuine notice a repeat. Register `{APP_URL}/api/webhooks/provider_a`
+    /// as the notification URL.
     #[oai(
         path = "/webhooks/provider_a",
         method = "post",
