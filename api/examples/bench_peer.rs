@@ -32,7 +32,7 @@
 //! * signed notifications for the webhook benchmark:
 //!   `bench_peer notify-a <PROVIDER_A_SERVER_KEY> <gross_amount> < order_ids`
 //!   prints one provider_a `settlement` notification (JSON, one line) per
-//!   order id read from stdin, signed with `entity::payment::provider_a_signature`.
+//!   order id read from stdin, signed with `entity::billing::payment::provider_a_signature`.
 //!
 //! AI (issue 9):
 //! * a fake OpenAI Chat Completions upstream, `POST /v1/chat/completions`
@@ -182,7 +182,7 @@ fn snap_status(poem::web::Path(order_id): poem::web::Path<String>) -> poem::Resp
         "transaction_time": "2026-11-23 10:00:00",
         "transaction_status": "settlement",
         "fraud_status": "accept",
-        "signature_key": entity::payment::provider_a_signature(&order_id, "200", amount, &key),
+        "signature_key": entity::billing::payment::provider_a_signature(&order_id, "200", amount, &key),
     });
     poem::Response::builder()
         .content_type("application/json")
@@ -207,7 +207,7 @@ fn notify_a(server_key: &str, gross_amount: &str) {
             "transaction_id": uuid::Uuid::new_v4().to_string(),
             "status_message": "midtrans payment notification",
             "status_code": "200",
-            "signature_key": entity::payment::provider_a_signature(order_id, "200", gross_amount, server_key),
+            "signature_key": entity::billing::payment::provider_a_signature(order_id, "200", gross_amount, server_key),
             "payment_type": "bank_transfer",
             "order_id": order_id,
             "merchant_id": "G000000000",
@@ -307,7 +307,7 @@ async fn verify(jwks_url: &str, secret: &str, n: u32) {
 
 /// Prints `n` lines `<user id> <upload token>` granting `size` bytes of PNG.
 fn grants(key: &str, n: usize, size: i64) {
-    use entity::avatar::{UploadGrant, UploadRequest};
+    use entity::accounts::avatar::{UploadGrant, UploadRequest};
     for _ in 0..n {
         let user = uuid::Uuid::now_v7();
         let req = UploadRequest::new(size, "image/png").expect("valid grant request");

@@ -2,7 +2,7 @@
 //! api answers about a user and drops it when PostgreSQL reports that the
 //! rows behind it changed, so a request of a known, unchanged user costs no
 //! database (or Redis) round trip. Per user it holds:
-//! - the account and plan in force ([`entity::users::ensure_user_with_plan`]'s
+//! - the account and plan in force ([`entity::accounts::users::ensure_user_with_plan`]'s
 //!   answer), which every session route that needs the plan reads
 //!   ([`crate::state::AppState::session_with_plan`]: the AI routes and
 //!   `GET /api/me`);
@@ -75,7 +75,7 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use entity::{reads::Details, users::UserContext};
+use entity::{accounts::reads::Details, accounts::users::UserContext};
 use sea_orm::{
     sqlx::postgres::{PgListener, PgPoolOptions},
     DatabaseConnection, DbBackend,

@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
-use entity::{plans::Catalogue, Features, Settings};
+use entity::{base::plans::Catalogue, Features, Settings};
 use poem::{EndpointExt, IntoEndpoint, Route};
 use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
@@ -179,7 +179,8 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         .nest_no_strip(
             "/storage",
             endpoint.with(shed()).with(DrainBody {
-                max_bytes: entity::avatar::MAX_BYTES + crate::routes::storage::MULTIPART_OVERHEAD,
+                max_bytes: entity::accounts::avatar::MAX_BYTES
+                    + crate::routes::storage::MULTIPART_OVERHEAD,
                 max_time: Duration::from_secs(1),
             }),
         )
@@ -224,7 +225,7 @@ pub async fn build_state(
     let oauth =
         worker::oauth::OAuthClients::new(&settings.oauth).context("OAuth provider client")?;
     let accounts = crate::account_cache::AccountCache::start(&db, shutdown);
-    let idp = if settings.auth_provider == entity::settings::AuthProvider::Builtin
+    let idp = if settings.auth_provider == entity::base::settings::AuthProvider::Builtin
         && settings.toggles.auth
     {
         Some(Arc::new(

@@ -5,7 +5,7 @@
 //! the gates in a fixed order and only then looks at the token.
 
 use entity::{
-    users::{self, AdminGrant, Identity, UserContext},
+    accounts::users::{self, AdminGrant, Identity, UserContext},
     Feature,
 };
 use poem::Request;

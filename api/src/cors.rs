@@ -76,7 +76,7 @@ pub fn in_scope(path: &str) -> bool {
 }
 
 /// The CORS layer (see the module documentation); `origins` as
-/// [`entity::settings::parse_origins`] returns them.
+/// [`entity::base::settings::parse_origins`] returns them.
 pub struct CorsLayer {
     origins: HashSet<String>,
 }

@@ -60,7 +60,7 @@ impl AppState {
     /// transaction of its change: on success the row is deleted; on failure
     /// it is made due at once, so the worker queues it. When the database
     /// fails here the row stays and the worker takes it after
-    /// [`entity::outbox::FOLLOWUP_HOLD`] (and queues the job a second time if
+    /// [`entity::base::outbox::FOLLOWUP_HOLD`] (and queues the job a second time if
     /// this push had succeeded: the follow-up jobs are idempotent).
     pub async fn queue_kept_followup(&self, job: Job, kept: Uuid) -> Followup {
         let kind = job.kind();
@@ -69,7 +69,7 @@ impl AppState {
                 if let Err(e) = self
                     .bounded_db(
                         "deleting a queued job from the job outbox",
-                        entity::outbox::delete(&self.db, kept),
+                        entity::base::outbox::delete(&self.db, kept),
                     )
                     .await
                 {
@@ -82,7 +82,7 @@ impl AppState {
                 if let Err(db) = self
                     .bounded_db(
                         "releasing a job in the job outbox",
-                        entity::outbox::retry_later(
+                        entity::base::outbox::retry_later(
                             &self.db,
                             kept,
                             std::time::Duration::ZERO,

@@ -279,7 +279,7 @@ fn check_value(
                 );
             }
         }
-        if schema.format == Some("email") && !entity::validate::is_mailbox(s.trim()) {
+        if schema.format == Some("email") && !entity::base::validate::is_mailbox(s.trim()) {
             return bad(
                 "invalid_email",
                 format!("{name} is not a valid email address"),
@@ -385,7 +385,7 @@ poem_openapi::impl_apirequest_for_payload!(OpenJsonBody<T>, T: ParseFromJSON + '
 
 /// An email address field (`type: string, format: email`). The value is
 /// kept as sent; [`JsonBody`] and [`OpenJsonBody`] check it, trimmed, with the same rule as the
-/// model ([`entity::validate::is_mailbox`]), so surrounding whitespace is
+/// model ([`entity::base::validate::is_mailbox`]), so surrounding whitespace is
 /// tolerated as the model trims it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mailbox(pub String);

@@ -12,7 +12,7 @@
 use poem::{http::StatusCode, IntoResponse, Response};
 use poem_openapi::{payload::Json, Object};
 
-use entity::validate::FieldError;
+use entity::base::validate::FieldError;
 
 /// Problem details (RFC 9457) plus `code`, `error` and, for validation errors, `field`.
 #[derive(Debug, Clone, Object)]

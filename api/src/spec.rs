@@ -46,7 +46,7 @@ use serde_json::{json, Value};
 /// compiled-in catalogue: the committed `openapi/openapi.json`.
 pub fn document() -> &'static str {
     static DOC: LazyLock<String> = LazyLock::new(|| {
-        let plans = entity::plans::Catalogue::parse(entity::plans::BUILT_IN)
+        let plans = entity::base::plans::Catalogue::parse(entity::base::plans::BUILT_IN)
             .expect("the compiled-in catalogue is valid");
         build(&plans)
     });
@@ -55,14 +55,14 @@ pub fn document() -> &'static str {
 
 /// The document as served with the catalogue in force (`PLANS_FILE`, or the
 /// compiled-in one: then it is [`document`]).
-pub fn document_for(plans: &entity::plans::Catalogue) -> std::borrow::Cow<'static, str> {
-    match entity::plans::Catalogue::parse(entity::plans::BUILT_IN) {
+pub fn document_for(plans: &entity::base::plans::Catalogue) -> std::borrow::Cow<'static, str> {
+    match entity::base::plans::Catalogue::parse(entity::base::plans::BUILT_IN) {
         Ok(built_in) if built_in == *plans => document().into(),
         _ => build(plans).into(),
     }
 }
 
-fn build(plans: &entity::plans::Catalogue) -> String {
+fn build(plans: &entity::base::plans::Catalogue) -> String {
     let mut doc: Value =
         serde_json::from_str(&crate::app::openapi().spec()).expect("poem-openapi writes JSON");
     patch(&mut doc);
@@ -71,7 +71,7 @@ fn build(plans: &entity::plans::Catalogue) -> String {
 }
 
 /// Makes `plan` of the payment request the enum of `plans`' purchasable ids.
-fn document_plans(doc: &mut Value, plans: &entity::plans::Catalogue) {
+fn document_plans(doc: &mut Value, plans: &entity::base::plans::Catalogue) {
     let ids: Vec<Value> = plans
         .plans
         .iter()
@@ -471,7 +471,7 @@ mod tests {
         let doc: Value = serde_json::from_str(document()).unwrap();
         let plan = &doc["components"]["schemas"]["PaymentRequest"]["properties"]["plan"];
         assert_eq!(plan["enum"], json!(["BASIC", "PRO", "ULTIMATE"]));
-        let other = entity::plans::Catalogue::parse(
+        let other = entity::base::plans::Catalogue::parse(
             "currency = \"IDR\"\n\
              [[plans]]\nid = \"FREE\"\nname = \"Free\"\nprice = 0\npurchasable = false\nai_requests_per_5min = 1\n\
              [[plans]]\nid = \"TEAM\"\nname = \"Team\"\nprice = 5\npurchasable = true\nai_requests_per_5min = 1\n",

@@ -2,7 +2,7 @@
 
 use std::{future::Future, net::IpAddr, sync::Arc};
 
-use entity::{plans::Catalogue, Feature, Features, Settings};
+use entity::{base::plans::Catalogue, Feature, Features, Settings};
 use poem::{web::RemoteAddr, Request};
 use sea_orm::DatabaseConnection;
 use worker::Queues;

@@ -1,6 +1,6 @@
 //! Adds `profiles.avatar_generation`: a counter bumped by every completed
 //! avatar upload, so that the avatar cleanup decides from an exact generation
-//! instead of comparing timestamps (see `entity::avatar`).
+//! instead of comparing timestamps (see `entity::accounts::avatar`).
 
 use sea_orm_migration::prelude::*;
 

@@ -1,6 +1,6 @@
 //! Creates `auth_oauth_states`: OAuth authorizations started by
 //! `GET /auth/v1/authorize` and waiting for their callback, keyed by the
-//! SHA-256 of the `state` sent to the provider (see `entity::oauth`). An index
+//! SHA-256 of the `state` sent to the provider (see `entity::identity::oauth`). An index
 //! on `created_at` serves the purge of abandoned records.
 
 use crate::now_default;

@@ -13,17 +13,17 @@ mod common;
 use chrono::{Duration as Days, Utc};
 use common::{on_concurrent_backends, on_each_backend};
 use entity::{
-    avatar::{self, Cleanup},
+    accounts::avatar::{self, Cleanup},
+    accounts::profile::{self, ProfileInput},
+    accounts::roles::{self, RoleError},
+    accounts::users::{ensure_user, Identity, UserContext},
+    billing::subscription::{self, SubscriptionAction, SubscriptionError},
     entities::{
         audit_logs, profiles,
         subscriptions::{self, SubscriptionStatus},
         user_roles::{self, Role},
         users,
     },
-    profile::{self, ProfileInput},
-    roles::{self, RoleError},
-    subscription::{self, SubscriptionAction, SubscriptionError},
-    users::{ensure_user, Identity, UserContext},
 };
 use sea_orm::{
     sea_query::Expr, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait,

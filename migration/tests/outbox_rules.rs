@@ -1,4 +1,4 @@
-//! The job outbox's rules ([`entity::outbox`]) on SQLite and PostgreSQL:
+//! The job outbox's rules ([`entity::base::outbox`]) on SQLite and PostgreSQL:
 //! what is due, the lease that hides a claimed row, releasing and deleting,
 //! the follow-up kept in the profile save's own transaction, and two
 //! concurrent claims never taking the same row.
@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use common::{on_concurrent_backends, on_each_backend};
 use entity::{
+    accounts::profile::{self, ProfileInput},
+    accounts::users::{ensure_user, Identity},
+    base::outbox::{self, NewJob},
     entities::profiles,
-    outbox::{self, NewJob},
-    profile::{self, ProfileInput},
-    users::{ensure_user, Identity},
 };
 use sea_orm::{DatabaseConnection, EntityTrait, TransactionTrait};
 use uuid::Uuid;

@@ -403,7 +403,7 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
     let audit = audit_logs::ActiveModel {
         id: Set(Uuid::new_v4()),
         actor_id: Set(Some(user.id)),
-        action: Set(audit_logs::ACTION_ROLE_CHANGE.into()),
+        action: Set(entity::base::audit::ACTION_ROLE_CHANGE.into()),
         target_type: Set("user".into()),
         target_id: Set(user.id.to_string()),
         old_value: Set(Some(json!({"role": "member"}))),

@@ -9,10 +9,10 @@ mod common;
 
 use common::on_each_backend;
 use entity::{
-    avatar::{self, UploadGrant, UploadRequest},
+    accounts::avatar::{self, UploadGrant, UploadRequest},
+    accounts::users::{self, AdminGrant, Identity},
     entities::users as user_rows,
     identity::sessions::{self, LogoutScope},
-    users::{self, AdminGrant, Identity},
 };
 use sea_orm::{DatabaseConnection, EntityTrait, PaginatorTrait};
 use uuid::Uuid;

@@ -2,12 +2,12 @@
 //! schema the api's migrations made): a user on FREE, a payment, an event.
 
 use chrono::{DateTime, Utc};
+use entity::billing::payment::provider_a_signature;
 use entity::entities::{
     payments::{self, PaymentStatus},
     subscriptions::{self, SubscriptionStatus},
     users, webhook_events,
 };
-use entity::payment::provider_a_signature;
 use sea_orm::EntityTrait;
 use sea_orm::{ActiveModelTrait, Database, DatabaseConnection, Set};
 use serde_json::json;
@@ -65,7 +65,7 @@ pub async fn pending_payment_at(
     provider: &str,
     created_at: DateTime<Utc>,
 ) -> String {
-    let order_id = entity::payment::new_order_id("ORD", created_at);
+    let order_id = entity::billing::payment::new_order_id("ORD", created_at);
     payments::ActiveModel {
         id: Set(Uuid::new_v4()),
         order_id: Set(order_id.clone()),
@@ -184,7 +184,7 @@ impl ProviderAStatusApi {
             "transaction_status": transaction_status,
             "fraud_status": "accept",
             "va_numbers": [{"bank": "bca", "va_number": "9888800000000000"}],
-            "signature_key": entity::payment::provider_a_signature(order_id, "200", amount, &self.key),
+            "signature_key": entity::billing::payment::provider_a_signature(order_id, "200", amount, &self.key),
         });
         if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
             v.extend(extra.clone());
@@ -248,7 +248,7 @@ pub async fn pending_pro_payments(db: &DatabaseConnection, n: usize) -> Vec<Stri
     let now = Utc::now();
     let ids: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
     let orders: Vec<String> = (0..n)
-        .map(|_| entity::payment::new_order_id("ORD", now))
+        .map(|_| entity::billing::payment::new_order_id("ORD", now))
         .collect();
     users::Entity::insert_many(ids.iter().map(|&id| users::ActiveModel {
         id: Set(id),
@@ -333,7 +333,7 @@ pub async fn pending_plan_payment(
     provider: &str,
 ) -> String {
     let now = Utc::now();
-    let order_id = entity::payment::new_order_id("ORD", now);
+    let order_id = entity::billing::payment::new_order_id("ORD", now);
     payments::ActiveModel {
         id: Set(Uuid::new_v4()),
         order_id: Set(order_id.clone()),
@@ -370,7 +370,7 @@ pub fn provider_b_notice(
     amount: i64,
     status: &str,
 ) -> (Vec<u8>, Vec<(&'static str, String)>) {
-    let word = entity::payment::provider_b_check_word(
+    let word = entity::billing::payment::provider_b_check_word(
         client_id,
         order_id,
         &amount.to_string(),
@@ -382,9 +382,9 @@ pub fn provider_b_notice(
         r#"{{"service":{{"id":"VIRTUAL_ACCOUNT"}},"acquirer":{{"id":"BCA"}},"channel":{{"id":"VIRTUAL_ACCOUNT_BCA"}},"order":{{"invoice_number":"{order_id}","amount":{amount}}},"transaction":{{"status":"{status}","date":"2026-11-23T10:00:00Z","original_request_id":"req-{order_id}"}},"security":{{"check_word":"{word}"}}}}"#
     );
     let ts = "2026-11-23T10:00:01Z";
-    let sig = entity::payment::provider_b_signature(
+    let sig = entity::billing::payment::provider_b_signature(
         secret,
-        &entity::payment::ProviderBRequest {
+        &entity::billing::payment::ProviderBRequest {
             client_id,
             request_id: &request_id,
             timestamp: ts,

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use entity::mail::OutgoingEmail;
+use entity::base::mail::OutgoingEmail;
 use futures::StreamExt;
 use tests::{tail, Stack};
 use wiremock::{

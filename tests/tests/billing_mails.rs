@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use entity::{
-    billing_mail::{self, BillingMailJob, BillingMailKind},
+    billing::mail::{self, BillingMailJob, BillingMailKind},
     entities::{payments::PaymentStatus, users},
 };
 use sea_orm::{sqlx::PgPool, ActiveModelTrait, EntityTrait, IntoActiveModel, Set};
@@ -123,7 +123,7 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
     // the key is sent, so nothing goes out.
     let again = BillingMailJob {
         kind: BillingMailKind::Receipt,
-        key: billing_mail::receipt_key(&order),
+        key: mail::receipt_key(&order),
         user_id: user,
         to: format!("{user}@example.com"),
         vars: match json!({
@@ -135,7 +135,7 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
             _ => unreachable!(),
         },
     };
-    entity::outbox::insert(&db, &billing_mail::outbox_row(&again), Duration::ZERO)
+    entity::base::outbox::insert(&db, &mail::outbox_row(&again), Duration::ZERO)
         .await
         .unwrap();
     // Until the worker took the job: dropped it, or sent a second mail.

@@ -23,7 +23,7 @@ use std::{
     time::Duration,
 };
 
-use entity::payment::provider_a_signature;
+use entity::billing::payment::provider_a_signature;
 use serde_json::{json, Value};
 use tests::{client, Mail, Reply, SmtpSink, Stack, EMAIL_FROM};
 use uuid::Uuid;

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use entity::{
+    billing::payment::{provider_b_digest, provider_b_signature, ProviderBRequest},
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
     },
-    payment::{provider_b_digest, provider_b_signature, ProviderBRequest},
 };
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};
@@ -153,7 +153,7 @@ async fn assert_failed(db: &DatabaseConnection, user: Uuid) {
     assert!(rows[0].checkout_token.is_none() && rows[0].payment_url.is_none());
     let audits = audit_logs::Entity::find()
         .filter(audit_logs::Column::TargetId.eq(&rows[0].order_id))
-        .filter(audit_logs::Column::Action.eq(entity::checkout::ACTION_CHECKOUT_FAILED))
+        .filter(audit_logs::Column::Action.eq(entity::base::audit::ACTION_CHECKOUT_FAILED))
         .count(db)
         .await
         .unwrap();
@@ -197,7 +197,10 @@ async fn provider_a_checkout_sends_the_snap_request_and_answers_the_token() {
         json!({"provider": "provider_a", "token": "snap-token-1", "orderId": order_id})
     );
     assert_fresh_quote(&quote, &payment(&db, &order_id).await);
-    assert!(entity::payment::is_order_id("ORD", &order_id), "{order_id}");
+    assert!(
+        entity::billing::payment::is_order_id("ORD", &order_id),
+        "{order_id}"
+    );
     assert_eq!(r.header_u64("x-ratelimit-limit"), 5);
     assert_eq!(r.header_u64("x-ratelimit-remaining"), 4);
     assert!(r.header("idempotent-replayed").is_none());

@@ -9,7 +9,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use entity::mail::OutgoingEmail;
+use entity::base::mail::OutgoingEmail;
 use redis::AsyncCommands;
 use serde_json::{json, Value};
 use tests::{wait_until, Stack, EMAIL_FROM};

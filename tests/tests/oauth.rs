@@ -221,7 +221,7 @@ async fn github_implicit_flow_signs_in_and_the_session_works() {
     assert_eq!(t["client_secret"], GH_SECRET);
     assert_eq!(t["redirect_uri"], format!("{APP_URL}/auth/v1/callback"));
     assert_eq!(
-        entity::oauth::s256_challenge(&t["code_verifier"]),
+        entity::identity::oauth::s256_challenge(&t["code_verifier"]),
         q["code_challenge"]
     );
 
@@ -330,7 +330,7 @@ async fn pkce_flow_gives_a_code_checked_against_the_verifier() {
     let api = stack.api(&env(&stack, &github, None)).await;
     let to = format!("{APP_URL}/auth/callback");
     let verifier = "4f1d0c9a8b7e6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b";
-    let challenge = entity::oauth::s256_challenge(verifier);
+    let challenge = entity::identity::oauth::s256_challenge(verifier);
 
     let code_for = |api: &Proc| {
         let api_url = api.url("");
@@ -433,7 +433,7 @@ async fn google_signs_in_and_bad_requests_are_refused() {
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0]["client_secret"], GOOGLE_SECRET);
     assert_eq!(
-        entity::oauth::s256_challenge(&reqs[0]["code_verifier"]),
+        entity::identity::oauth::s256_challenge(&reqs[0]["code_verifier"]),
         q["code_challenge"]
     );
     let user = Reply::send(

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use chrono::{Duration as Span, Utc};
 use entity::{
+    billing::payment::provider_a_signature,
     entities::payments::{self, PaymentStatus},
-    payment::provider_a_signature,
 };
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use serde_json::{json, Value};

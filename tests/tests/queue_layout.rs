@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use entity::mail::OutgoingEmail;
+use entity::base::mail::OutgoingEmail;
 use redis::AsyncCommands;
 use serde_json::json;
 use tests::{wait_until, EnvMap, Stack, EMAIL_FROM};

@@ -12,12 +12,12 @@ use std::time::Duration;
 use base64::Engine as _;
 use chrono::{Duration as Span, Utc};
 use entity::{
+    billing::payment::{provider_a_signature, provider_b_signature, ProviderBRequest},
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
         subscriptions::{self, SubscriptionStatus},
     },
-    payment::{provider_a_signature, provider_b_signature, ProviderBRequest},
 };
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter,

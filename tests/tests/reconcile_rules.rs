@@ -1,4 +1,4 @@
-//! The reconciliation claim of `entity::reconcile` on PostgreSQL, on a schema
+//! The reconciliation claim of `entity::billing::reconcile` on PostgreSQL, on a schema
 //! made by the migrations: which payments are due, and concurrent claims
 //! never hand the same payment to two callers in one round.
 
@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Duration as Span, Utc};
 use entity::{
+    billing::reconcile::{claim_due_payments, release_claim},
     entities::payments::PaymentStatus,
-    reconcile::{claim_due_payments, release_claim},
 };
 use migration::MigratorTrait;
 use sea_orm::{Database, DatabaseConnection};
@@ -42,7 +42,7 @@ async fn only_pending_payments_between_the_delays_are_due() {
     let fresh = pending_payment_at(&db, user, "provider_a", now - Span::minutes(5)).await;
     let _expiring = pending_payment_at(&db, user, "provider_b", now - Span::days(2)).await;
     let paid = pending_payment_at(&db, user, "provider_b", now - Span::hours(1)).await;
-    entity::settlement::settle_status_check(&db, &paid, PaymentStatus::Paid, None)
+    entity::billing::settlement::settle_status_check(&db, &paid, PaymentStatus::Paid, None)
         .await
         .unwrap();
 

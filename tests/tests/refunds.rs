@@ -18,13 +18,13 @@ use std::time::Duration;
 
 use chrono::{Months, Utc};
 use entity::{
+    billing::payment::{
+        provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
+    },
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
         webhook_events,
-    },
-    payment::{
-        provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
     },
 };
 use sea_orm::{

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use entity::mail::OutgoingEmail;
+use entity::base::mail::OutgoingEmail;
 use serde_json::json;
 use tests::{wait_until, Stack, EMAIL_FROM};
 use wiremock::{

@@ -1,17 +1,18 @@
-//! The settlement rules of `entity::settlement` on PostgreSQL, on a schema made
+//! The settlement rules of `entity::billing::settlement` on PostgreSQL, on a schema made
 //! by the migrations: exactly-once effects under concurrency (row locks), the
 //! state machine refusing late events, renewals and expiry.
 
 use chrono::{Duration as Span, Utc};
 use entity::{
+    billing::events::{self, RecordError, Recorded},
+    billing::settlement::{self, Settled},
+    billing::webhook::{Notification, ProviderA, WebhookHeaders, WebhookVerifier},
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
         subscriptions::SubscriptionStatus,
         webhook_events,
     },
-    settlement::{self, RecordError, Recorded, Settled},
-    webhook::{Notification, ProviderA, WebhookHeaders, WebhookVerifier},
 };
 use migration::MigratorTrait;
 use sea_orm::{
@@ -36,7 +37,7 @@ async fn migrated() -> (TestDb, DatabaseConnection) {
 
 /// A PENDING payment of `plan` for `user`; answers its order id.
 async fn pending(db: &DatabaseConnection, user: Uuid, plan: &str, provider: &str) -> String {
-    let order_id = entity::payment::new_order_id("ORD", Utc::now());
+    let order_id = entity::billing::payment::new_order_id("ORD", Utc::now());
     let now = Utc::now();
     payments::ActiveModel {
         id: Set(Uuid::new_v4()),
@@ -407,7 +408,7 @@ fn notification(order_id: &str, status: &str, gross_amount: &str) -> Notificatio
         "gross_amount": gross_amount,
         "order_id": order_id,
         "payment_type": "bank_transfer",
-        "signature_key": entity::payment::provider_a_signature(order_id, "200", gross_amount, KEY),
+        "signature_key": entity::billing::payment::provider_a_signature(order_id, "200", gross_amount, KEY),
     });
     ProviderA {
         server_key: KEY.into(),
@@ -428,7 +429,7 @@ async fn a_notification_is_recorded_once_even_when_delivered_concurrently() {
 
     let runs = (0..50).map(|_| {
         let (db, n) = (db.clone(), n.clone());
-        tokio::spawn(async move { settlement::record_event(&db, &n).await })
+        tokio::spawn(async move { events::record_event(&db, &n).await })
     });
     let outcomes: Vec<Recorded> = futures::future::join_all(runs)
         .await
@@ -452,16 +453,16 @@ async fn a_notification_is_recorded_once_even_when_delivered_concurrently() {
     // The sweep sees it while unsettled, not after settlement.
     let later = Utc::now() + Span::seconds(1);
     assert_eq!(
-        settlement::unsettled_events(&db, later, 10).await.unwrap(),
+        events::unsettled_events(&db, later, 10).await.unwrap(),
         vec![new[0]]
     );
     settlement::settle_event(&db, new[0], None).await.unwrap();
-    assert!(settlement::unsettled_events(&db, later, 10)
+    assert!(events::unsettled_events(&db, later, 10)
         .await
         .unwrap()
         .is_empty());
     assert_eq!(
-        settlement::record_event(&db, &n).await.unwrap(),
+        events::record_event(&db, &n).await.unwrap(),
         Recorded::Duplicate {
             event_id: new[0],
             settled: true
@@ -477,7 +478,7 @@ async fn unknown_orders_and_other_amounts_record_nothing() {
 
     let wrong_amount = notification(&order, "settlement", "1000.00");
     assert!(matches!(
-        settlement::record_event(&db, &wrong_amount).await,
+        events::record_event(&db, &wrong_amount).await,
         Err(RecordError::AmountMismatch {
             stored: 99_000,
             notified: Some(1_000)
@@ -485,18 +486,18 @@ async fn unknown_orders_and_other_amounts_record_nothing() {
     ));
     let fraction = notification(&order, "settlement", "99000.50");
     assert!(matches!(
-        settlement::record_event(&db, &fraction).await,
+        events::record_event(&db, &fraction).await,
         Err(RecordError::AmountMismatch { notified: None, .. })
     ));
     let unknown = notification("ORD-1-NOTHERE1", "settlement", "99000.00");
     assert!(matches!(
-        settlement::record_event(&db, &unknown).await,
+        events::record_event(&db, &unknown).await,
         Err(RecordError::UnknownOrder { .. })
     ));
     // A provider_b payment is not settled by a provider_a notification.
     let other = pending(&db, u, "PRO", "provider_b").await;
     assert!(matches!(
-        settlement::record_event(&db, &notification(&other, "settlement", "99000")).await,
+        events::record_event(&db, &notification(&other, "settlement", "99000")).await,
         Err(RecordError::UnknownOrder { .. })
     ));
     assert_eq!(webhook_events::Entity::find().count(&db).await.unwrap(), 0);
@@ -509,13 +510,13 @@ async fn an_event_whose_settlement_was_not_queued_can_be_forgotten_for_the_retry
     let u = free_user(&db).await;
     let order = pending(&db, u, "BASIC", "provider_a").await;
     let n = notification(&order, "settlement", "99000");
-    let Recorded::New(id) = settlement::record_event(&db, &n).await.unwrap() else {
+    let Recorded::New(id) = events::record_event(&db, &n).await.unwrap() else {
         panic!("first delivery");
     };
-    assert!(settlement::forget_unqueued_event(&db, id).await.unwrap());
+    assert!(events::forget_unqueued_event(&db, id).await.unwrap());
     // The provider's retry is a first delivery again.
     assert!(matches!(
-        settlement::record_event(&db, &n).await.unwrap(),
+        events::record_event(&db, &n).await.unwrap(),
         Recorded::New(_)
     ));
 }

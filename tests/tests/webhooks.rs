@@ -8,14 +8,14 @@
 use std::time::Duration;
 
 use entity::{
+    billing::payment::{
+        provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
+    },
     entities::{
         audit_logs,
         payments::{self, PaymentStatus},
         subscriptions::{self, SubscriptionStatus},
         webhook_events,
-    },
-    payment::{
-        provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
     },
 };
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};

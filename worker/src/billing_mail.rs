@@ -24,9 +24,9 @@
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use entity::{
-    billing_mail::{BillingMailJob, BillingMailKind},
-    mail::OutgoingEmail,
-    plans::Catalogue,
+    base::mail::OutgoingEmail,
+    base::plans::Catalogue,
+    billing::mail::{BillingMailJob, BillingMailKind},
     Settings,
 };
 use minijinja::{context, Environment, Error, ErrorKind, UndefinedBehavior, Value};
@@ -353,7 +353,7 @@ mod tests {
 
     fn templates() -> BillingTemplates {
         BillingTemplates::with(
-            &Catalogue::parse(entity::plans::BUILT_IN).unwrap(),
+            &Catalogue::parse(entity::base::plans::BUILT_IN).unwrap(),
             Some("billing@example.com".into()),
             "Acme <AI>".into(),
             "https://app.example.com/".into(),

@@ -15,7 +15,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use entity::{mail::OutgoingEmail, settings::EmailTransport, Settings};
+use entity::{base::mail::OutgoingEmail, base::settings::EmailTransport, Settings};
 use lettre::{
     message::{header::ContentType, Mailbox, MultiPart, SinglePart},
     AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor,

@@ -71,7 +71,7 @@ pub const UPSTREAM_REQUESTS: &str = "upstream_requests_total";
 pub const UPSTREAM_DURATION: &str = "upstream_request_duration_seconds";
 /// `billing_renewals_total{outcome}`: rows the renewal loop acted on, by
 /// outcome (`created`, `unpriced`, `reminded`, `past_due`, `lapsed`, `paid`,
-/// `duplicate`; [`entity::renewal::Outcome`]).
+/// `duplicate`; [`entity::billing::renewal::Outcome`]).
 pub const RENEWALS: &str = "billing_renewals_total";
 /// `billing_subscriptions_past_due`: subscriptions in their grace
 /// (`past_due`), as counted by the last scheduler tick.
@@ -82,14 +82,14 @@ pub const DB_POOL_CONNECTIONS: &str = "db_pool_connections";
 pub const DB_POOL_MAX: &str = "db_pool_max_connections";
 
 /// Counts one row the renewal loop acted on ([`RENEWALS`]).
-pub fn renewal(outcome: entity::renewal::Outcome) {
+pub fn renewal(outcome: entity::billing::renewal::Outcome) {
     metrics::counter!(RENEWALS, "outcome" => outcome.as_str()).increment(1);
 }
 
 /// Counts what a settlement did to a renewal ([`RENEWALS`]: `paid`,
 /// `duplicate`), if anything.
-pub fn settled(outcome: &entity::settlement::Settled) {
-    if let entity::settlement::Settled::Moved {
+pub fn settled(outcome: &entity::billing::settlement::Settled) {
+    if let entity::billing::settlement::Settled::Moved {
         renewal: Some(o), ..
     } = outcome
     {

@@ -1,4 +1,4 @@
-//! The job outbox's two ends ([`entity::outbox`] holds the table's rules):
+//! The job outbox's two ends ([`entity::base::outbox`] holds the table's rules):
 //!
 //! * [`keep`] / [`to_row`]: a job that follows a change already made and
 //!   could not be queued goes into the database instead of being lost;
@@ -14,11 +14,11 @@
 //! On the embedded SQLite queue the api pushes its follow-ups directly (that
 //! queue is a file on the same machine, with no network to blink), but the
 //! relay runs there too: the model writes jobs into the outbox inside its
-//! own transactions (the billing mails of [`entity::billing_mail`]).
+//! own transactions (the billing mails of [`entity::billing::mail`]).
 
 use std::time::Duration;
 
-use entity::outbox::{self, NewJob};
+use entity::base::outbox::{self, NewJob};
 use sea_orm::{DatabaseConnection, DbErr};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

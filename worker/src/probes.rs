@@ -54,7 +54,7 @@ impl ProbeCache {
         let db_probe = async {
             let t = Instant::now();
             let ok = matches!(
-                tokio::time::timeout(timeout, entity::db::ping(db)).await,
+                tokio::time::timeout(timeout, entity::base::db::ping(db)).await,
                 Ok(Ok(()))
             );
             timed(ok, t)

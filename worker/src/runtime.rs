@@ -77,7 +77,7 @@ pub async fn connect_db(
 ) -> anyhow::Result<DatabaseConnection> {
     let mut delay = Duration::from_millis(500);
     loop {
-        match entity::db::connect(settings).await {
+        match entity::base::db::connect(settings).await {
             Ok(db) => return Ok(db),
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "database unavailable");
@@ -486,12 +486,12 @@ pub fn init_tracing(settings: &Settings) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match settings.log_format {
-        entity::settings::LogFormat::Json => builder
+        entity::base::settings::LogFormat::Json => builder
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .try_init(),
-        entity::settings::LogFormat::Pretty => builder.try_init(),
+        entity::base::settings::LogFormat::Pretty => builder.try_init(),
     };
 }
 

@@ -6,21 +6,21 @@
 //! * reconciliation: payments still `PENDING` `PAYMENT_RECONCILE_AFTER_SECS`
 //!   after creation, and not asked about within that time, get a
 //!   `reconcile_payment` job that asks the provider's status API
-//!   ([`entity::reconcile::claim_due_payments`] stamps `reconciled_at` so no
+//!   ([`entity::billing::reconcile::claim_due_payments`] stamps `reconciled_at` so no
 //!   payment is queued twice in one round, even by two workers); payments
 //!   past `PAYMENT_EXPIRE_AFTER_SECS` are left to payment expiry;
-//! * the renewal loop ([`entity::renewal`]): lapse (paid subscriptions past
+//! * the renewal loop ([`entity::billing::renewal`]): lapse (paid subscriptions past
 //!   their grace, or cancelling and past their end, fall back to FREE with an
 //!   audit row), grace (`past_due` at the period end), renewal records (with
 //!   the reminder already due) and later reminders; each pass pages through
 //!   what is due by keyset until nothing is left, claiming each page
-//!   ([`entity::renewal_scan::claim_page`]) and queueing it as a
+//!   ([`entity::billing::renewal::scan::claim_page`]) and queueing it as a
 //!   `renewal_batch` job, which any worker runs. A claimed row is not queued
 //!   again for `RENEWAL_CLAIM_SECS`, so rows whose job still waits in the
 //!   queue are not queued twice; claims past that lease are deleted;
 //! * payment expiry: payments still `PENDING` `PAYMENT_EXPIRE_AFTER_SECS`
 //!   after creation get a `reconcile_payment` job too (claimed the same way,
-//!   [`entity::reconcile::claim_expiring_payments`]): the provider is asked
+//!   [`entity::billing::reconcile::claim_expiring_payments`]): the provider is asked
 //!   first, and the payment becomes `EXPIRED` only on an answer that it is
 //!   not paid (while the provider cannot be reached it stays `PENDING`); a
 //!   paid answer settles it as PAID.
@@ -38,7 +38,9 @@
 
 use std::time::Duration;
 
-use entity::{reconcile, renewal, renewal_scan, settlement, Settings};
+use entity::{
+    billing::events, billing::reconcile, billing::renewal, billing::renewal::scan, Settings,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -115,12 +117,12 @@ pub async fn run_tick(
     settings: &Settings,
 ) -> anyhow::Result<TickReport> {
     // Every cut-off by the database's clock, the one that stamped the rows.
-    let now = entity::db::now(db).await?;
+    let now = entity::base::db::now(db).await?;
     let mut report = TickReport::default();
     let age = |d: Duration| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
 
     for event_id in
-        settlement::unsettled_events(db, now - age(settings.settlement_sweep_after), BATCH).await?
+        events::unsettled_events(db, now - age(settings.settlement_sweep_after), BATCH).await?
     {
         let job = Job::SettlePayment(SettlePayment {
             event_id,
@@ -171,7 +173,7 @@ async fn queue_renewals(
 ) -> anyhow::Result<usize> {
     crate::metrics::past_due(renewal::past_due_count(db).await?);
     let lease = chrono::Duration::from_std(settings.renewal_claim).unwrap_or(chrono::Duration::MAX);
-    renewal_scan::delete_stale_claims(db, now - lease).await?;
+    scan::delete_stale_claims(db, now - lease).await?;
     if renewal::paused(&entity::Features::compute(settings)) {
         tracing::info!("renewal loop paused: payments are switched off or not ready");
         return Ok(0);
@@ -181,8 +183,7 @@ async fn queue_renewals(
     for step in renewal::Step::ALL {
         let mut after = None;
         loop {
-            let page =
-                renewal_scan::claim_page(db, step, &policy, now, lease, after, BATCH).await?;
+            let page = scan::claim_page(db, step, &policy, now, lease, after, BATCH).await?;
             let Some(last) = page.last().copied() else {
                 break;
             };
@@ -192,7 +193,7 @@ async fn queue_renewals(
                 ids: ids.clone(),
             });
             if let Err(e) = queues.push(job).await {
-                if let Err(e) = renewal_scan::release_claims(db, step, &ids).await {
+                if let Err(e) = scan::release_claims(db, step, &ids).await {
                     tracing::warn!(step = step.as_str(), error = %e, "scheduler: could not give back a renewal page's claims");
                 }
                 return Err(e.into());

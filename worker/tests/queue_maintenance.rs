@@ -69,7 +69,7 @@ fn now_s() -> u64 {
 
 fn email_job(tag: &str) -> Job {
     Job::SendEmail(SendEmail {
-        email: entity::mail::OutgoingEmail {
+        email: entity::base::mail::OutgoingEmail {
             from: "site@example.com".into(),
             to: vec!["inbox@example.com".into()],
             reply_to: None,

@@ -126,7 +126,7 @@ impl From<IdentityError> for AuthApiError {
     fn from(e: IdentityError) -> Self {
         match e {
             IdentityError::Db(ref db) => {
-                if entity::db::is_unavailable(db) {
+                if entity::base::db::is_unavailable(db) {
                     tracing::error!(error = %db, "auth: database unavailable");
                     return Self::unavailable();
                 }

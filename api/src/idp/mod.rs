@@ -19,7 +19,7 @@ mod verify;
 
 use std::{sync::Arc, time::Duration};
 
-use entity::{users::AdminGrant, Settings};
+use entity::{accounts::users::AdminGrant, Settings};
 use jsonwebtoken::{Algorithm, Validation};
 use sea_orm::DatabaseConnection;
 use uuid::Uuid;
@@ -207,7 +207,7 @@ impl Idp {
 
     /// `redirect_to` as allowed (`APP_URL`'s origin or `AUTH_REDIRECT_ALLOW_LIST`), else `APP_URL`.
     pub fn redirect_target(&self, candidate: Option<&str>) -> String {
-        entity::redirect::allowed_redirect(
+        entity::identity::redirect::allowed_redirect(
             &self.settings.app_url,
             &self.settings.auth_redirect_allow_list,
             candidate,

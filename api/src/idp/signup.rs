@@ -64,7 +64,7 @@ impl Idp {
         // account's is), so the answer's times do not tell them apart.
         let lookalike_created_at = match &created {
             Created::Existing(_) if !autoconfirm => {
-                Some(self.bounded(entity::db::now(&self.db)).await??)
+                Some(self.bounded(entity::base::db::now(&self.db)).await??)
             }
             _ => None,
         };
@@ -110,7 +110,7 @@ impl Idp {
             Created::Existing(acc) => {
                 let created_at = match lookalike_created_at {
                     Some(t) => t,
-                    None => self.bounded(entity::db::now(&self.db)).await??,
+                    None => self.bounded(entity::base::db::now(&self.db)).await??,
                 };
                 if acc.email_confirmed_at.is_some() {
                     // A new account's mail claims the address's slot: so does
@@ -168,7 +168,7 @@ impl Idp {
                         .await?;
                     }
                 }
-                let sent_at = self.bounded(entity::db::now(&self.db)).await??;
+                let sent_at = self.bounded(entity::base::db::now(&self.db)).await??;
                 Ok(SignUpOutcome::User(Box::new(UserJson::decoy(
                     &email, meta, created_at, sent_at,
                 ))))

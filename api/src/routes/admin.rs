@@ -1,8 +1,8 @@
 //! `POST /api/admin/users/role`: an admin sets a user's role (audited).
 
 use entity::{
+    accounts::roles::{self, RoleError},
     entities::user_roles::Role,
-    roles::{self, RoleError},
     Feature,
 };
 use poem::{web::Data, Request};

@@ -1,9 +1,9 @@
 //! Admin reads: `GET /api/admin/users` (search by email, with role and plan)
 //! and `GET /api/admin/audit-logs` (filter by actor and action). Same gate
-//! as the admin writes; lists page as every list ([`entity::page`]).
+//! as the admin writes; lists page as every list ([`entity::base::page`]).
 
 use chrono::{DateTime, Utc};
-use entity::{entities::audit_logs, reads, Feature};
+use entity::{accounts::reads, entities::audit_logs, Feature};
 use poem::web::Data;
 use poem_openapi::{param::Query, types::Example, Object, OpenApi};
 use serde_json::Value;
@@ -270,7 +270,7 @@ async fn users_inner(
     admin(state, auth).await?;
     let (cursor, limit) = page_params(cursor, limit)?;
     if let Some(q) = query {
-        entity::validate::no_nul("query", q)?;
+        entity::base::validate::no_nul("query", q)?;
     }
     let page = state
         .bounded_db(
@@ -289,7 +289,7 @@ async fn users_inner(
                 role: row.role.as_str().to_string(),
                 plan: row.plan,
                 subscription_status: row.subscription.as_ref().map(|s| {
-                    entity::subscription::SubscriptionView::from(s)
+                    entity::billing::subscription::SubscriptionView::from(s)
                         .status
                         .to_string()
                 }),
@@ -311,7 +311,7 @@ async fn audit_inner(
     admin(state, auth).await?;
     let (cursor, limit) = page_params(cursor, limit)?;
     if let Some(a) = action {
-        entity::validate::no_nul("action", a)?;
+        entity::base::validate::no_nul("action", a)?;
     }
     let page = state
         .bounded_db(

@@ -1,6 +1,6 @@
 //! `/auth/v1/authorize` and `/auth/v1/callback`: sign-in with GitHub and
 //! Google (the platform's `signInWithOAuth`), through the adapters of
-//! [`worker::oauth`] and the rules of [`entity::oauth`].
+//! [`worker::oauth`] and the rules of [`entity::identity::oauth`].
 //!
 //! 1. `GET /authorize?provider=…&redirect_to=…[&scopes=…][&code_challenge=…&code_challenge_method=…]`
 //!    checks the parameters, stores what the callback needs under the hash
@@ -17,9 +17,9 @@
 use std::future::Future;
 
 use entity::{
+    accounts::users::AdminGrant,
+    identity::oauth::{self, OAuthProvider, TakenState},
     identity::{account, flow},
-    oauth::{self, OAuthProvider, TakenState},
-    users::AdminGrant,
 };
 use poem::web::Data;
 use poem_openapi::{param::Query, ApiResponse, OpenApi};

@@ -2,7 +2,7 @@
 
 use chrono::Utc;
 use entity::{
-    avatar::{self, UploadGrant, UploadRequest},
+    accounts::avatar::{self, UploadGrant, UploadRequest},
     Feature,
 };
 use poem::web::Data;

@@ -4,7 +4,7 @@
 //! PKCE flow (`?code=…`) lands here. On success the session is set as an
 //! HttpOnly cookie pair ([`ACCESS_COOKIE`], [`REFRESH_COOKIE`]) and the
 //! browser is sent (303) to `next`, a path on `APP_URL`'s origin
-//! ([`entity::redirect::safe_next`]: anything else becomes `/`). Every
+//! ([`entity::identity::redirect::safe_next`]: anything else becomes `/`). Every
 //! failure — auth switched off or not configured, a missing or unknown
 //! parameter, a used or expired link, no PKCE verifier, the auth service
 //! unreachable, too many attempts — is a 303 to
@@ -40,7 +40,7 @@ use base64::{
     engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
     Engine as _,
 };
-use entity::{redirect::safe_next, Feature};
+use entity::{identity::redirect::safe_next, Feature};
 use poem::{
     http::{header, HeaderValue, StatusCode},
     web::Data,

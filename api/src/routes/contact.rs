@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use entity::{contact::ContactMessage, Feature};
+use entity::{forms::contact::ContactMessage, Feature};
 use poem::{web::Data, Request};
 use poem_openapi::{Object, OpenApi};
 use worker::{jobs::SendEmail, Job};

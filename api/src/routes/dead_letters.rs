@@ -6,7 +6,7 @@
 //! first. Secrets in payloads (the code and link token of an identity mail,
 //! any credential) are redacted in the listing.
 
-use entity::{dead_letters::Selection, Feature};
+use entity::{ops::dead_letters::Selection, Feature};
 use poem::{web::Data, Request};
 use poem_openapi::{param::Query, payload::Json, Enum, Object, OpenApi};
 use serde_json::Value;
@@ -241,7 +241,7 @@ impl DeadLetterApi {
 async fn admin(
     state: &AppState,
     auth: &BearerAuth,
-) -> Result<entity::users::UserContext, ApiError> {
+) -> Result<entity::accounts::users::UserContext, ApiError> {
     let actor = state.session(auth, Gate::Feature(Feature::Admin)).await?;
     if !actor.is_admin() {
         return Err(ApiError::Forbidden(
@@ -329,7 +329,7 @@ async fn redrive_inner(
     body: RedriveRequest,
     (request_id, client_request_id): (Option<String>, Option<String>),
 ) -> Result<RedriveResult, ApiError> {
-    use entity::validate::FieldError;
+    use entity::base::validate::FieldError;
     let selection = match (body.ids, body.all) {
         (Some(_), Some(_)) => {
             return Err(FieldError::new(
@@ -393,7 +393,7 @@ async fn redrive_inner(
     state
         .bounded_db(
             "recording the redrive",
-            entity::dead_letters::record_redrive(
+            entity::ops::dead_letters::record_redrive(
                 &state.db,
                 &actor,
                 queue.as_str(),

@@ -170,14 +170,14 @@ async fn health_inner(state: &AppState) -> Health {
             .as_str()
             .into(),
         email_transport: match state.settings.email_transport() {
-            entity::settings::EmailTransport::Api => EmailTransportName::Api,
-            entity::settings::EmailTransport::Smtp => EmailTransportName::Smtp,
-            entity::settings::EmailTransport::Outbox => EmailTransportName::Outbox,
-            entity::settings::EmailTransport::None => EmailTransportName::None,
+            entity::base::settings::EmailTransport::Api => EmailTransportName::Api,
+            entity::base::settings::EmailTransport::Smtp => EmailTransportName::Smtp,
+            entity::base::settings::EmailTransport::Outbox => EmailTransportName::Outbox,
+            entity::base::settings::EmailTransport::None => EmailTransportName::None,
         },
         database: database.into(),
         queue: QueueProbe::of(queue, state.queues.kind()),
-        renewals: if entity::renewal::paused(f) {
+        renewals: if entity::billing::renewal::paused(f) {
             "paused"
         } else {
             "running"

@@ -42,12 +42,12 @@ pub enum ApiTags {
     Auth,
 }
 
-/// Maps a database error: unavailable ([`entity::db::is_unavailable`]: no
+/// Maps a database error: unavailable ([`entity::base::db::is_unavailable`]: no
 /// connection, a connection lost mid-statement, a server shutting down or
 /// full) → 503 `database_unavailable`, anything else → 500 (cause logged, not
 /// sent).
 pub fn db_error(what: &str, e: sea_orm::DbErr) -> ApiError {
-    if entity::db::is_unavailable(&e) {
+    if entity::base::db::is_unavailable(&e) {
         tracing::error!(error = %e, "{what}: database unavailable");
         return ApiError::Unavailable {
             code: "database_unavailable",

@@ -1,11 +1,11 @@
 //! `GET /api/payments/pay/{token}`: the renewal's pay link, as it appears in
 //! `GET /api/me` (`subscription.renewal.pay_url`) and in the reminder and
 //! past-due mails. No session: the token, signed with the server secret
-//! (`BACKEND_SERVICE_ROLE_KEY`) for one renewal ([`entity::renewal_pay::pay_token`]),
-//! is the credential. Rules in [`entity::renewal_pay`].
+//! (`BACKEND_SERVICE_ROLE_KEY`) for one renewal ([`entity::billing::renewal::pay::pay_token`]),
+//! is the credential. Rules in [`entity::billing::renewal::pay`].
 //!
 //! Flow: payments ready (503) → token (404 `invalid_link`) → the renewal by
-//! the database's clock ([`renewal_pay::resolve`]): closed → 303 to
+//! the database's clock ([`pay::resolve`]): closed → 303 to
 //! `{APP_URL}/billing?renewal=paid|void|changed`; grace over → 404
 //! `link_expired`; live checkout → 303 to it; stale checkout → the provider
 //! is asked (paid: settled, 303 saying paid; unpaid: `EXPIRED`, then a new
@@ -16,10 +16,11 @@ use std::time::Instant;
 
 use chrono::Duration;
 use entity::{
-    checkout::{self, Started},
+    billing::checkout::{self, Started},
+    billing::renewal::pay::{self, Begun, Closed, Link},
+    billing::settlement,
     entities::{payments::PaymentStatus, users},
-    renewal_pay::{self, Begun, Closed, Link},
-    settlement, Feature,
+    Feature,
 };
 use poem::web::Data;
 use poem_openapi::{param::Path, ApiResponse, OpenApi};
@@ -38,7 +39,7 @@ pub fn pay_url(settings: &entity::Settings, renewal_id: Uuid) -> Option<String> 
     Some(format!(
         "{}/api/payments/pay/{}",
         settings.api_external_url.trim_end_matches('/'),
-        entity::renewal_pay::pay_token(secret, renewal_id)
+        entity::billing::renewal::pay::pay_token(secret, renewal_id)
     ))
 }
 
@@ -146,18 +147,18 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
         .as_deref()
         .ok_or_else(invalid_link)?;
     let renewal_id =
-        entity::renewal_pay::verify_pay_token(secret, token).ok_or_else(invalid_link)?;
+        entity::billing::renewal::pay::verify_pay_token(secret, token).ok_or_else(invalid_link)?;
     let grace = span(state.settings.renewal_grace);
     let expire_after = span(state.settings.payment_expire_after);
     // At most: a stale checkout asked about, then a new one started.
     for _ in 0..3 {
         let now = state
-            .bounded_db("reading the clock", entity::db::now(&state.db))
+            .bounded_db("reading the clock", entity::base::db::now(&state.db))
             .await?;
         let link = state
             .bounded_db(
                 "reading the renewal",
-                renewal_pay::resolve(&state.db, renewal_id, now, grace, expire_after),
+                pay::resolve(&state.db, renewal_id, now, grace, expire_after),
             )
             .await?;
         match link {
@@ -191,12 +192,7 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
                 let begun = state
                     .bounded_db(
                         "creating the payment",
-                        renewal_pay::begin(
-                            &state.db,
-                            &r,
-                            provider,
-                            &state.settings.order_id_prefix,
-                        ),
+                        pay::begin(&state.db, &r, provider, &state.settings.order_id_prefix),
                     )
                     .await?;
                 match begun {
@@ -268,10 +264,7 @@ async fn wait_for_page(state: &AppState, payment_id: Uuid) -> Result<String, Api
     let until = Instant::now() + state.settings.provider_timeout;
     loop {
         let p = state
-            .bounded_db(
-                "reading the payment",
-                renewal_pay::payment(&state.db, payment_id),
-            )
+            .bounded_db("reading the payment", pay::payment(&state.db, payment_id))
             .await?;
         match p {
             Some(p) if p.status == PaymentStatus::Pending => {

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use entity::{
-    checkout::{self, Begun, CheckoutError, NewCheckout, Started},
+    base::validate::FieldError,
+    billing::checkout::{self, Begun, CheckoutError, NewCheckout, Started},
+    billing::grant,
     entities::payments::{self, PaymentStatus},
-    grant,
-    validate::FieldError,
     Feature,
 };
 use poem::web::Data;
@@ -341,7 +341,7 @@ impl PaymentApi {
 fn purchasable<'a>(
     state: &'a AppState,
     plan_id: Option<&str>,
-) -> Result<&'a entity::plans::Plan, ApiError> {
+) -> Result<&'a entity::base::plans::Plan, ApiError> {
     let id = plan_id.unwrap_or_default();
     state.plans.purchasable(id).ok_or_else(|| {
         FieldError::new(

@@ -1,6 +1,6 @@
 //! `POST /api/profile`: save the caller's name and avatar references.
 
-use entity::profile::{self, ProfileInput};
+use entity::accounts::profile::{self, ProfileInput};
 use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Object, OpenApi};
 

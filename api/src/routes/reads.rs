@@ -2,13 +2,14 @@
 //! `GET /api/me` (the caller's account, plan and AI usage),
 //! `GET /api/payments` and `GET /api/payments/{order_id}` (the caller's own
 //! payments). Personal answers carry `Cache-Control: private, no-store`.
-//! Queries live in [`entity::reads`]; the lists page with [`entity::page`].
+//! Queries live in [`entity::accounts::reads`]; the lists page with [`entity::base::page`].
 
 use chrono::{DateTime, Utc};
 use entity::{
+    accounts::reads,
+    base::page::{self, Cursor},
     entities::payments,
-    page::{self, Cursor},
-    reads, Feature,
+    Feature,
 };
 use poem::web::Data;
 use poem_openapi::{
@@ -542,12 +543,12 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
     let plan = state
         .plans
         .get(&plan_id)
-        .or_else(|| state.plans.get(entity::plans::FREE))
+        .or_else(|| state.plans.get(entity::base::plans::FREE))
         .ok_or_else(|| ApiError::internal("the plan catalogue has no FREE plan"))?;
     let profile = profile_view(details.profile);
     let subscription = match &details.subscription {
         Some(s) => {
-            let view = entity::subscription::SubscriptionView::from(s);
+            let view = entity::billing::subscription::SubscriptionView::from(s);
             MeSubscription {
                 plan: plan_id.clone(),
                 status: view.status.to_string(),

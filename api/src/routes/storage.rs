@@ -6,7 +6,7 @@
 //! * `GET /storage/v1/object/public/avatars/{user_id}/avatar`: the public file.
 
 use entity::{
-    avatar::{self, GrantError, ImageType, UploadGrant},
+    accounts::avatar::{self, GrantError, ImageType, UploadGrant},
     Feature,
 };
 use futures::{stream, StreamExt, TryStreamExt};

@@ -1,8 +1,8 @@
 //! `POST /api/subscription`: cancel, resume or change the caller's subscription.
 
 use entity::{
-    subscription::{self, SubscriptionAction, SubscriptionError},
-    validate::FieldError,
+    base::validate::FieldError,
+    billing::subscription::{self, SubscriptionAction, SubscriptionError},
     Feature,
 };
 use poem::web::Data;
@@ -161,7 +161,7 @@ async fn change_inner(
                 .await?
         }
         Move::Change(plan) => {
-            let policy = entity::renewal::Policy::from_settings(&state.settings);
+            let policy = entity::billing::renewal::Policy::from_settings(&state.settings);
             state
                 .bounded(subscription::choose_renewal_plan(
                     &state.db,

@@ -1,7 +1,7 @@
 //! `POST /api/waitlist`: store a lead once per email.
 
 use entity::{
-    waitlist::{self, Lead, WaitlistError},
+    forms::waitlist::{self, Lead, WaitlistError},
     Feature,
 };
 use poem::{web::Data, Request};

@@ -7,9 +7,9 @@
 //! status API (`worker::jobs::settlement`).
 
 use entity::{
-    settlement::{self, RecordError, Recorded},
-    validate::FieldError,
-    webhook::{ProviderA, ProviderB, WebhookError, WebhookHeaders, WebhookVerifier},
+    base::validate::FieldError,
+    billing::events::{self, RecordError, Recorded},
+    billing::webhook::{ProviderA, ProviderB, WebhookError, WebhookHeaders, WebhookVerifier},
 };
 use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Object, OpenApi};
@@ -291,11 +291,11 @@ async fn receive(
 /// docs): the answer of both routes from the lookup on.
 async fn record_and_queue(
     state: &AppState,
-    notification: entity::webhook::Notification,
+    notification: entity::billing::webhook::Notification,
     request_id: Option<String>,
 ) -> Result<WebhookAck, ApiError> {
     let recorded = state
-        .bounded(settlement::record_event(&state.db, &notification))
+        .bounded(events::record_event(&state.db, &notification))
         .await?;
     let id = match recorded {
         Ok(Recorded::New(id)) => id,
@@ -331,7 +331,7 @@ async fn record_and_queue(
         // that fails, the settlement sweep settles the event later.
         tracing::error!(event_id = %id, error = %e, "could not queue the settlement");
         let forgot = state
-            .bounded(settlement::forget_unqueued_event(&state.db, id))
+            .bounded(events::forget_unqueued_event(&state.db, id))
             .await;
         if !matches!(forgot, Ok(Ok(true))) {
             tracing::error!(event_id = %id, "event kept unqueued; the sweep will settle it");

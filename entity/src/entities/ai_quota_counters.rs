@@ -1,6 +1,6 @@
 //! `ai_quota_counters`: AI tokens counted per user and calendar month (UTC),
 //! reservations of requests in flight included: the database store of
-//! [`crate::ai_quota`] ([`crate::ai_quota::reserve_in_db`]).
+//! [`crate::ai::quota`] ([`crate::ai::quota::reserve_in_db`]).
 
 use sea_orm::entity::prelude::*;
 

@@ -6,13 +6,6 @@
 use sea_orm::entity::prelude::*;
 use serde::{Deserialize, Serialize};
 
-/// `action` when an admin changes a user's role.
-pub const ACTION_ROLE_CHANGE: &str = "role.change";
-/// `action` when a payment is settled from a webhook or a status check.
-pub const ACTION_PAYMENT_SETTLE: &str = "payment.settle";
-/// `action` when an admin puts dead letters back on their queue.
-pub const ACTION_DEAD_LETTER_REDRIVE: &str = "dead_letter.redrive";
-
 /// One audited action.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, Serialize, Deserialize)]
 #[sea_orm(table_name = "audit_logs")]
@@ -22,8 +15,8 @@ pub struct Model {
     pub id: Uuid,
     /// Acting user; `None` for the system (webhooks, jobs).
     pub actor_id: Option<Uuid>,
-    /// What happened, dotted `<object>.<verb>`, e.g. [`ACTION_ROLE_CHANGE`],
-    /// [`ACTION_PAYMENT_SETTLE`].
+    /// What happened, dotted `<object>.<verb>`, e.g. `role.change`,
+    /// `payment.settle` (all of them: [`crate::base::audit`]).
     #[sea_orm(column_type = "Text")]
     pub action: String,
     /// Kind of object acted on, e.g. `user`, `payment`.

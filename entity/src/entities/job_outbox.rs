@@ -1,6 +1,6 @@
 //! `job_outbox`: jobs that follow a change already made and wait in the
 //! database until the worker has moved them to the queue
-//! ([`crate::outbox`]).
+//! ([`crate::base::outbox`]).
 
 use sea_orm::entity::prelude::*;
 

@@ -1,5 +1,5 @@
 //! `renewal_claims`: which rows the scheduler queued for which pass of the
-//! renewal loop, and when ([`crate::renewal::claim_page`]).
+//! renewal loop, and when ([`crate::billing::renewal::claim_page`]).
 
 use sea_orm::entity::prelude::*;
 
@@ -7,7 +7,7 @@ use sea_orm::entity::prelude::*;
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "renewal_claims")]
 pub struct Model {
-    /// The pass ([`crate::renewal::Step::as_str`]: `create`, `remind`,
+    /// The pass ([`crate::billing::renewal::Step::as_str`]: `create`, `remind`,
     /// `past_due`, `lapse`).
     #[sea_orm(primary_key, auto_increment = false, column_type = "Text")]
     pub step: String,

@@ -1,5 +1,5 @@
 //! `renewals`: a renewal offered to a paid subscription before its period
-//! ends ([`crate::renewal`]). A record, not a payment: payments made through
+//! ends ([`crate::billing::renewal`]). A record, not a payment: payments made through
 //! its pay link carry its id (`payments.renewal_id`).
 
 use sea_orm::entity::prelude::*;

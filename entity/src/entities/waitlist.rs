@@ -1,7 +1,7 @@
 //! `waitlist`: people who asked to be told when the product opens.
 //!
 //! `email` is unique. The application trims and lower-cases the address
-//! before every insert (`crate::waitlist::Lead::new`), so ` Foo@X.io` and
+//! before every insert (`crate::forms::waitlist::Lead::new`), so ` Foo@X.io` and
 //! `foo@x.io` are both stored as `foo@x.io` and a plain unique index on the
 //! column is enough: the second sign-up fails with
 //! `SqlErr::UniqueConstraintViolation`. Never insert an un-normalized address.

@@ -14,12 +14,12 @@ use uuid::Uuid;
 
 use super::{is_unique_violation, IdentityError};
 use crate::{
+    accounts::users::{AdminGrant, Identity},
     entities::{
         auth_accounts as acc, auth_identities as ident,
         user_roles::{self, Role},
         users,
     },
-    users::{AdminGrant, Identity},
 };
 
 /// Trims and validates `raw` as an email address; returns `(email, email_norm)`.
@@ -27,7 +27,7 @@ use crate::{
 /// # Errors
 /// [`IdentityError::Validation`] naming `email`.
 pub fn normalize_email(raw: &str) -> Result<(String, String), IdentityError> {
-    let email = crate::validate::email("email", raw)
+    let email = crate::base::validate::email("email", raw)
         .map_err(|e| IdentityError::Validation(e.message.clone()))?;
     let norm = email.to_ascii_lowercase();
     Ok((email, norm))
@@ -185,11 +185,11 @@ pub async fn create<C: ConnectionTrait + TransactionTrait>(
         return Ok(Created::Existing(a));
     }
     let user_id = Uuid::new_v4();
-    let txn = crate::users::begin_write(db).await?;
+    let txn = crate::base::db::begin_write(db).await?;
     let result = async {
-        let now = crate::db::now(&txn).await?;
+        let now = crate::base::db::now(&txn).await?;
         let no_grant = AdminGrant::default();
-        crate::users::ensure_user_granting(
+        crate::accounts::users::ensure_user_granting(
             &txn,
             &Identity {
                 user_id,
@@ -312,7 +312,7 @@ pub async fn confirm_email<C: ConnectionTrait>(
     grant: &AdminGrant<'_>,
     signup_id: Option<Uuid>,
 ) -> Result<Confirmed, IdentityError> {
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let confirm = || {
         acc::Entity::update_many()
             .col_expr(acc::Column::EmailConfirmedAt, Expr::value(now))
@@ -372,7 +372,7 @@ pub async fn confirm_email<C: ConnectionTrait>(
                 .await?
                 .rows_affected;
             if promoted == 1 {
-                crate::users::audit_admin_grant(db, &id, by, Some("member")).await?;
+                crate::accounts::users::audit_admin_grant(db, &id, by, Some("member")).await?;
             }
         }
     }
@@ -396,8 +396,8 @@ pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
     signup_id: Option<Uuid>,
 ) -> Result<bool, IdentityError> {
     use crate::entities::auth_sessions as sess;
-    let txn = crate::users::begin_write(db).await?;
-    let now = crate::db::now(&txn).await?;
+    let txn = crate::base::db::begin_write(db).await?;
+    let now = crate::base::db::now(&txn).await?;
     let taken = acc::Entity::update_many()
         .col_expr(acc::Column::PasswordHash, Expr::value(password_hash))
         .col_expr(acc::Column::SignupId, Expr::value(signup_id))
@@ -437,7 +437,7 @@ pub async fn install_parked_password<C: ConnectionTrait>(
     user_id: Uuid,
     hash: &str,
 ) -> Result<(), IdentityError> {
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     acc::Entity::update_many()
         .col_expr(acc::Column::PasswordHash, Expr::value(hash))
         .col_expr(acc::Column::UpdatedAt, Expr::value(now))
@@ -502,7 +502,7 @@ pub async fn record_sign_in<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
 ) -> Result<(), IdentityError> {
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     acc::Entity::update_many()
         .col_expr(acc::Column::LastSignInAt, Expr::value(now))
         .filter(acc::Column::UserId.eq(user_id))
@@ -517,7 +517,7 @@ pub async fn set_password<C: ConnectionTrait>(
     user_id: Uuid,
     hash: &str,
 ) -> Result<(), IdentityError> {
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     acc::Entity::update_many()
         .col_expr(acc::Column::PasswordHash, Expr::value(hash))
         .col_expr(acc::Column::UpdatedAt, Expr::value(now))
@@ -545,7 +545,7 @@ pub async fn merge_metadata<C: ConnectionTrait>(
             meta.insert(k.clone(), v.clone());
         }
     }
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     acc::Entity::update_many()
         .col_expr(
             acc::Column::UserMetadata,
@@ -598,7 +598,7 @@ pub async fn apply_email_change<C: ConnectionTrait>(
         return Err(IdentityError::OtpExpired);
     };
     let norm = new_email.to_ascii_lowercase();
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let res = acc::Entity::update_many()
         .col_expr(acc::Column::Email, Expr::value(new_email.clone()))
         .col_expr(acc::Column::EmailNorm, Expr::value(norm))
@@ -664,7 +664,7 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
         .filter(ident::Column::ProviderId.eq(profile.provider_id.as_str()))
         .one(db)
         .await?;
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     if let Some(i) = linked {
         ident::Entity::update_many()
             .col_expr(ident::Column::LastSignInAt, Expr::value(now))
@@ -707,10 +707,10 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
     // New account. Without a verified email, an email already used by a
     // built-in account is not taken over: the new account has none of its own.
     let user_id = Uuid::new_v4();
-    let txn = crate::users::begin_write(db).await?;
+    let txn = crate::base::db::begin_write(db).await?;
     let result = async {
         let no_grant = AdminGrant::default();
-        crate::users::ensure_user_granting(
+        crate::accounts::users::ensure_user_granting(
             &txn,
             &Identity {
                 user_id,

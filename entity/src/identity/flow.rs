@@ -126,7 +126,7 @@ pub async fn create_flow_state<C: ConnectionTrait>(
             "code_challenge is required".into(),
         ));
     };
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let id = Uuid::new_v4();
     fs::ActiveModel {
         id: Set(id),
@@ -154,7 +154,7 @@ pub async fn issue_auth_code<C: ConnectionTrait>(
     user_id: Uuid,
 ) -> Result<String, IdentityError> {
     let code = Uuid::new_v4().to_string();
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let res = fs::Entity::update_many()
         .col_expr(
             fs::Column::AuthCodeDigest,
@@ -215,7 +215,7 @@ pub async fn exchange<C: ConnectionTrait>(
     let (Some(user_id), Some(issued)) = (row.user_id, row.auth_code_issued_at) else {
         return Err(IdentityError::FlowStateNotFound);
     };
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     if (now - issued).num_milliseconds() > FLOW_STATE_EXPIRY_SECS * 1000 {
         return Err(IdentityError::FlowStateExpired);
     }

@@ -3,15 +3,17 @@
 //! one-time mail tokens, PKCE flow states and the one-mail-per-interval rule.
 //!
 //! Everything time-based is decided against the database's clock
-//! ([`crate::db::now`]) and with conditional writes, so concurrent requests
+//! ([`crate::base::db::now`]) and with conditional writes, so concurrent requests
 //! on several api processes agree. The HTTP shapes (the hosted auth
 //! platform's `/auth/v1` protocol) live in the api; this module only names
 //! the platform's error codes ([`IdentityError::code`]).
 
 pub mod account;
 pub mod flow;
+pub mod oauth;
 pub mod otp;
 pub mod password;
+pub mod redirect;
 pub mod sessions;
 pub mod tokens;
 

@@ -32,19 +32,9 @@ use uuid::Uuid;
 use super::{tokens, IdentityError};
 use crate::entities::{auth_accounts as acc, auth_one_time_tokens as ott};
 
-/// Default seconds between two mails of one kind to one user
-/// (`AUTH_MAIL_INTERVAL_SECS`).
-pub const DEFAULT_MAIL_INTERVAL_SECS: i64 = 60;
-
 /// Wrong codes for an address after which the codes mailed to it are void
 /// (their links are not).
 pub const MAX_FAILED_ATTEMPTS: i32 = 5;
-
-/// Default `AUTH_CODE_FAILURES_PER_HOUR`.
-pub const DEFAULT_CODE_FAILURES_PER_HOUR: u32 = 10;
-
-/// Default `AUTH_CONFIRMATION_MAILS_PER_DAY`.
-pub const DEFAULT_CONFIRMATION_MAILS_PER_DAY: u32 = 10;
 
 /// The window of [`claim_code_attempt`].
 pub const CODE_WINDOW_SECS: i64 = 3600;
@@ -181,7 +171,7 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
 ) -> Result<(), IdentityError> {
     use crate::entities::auth_mail_slots as slot;
     let kind = slot_kind(kind);
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let inserted = slot::Entity::insert(slot::ActiveModel {
         email_norm: Set(email_norm.to_string()),
         kind: Set(kind.to_string()),
@@ -263,7 +253,7 @@ pub async fn claim_code_attempt<C: ConnectionTrait>(
     max: u32,
 ) -> Result<(), IdentityError> {
     use crate::entities::auth_code_attempts as att;
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let inserted = att::Entity::insert(att::ActiveModel {
         email_norm: Set(email_norm.to_string()),
         attempts: Set(1),
@@ -325,7 +315,7 @@ pub async fn clear_code_attempts<C: ConnectionTrait>(
 /// back (older than a day by the database's clock). Returns how many.
 pub async fn delete_stale_address_rows<C: ConnectionTrait>(db: &C) -> Result<u64, IdentityError> {
     use crate::entities::{auth_code_attempts as att, auth_mail_slots as slot};
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let day_cutoff = now - chrono::Duration::seconds(DAY_SECS);
     let slots = slot::Entity::delete_many()
         .filter(slot::Column::LastSentAt.lt(day_cutoff))
@@ -349,7 +339,7 @@ pub async fn stamp_mail_sent<C: ConnectionTrait>(
     user_id: Uuid,
     kind: MailKind,
 ) -> Result<(), IdentityError> {
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     acc::Entity::update_many()
         .col_expr(kind.sent_at(), Expr::value(now))
         .filter(acc::Column::UserId.eq(user_id))
@@ -426,7 +416,7 @@ pub async fn issue_another<C: ConnectionTrait>(
         .await?;
     let code = tokens::otp_code();
     let token_hash = tokens::random_hex(32);
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     ott::ActiveModel {
         id: Set(Uuid::new_v4()),
         user_id: Set(t.user_id),
@@ -556,7 +546,7 @@ pub async fn consume<C: ConnectionTrait>(
     if delete.exec(db).await?.rows_affected != 1 {
         return Err(IdentityError::OtpExpired);
     }
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     if (now - row.created_at).num_milliseconds() > expiry_secs.saturating_mul(1000) {
         return Err(IdentityError::OtpExpired);
     }

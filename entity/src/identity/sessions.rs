@@ -53,8 +53,8 @@ pub async fn create<C: ConnectionTrait + TransactionTrait>(
     user_id: Uuid,
     amr_method: &str,
 ) -> Result<IssuedSession, IdentityError> {
-    let txn = crate::users::begin_write(db).await?;
-    let now = crate::db::now(&txn).await?;
+    let txn = crate::base::db::begin_write(db).await?;
+    let now = crate::base::db::now(&txn).await?;
     let session = sess::ActiveModel {
         id: Set(Uuid::new_v4()),
         user_id: Set(user_id),
@@ -147,8 +147,8 @@ async fn rotate_active<C: ConnectionTrait + TransactionTrait>(
             view: super::account::view_of(view_rows),
         }));
     }
-    let txn = crate::users::begin_write(db).await?;
-    let now = crate::db::now(&txn).await?;
+    let txn = crate::base::db::begin_write(db).await?;
+    let now = crate::base::db::now(&txn).await?;
     let revoked = rt::Entity::update_many()
         .col_expr(rt::Column::Revoked, Expr::value(true))
         .col_expr(rt::Column::RevokedAt, Expr::value(now))
@@ -203,7 +203,7 @@ fn prefixed<E: EntityTrait>(table: &str, pre: &str) -> String {
 /// `C_*` auth_identities, one row per identity, oldest first), so a refresh
 /// makes one round trip to the database; no row otherwise. The view is read
 /// from the statement's snapshot, which the CTEs (tokens and sessions only)
-/// do not touch. `clock_timestamp()` as in [`crate::db::now`].
+/// do not touch. `clock_timestamp()` as in [`crate::base::db::now`].
 fn rotate_sql() -> &'static str {
     static SQL: OnceLock<String> = OnceLock::new();
     SQL.get_or_init(|| {
@@ -292,7 +292,7 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
             None => None,
         };
         if let Some(s) = session {
-            let now = crate::db::now(db).await?;
+            let now = crate::base::db::now(db).await?;
             if lifetime.expired(s.created_at, s.refreshed_at, now) {
                 return Err(IdentityError::SessionExpired);
             }
@@ -310,7 +310,7 @@ pub async fn refresh<C: ConnectionTrait + TransactionTrait>(
     };
     // Revoked (or a concurrent refresh won): within the reuse interval the
     // active child is handed out again; anything else revokes the session.
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     let recent = row
         .revoked_at
         .is_some_and(|at| (now - at).num_milliseconds() <= reuse_interval_ms);
@@ -352,7 +352,7 @@ pub async fn signed_in_before<C: ConnectionTrait>(
     let Some(s) = sess::Entity::find_by_id(id).one(db).await? else {
         return Ok(true);
     };
-    let now = crate::db::now(db).await?;
+    let now = crate::base::db::now(db).await?;
     Ok((now - s.created_at).num_milliseconds() > secs.saturating_mul(1000))
 }
 

@@ -14,7 +14,7 @@
 //! `{{ .TokenHash }}`, `{{ .SiteURL }}`, `{{ .RedirectTo }}`, `{{ .Email }}`
 //! (plain substitution; values are HTML-escaped in `.html` templates).
 
-use entity::{identity::otp::MailKind, mail::OutgoingEmail};
+use entity::{base::mail::OutgoingEmail, identity::otp::MailKind};
 use serde::{Deserialize, Serialize};
 
 use super::{email, JobContext, JobError, SendEmail};

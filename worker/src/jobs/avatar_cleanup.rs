@@ -2,7 +2,7 @@
 //! unreferenced (the avatar was removed, or a legacy key was replaced by
 //! `<user>/avatar`).
 
-use entity::avatar::{self, Cleanup};
+use entity::accounts::avatar::{self, Cleanup};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

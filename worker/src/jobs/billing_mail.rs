@@ -4,14 +4,14 @@
 //! once per idempotency key.
 //!
 //! The model queued it through the job outbox with a key claimed in
-//! `billing_mails` ([`entity::billing_mail::queue`]). A job whose key is
+//! `billing_mails` ([`entity::billing::mail::queue`]). A job whose key is
 //! already marked sent is dropped, and the key is marked sent once the
 //! transport accepted the mail: a re-run of the job (a duplicate delivery,
 //! a relay that pushed twice) sends nothing. The key is also the transport's
 //! idempotency key (the email API's `Idempotency-Key`, the outbox file
 //! name), which covers the gap between a send and its mark.
 
-use entity::billing_mail::{self, BillingMailJob};
+use entity::billing::mail::{self, BillingMailJob};
 
 use super::{email, JobContext, JobError, SendEmail};
 
@@ -24,7 +24,7 @@ pub async fn handle(
     attempt: usize,
     ctx: &JobContext,
 ) -> Result<(), JobError> {
-    let sent = billing_mail::was_sent(&ctx.db, &job.key)
+    let sent = mail::was_sent(&ctx.db, &job.key)
         .await
         .map_err(|e| JobError::Retry(format!("database: {e}")))?;
     if sent {
@@ -48,7 +48,7 @@ pub async fn handle(
         ctx,
     )
     .await?;
-    if let Err(e) = billing_mail::mark_sent(&ctx.db, &job.key).await {
+    if let Err(e) = mail::mark_sent(&ctx.db, &job.key).await {
         // Sent, but not recorded: a re-run would send again under the same
         // transport key; say so rather than failing a delivered mail.
         tracing::warn!(task_id, key = %job.key, error = %e, "billing mail sent but not marked sent");
@@ -58,7 +58,7 @@ pub async fn handle(
 
 #[cfg(test)]
 mod tests {
-    use entity::billing_mail::{outbox_row, BillingMailJob, BillingMailKind};
+    use entity::billing::mail::{outbox_row, BillingMailJob, BillingMailKind};
 
     use crate::Job;
 

@@ -1,6 +1,6 @@
 //! `send_email`: delivers one [`OutgoingEmail`] through the configured transport.
 
-use entity::mail::OutgoingEmail;
+use entity::base::mail::OutgoingEmail;
 use serde::{Deserialize, Serialize};
 
 use super::{JobContext, JobError};

@@ -1,6 +1,6 @@
 //! `expire_checkout`: ends at its provider the checkout of a renewal that
 //! was voided while the checkout was still `PENDING`
-//! ([`entity::renewal_pay::expire_checkouts`] writes the job into the job
+//! ([`entity::billing::renewal::pay::expire_checkouts`] writes the job into the job
 //! outbox in the transaction that voids the renewal), then settles what the
 //! provider now says about it exactly as reconciliation does
 //! ([`super::reconcile`]): `EXPIRED` once the provider expired it, `PAID`
@@ -13,7 +13,7 @@ use super::{reconcile::ReconcilePayment, JobContext, JobError};
 use crate::providers::{expire::ExpireAnswer, ProviderError};
 
 /// Payload of the `expire_checkout` job.
-pub use entity::renewal_pay::ExpireCheckout;
+pub use entity::billing::renewal::pay::ExpireCheckout;
 
 /// Ends the checkout and settles the provider's word. Done without a call
 /// when the payment is no longer `PENDING` (settled meanwhile, or it is the

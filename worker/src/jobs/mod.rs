@@ -98,14 +98,14 @@ pub enum Job {
     SendAuthEmail(SendAuthEmail),
     /// Render and send one billing mail (receipt, refund notice, reminder,
     /// past-due, lapse), once per idempotency key. Queued by the model
-    /// through the job outbox ([`entity::billing_mail::queue`]).
-    SendBillingMail(entity::billing_mail::BillingMailJob),
+    /// through the job outbox ([`entity::billing::mail::queue`]).
+    SendBillingMail(entity::billing::mail::BillingMailJob),
     /// Run one page of one pass of the renewal loop.
     RenewalBatch(RenewalBatch),
     /// End at its provider the checkout of a voided renewal, then settle the
     /// provider's word. Queued by the model through the job outbox
-    /// ([`entity::renewal_pay::expire_checkouts`]).
-    ExpireCheckout(entity::renewal_pay::ExpireCheckout),
+    /// ([`entity::billing::renewal::pay::expire_checkouts`]).
+    ExpireCheckout(entity::billing::renewal::pay::ExpireCheckout),
 }
 
 impl Job {
@@ -133,9 +133,9 @@ impl Job {
             Job::ReconcilePayment(_) => "reconcile_payment",
             Job::RecordAiUsage(_) => "record_ai_usage",
             Job::SendAuthEmail(_) => "send_auth_email",
-            Job::SendBillingMail(_) => entity::billing_mail::JOB_TYPE,
+            Job::SendBillingMail(_) => entity::billing::mail::JOB_TYPE,
             Job::RenewalBatch(_) => "renewal_batch",
-            Job::ExpireCheckout(_) => entity::renewal_pay::EXPIRE_JOB_TYPE,
+            Job::ExpireCheckout(_) => entity::billing::renewal::pay::EXPIRE_JOB_TYPE,
         }
     }
 }

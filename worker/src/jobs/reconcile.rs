@@ -1,7 +1,7 @@
 //! `reconcile_payment`: asks the provider's status API about one payment
 //! still `PENDING` long after checkout (its notification may never come) and
 //! settles what the provider reports through the same state machine and
-//! audit trail as a notification ([`entity::settlement::settle_status_check`],
+//! audit trail as a notification ([`entity::billing::settlement::settle_status_check`],
 //! audit `source` `status_check`). Queued by the scheduler
 //! ([`crate::scheduler`]) at most once per `PAYMENT_RECONCILE_AFTER_SECS` per
 //! payment. It is also how a payment expires: one older than
@@ -11,8 +11,8 @@
 //! `PENDING`.
 
 use entity::{
+    billing::settlement,
     entities::payments::{self, PaymentStatus},
-    settlement,
 };
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::{Deserialize, Serialize};
@@ -58,7 +58,7 @@ pub async fn handle(
     }
     let expire_after = chrono::Duration::from_std(ctx.providers.settings().payment_expire_after)
         .unwrap_or(chrono::Duration::MAX);
-    let now = entity::db::now(&ctx.db)
+    let now = entity::base::db::now(&ctx.db)
         .await
         .map_err(|e| JobError::Retry(format!("reading the database clock: {e}")))?;
     let past_expiry = pay.created_at < now - expire_after;

@@ -1,5 +1,5 @@
 //! `renewal_batch`: one page of one pass of the renewal loop
-//! ([`entity::renewal`]), queued by the scheduler ([`crate::scheduler`]) so
+//! ([`entity::billing::renewal`]), queued by the scheduler ([`crate::scheduler`]) so
 //! that every worker takes a share of a large batch. Each row is re-checked
 //! under its lock by the database's clock, so a repeated or concurrent batch
 //! changes nothing twice. Outcomes are counted in
@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 
-use entity::{plans::Catalogue, renewal};
+use entity::{base::plans::Catalogue, billing::renewal};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -42,7 +42,7 @@ pub async fn handle(
 ) -> Result<(), JobError> {
     let catalogue = catalogue(ctx)?;
     let policy = renewal::Policy::from_settings(ctx.providers.settings());
-    let now = entity::db::now(&ctx.db)
+    let now = entity::base::db::now(&ctx.db)
         .await
         .map_err(|e| JobError::Retry(format!("reading the database clock: {e}")))?;
     let report = renewal::run_batch(&ctx.db, job.step, &policy, catalogue, now, &job.ids)

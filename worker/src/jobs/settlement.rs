@@ -1,5 +1,5 @@
 //! `settle_payment`: applies one recorded provider event to its payment and
-//! the user's subscription ([`entity::settlement::settle_event`]): one
+//! the user's subscription ([`entity::billing::settlement::settle_event`]): one
 //! transaction, rows locked, the payment state machine deciding.
 //!
 //! A provider_a notification is only a hint: its signature covers
@@ -26,12 +26,12 @@
 //! required `Signature` header) and are settled as they are.
 
 use entity::{
+    billing::payment::{self, Transition},
+    billing::settlement::{self, Settled},
     entities::{
         payments::{self, PaymentStatus, PROVIDER_A},
         webhook_events,
     },
-    payment::{self, Transition},
-    settlement::{self, Settled},
 };
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::{Deserialize, Serialize};

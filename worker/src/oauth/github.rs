@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{get_json, OAuthError, OAuthProfile};
-use entity::oauth::OAuthProvider;
+use entity::identity::oauth::OAuthProvider;
 
 /// The `iss` GitHub identities carry in `user_metadata` (as the platform writes it).
 pub const ISSUER: &str = "https://api.github.com";

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{get_json, OAuthError, OAuthProfile};
-use entity::oauth::OAuthProvider;
+use entity::identity::oauth::OAuthProvider;
 
 /// The `iss` Google identities carry in `user_metadata`.
 pub const ISSUER: &str = "https://accounts.google.com";

@@ -23,8 +23,8 @@
 use std::time::Duration;
 
 use entity::{
-    oauth::OAuthProvider,
-    settings::{OAuthClientSettings, OAuthSettings},
+    base::settings::{OAuthClientSettings, OAuthSettings},
+    identity::oauth::OAuthProvider,
 };
 use oauth2::{
     basic::BasicClient, AuthType, AuthUrl, AuthorizationCode, ClientId, ClientSecret, CsrfToken,
@@ -382,7 +382,7 @@ mod tests {
     async fn the_authorize_url_carries_state_pkce_and_scopes() {
         let server = MockServer::start().await;
         let clients = OAuthClients::new(&settings(&server)).unwrap();
-        let scopes = entity::oauth::scopes(OAuthProvider::Github, None).unwrap();
+        let scopes = entity::identity::oauth::scopes(OAuthProvider::Github, None).unwrap();
         let started = clients.authorize(OAuthProvider::Github, &scopes).unwrap();
         let url = url::Url::parse(&started.url).unwrap();
         assert_eq!(url.path(), "/login/oauth/authorize");

@@ -31,7 +31,7 @@
 
 use std::time::Duration;
 
-use entity::settings::PaymentProvider;
+use entity::base::settings::PaymentProvider;
 use serde_json::{json, Value};
 
 use super::{json_answer, send_once_more_on_connect_error, ProviderError, Providers};

@@ -8,7 +8,7 @@
 //!   Basic base64(server_key + ":")`.
 //! * provider_b is the Checkout protocol of DOKU: headers `Client-Id`,
 //!   `Request-Id`, `Request-Timestamp` (UTC, `YYYY-MM-DDTHH:MM:SSZ`) and
-//!   `Signature` ([`entity::payment::provider_b_signature`]).
+//!   `Signature` ([`entity::billing::payment::provider_b_signature`]).
 //!
 //! Every call is bounded: `PROVIDER_CONNECT_TIMEOUT_MS` to connect and
 //! `PROVIDER_TIMEOUT_MS` for the whole exchange; redirects are not followed.
@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use entity::{payment::ProviderBRequest, Settings};
+use entity::{billing::payment::ProviderBRequest, Settings};
 
 pub mod checkout;
 pub mod expire;
@@ -158,7 +158,7 @@ impl Providers {
             .ok_or(ProviderError::NotConfigured("PROVIDER_B_SECRET_KEY"))?;
         let request_id = uuid::Uuid::new_v4().to_string();
         let timestamp = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
-        let signature = entity::payment::provider_b_signature(
+        let signature = entity::billing::payment::provider_b_signature(
             secret,
             &ProviderBRequest {
                 client_id,

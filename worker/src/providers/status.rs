@@ -22,8 +22,8 @@
 //! when no connection could be made (a GET changes nothing at the provider).
 
 use entity::{
+    billing::payment,
     entities::payments::{PaymentStatus, PROVIDER_A, PROVIDER_B},
-    payment,
 };
 use serde_json::Value;
 

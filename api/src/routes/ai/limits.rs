@@ -1,6 +1,6 @@
 //! The checks before the upstream call: provider, input size, the plan's
 //! requests per 5 minutes and its monthly tokens, whose reservation
-//! ([`ai_quota::reserve`]) sets the answer's output cap: one Redis round trip
+//! ([`quota::reserve`]) sets the answer's output cap: one Redis round trip
 //! for both when Redis answers; otherwise the in-process limiter and the
 //! database's conditional write.
 
@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use entity::{
+    ai::quota::{self, Ask, FastAnswer, Reservation, Reserved},
     ai::{self as rules, ChatMessage, Provider},
-    ai_quota::{self, Ask, FastAnswer, Reservation, Reserved},
 };
 use uuid::Uuid;
 use worker::ai::Target;
@@ -48,14 +48,14 @@ pub(super) struct Admitted {
 pub(super) async fn session_and_plan(
     state: &AppState,
     auth: &BearerAuth,
-) -> Result<(entity::users::UserContext, String), ApiError> {
+) -> Result<(entity::accounts::users::UserContext, String), ApiError> {
     state.session_with_plan(auth, Gate::Auth).await
 }
 
 /// Provider, size, configuration and both limits, in that order; `plan_id`
 /// is the caller's plan ([`session_and_plan`]). On a plan with a monthly
 /// quota the request reserves [`rules::grant`] tokens at once
-/// ([`ai_quota::reserve`]): its [`rules::input_bound`] and its output cap;
+/// ([`quota::reserve`]): its [`rules::input_bound`] and its output cap;
 /// when not one output token fits, 429 `quota_exceeded`.
 pub(super) async fn admit(
     state: &AppState,
@@ -66,7 +66,7 @@ pub(super) async fn admit(
 ) -> Result<Admitted, Refusal> {
     let name = provider.unwrap_or(&state.settings.ai_default_provider);
     let provider = Provider::parse(name).ok_or_else(|| {
-        ApiError::Field(entity::validate::FieldError::new(
+        ApiError::Field(entity::base::validate::FieldError::new(
             "provider",
             "unknown_provider",
             format!("unknown provider {name:?}: use openai, anthropic or openai_compatible"),
@@ -90,7 +90,7 @@ pub(super) async fn admit(
     let plan = state
         .plans
         .get(plan_id)
-        .or_else(|| state.plans.get(entity::plans::FREE))
+        .or_else(|| state.plans.get(entity::base::plans::FREE))
         .ok_or_else(|| ApiError::internal("the plan catalogue has no FREE plan"))?;
     let limit = Limit {
         name: "ai",
@@ -132,7 +132,7 @@ pub(super) async fn admit(
     let granted = state
         .bounded_db(
             "reserving AI tokens",
-            ai_quota::reserve(&state.db, fast.as_ref().zip(first), &ask),
+            quota::reserve(&state.db, fast.as_ref().zip(first), &ask),
         )
         .await?;
     let Some(max_output) = granted.output_cap(&ask) else {
@@ -188,7 +188,7 @@ fn quota_refusal(q: rules::QuotaExceeded, now: chrono::DateTime<Utc>, rate: Rate
 /// per 5 minutes (GCRA, as [`RateLimiter::check`]); when allowed and `ask`
 /// is given (a plan with a quota), reserve [`rules::grant`] tokens in the
 /// month counter. Answers the rate limit's headers and what the counter
-/// said, for [`ai_quota::reserve`] (which seeds an absent counter, and
+/// said, for [`quota::reserve`] (which seeds an absent counter, and
 /// reserves in the database when Redis did not answer). Redis failing or
 /// slow: the in-process limiter decides the rate (as
 /// [`RateLimiter::check`]).

@@ -10,7 +10,7 @@ use crate::problem::ApiError;
 /// documented field is checked for its type (a present field must have it;
 /// `null` is not a string); unknown keys are ignored.
 pub(super) fn parse_chat(bytes: &[u8]) -> Result<(Option<String>, Vec<ChatMessage>), ApiError> {
-    use entity::validate::FieldError;
+    use entity::base::validate::FieldError;
     let bad = |field: &'static str, code: &'static str, msg: String| -> ApiError {
         FieldError::new(field, code, msg).into()
     };

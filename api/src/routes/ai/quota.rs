@@ -1,6 +1,6 @@
 //! The Redis store of the per-user monthly token counter
 //! (`<QUEUE_PREFIX>:ai:tokens:<user>:<YYYYMM>`, its scripts here): the fast
-//! store behind [`entity::ai_quota`], which owns the reservation and falls
+//! store behind [`entity::ai::quota`], which owns the reservation and falls
 //! back to the database's `ai_quota_counters` when Redis cannot be used.
 //!
 //! The counter holds the month's tokens: the `ai_usage` sum it was seeded
@@ -14,7 +14,7 @@ use std::{sync::LazyLock, time::Duration};
 use chrono::Utc;
 use entity::{
     ai as rules,
-    ai_quota::{Ask, FastCounter, Reserved, StoreDown},
+    ai::quota::{Ask, FastCounter, Reserved, StoreDown},
 };
 use redis::aio::ConnectionManager;
 use uuid::Uuid;
@@ -101,7 +101,7 @@ fn counter_key_in(prefix: &str, user_id: Uuid, now: chrono::DateTime<Utc>) -> St
     }
 }
 
-/// The Redis month counters: the fast store of [`entity::ai_quota`].
+/// The Redis month counters: the fast store of [`entity::ai::quota`].
 pub(super) struct RedisCounter {
     conn: ConnectionManager,
     prefix: String,

@@ -3,8 +3,8 @@
 
 use chrono::Utc;
 use entity::{
+    ai::quota::{self, Reservation},
     ai::{self as rules, Provider, UsageRecord},
-    ai_quota::{self, Reservation},
 };
 use uuid::Uuid;
 use worker::{ai::Usage, jobs::RecordAiUsage, Job};
@@ -52,7 +52,7 @@ impl UsageGuard {
         if let Some(r) = self.reservation {
             tokio::spawn(async move {
                 let fast = RedisCounter::of(&state);
-                if let Err(e) = ai_quota::release(&state.db, fast.as_ref(), r).await {
+                if let Err(e) = quota::release(&state.db, fast.as_ref(), r).await {
                     tracing::warn!(error = %e, "could not give back an AI reservation");
                 }
             });
@@ -103,7 +103,7 @@ impl UsageGuard {
             let outcome = state.queue_followup(job).await;
             tracing::info!(usage_id = %id, aborted, ?outcome, "AI usage");
             if let Some(fast) = RedisCounter::of(&state) {
-                if let Err(e) = ai_quota::settle_fast(&fast, user_id, held, tokens, at).await {
+                if let Err(e) = quota::settle_fast(&fast, user_id, held, tokens, at).await {
                     tracing::warn!(error = %e, "could not settle the AI quota counter");
                 }
             }

@@ -513,7 +513,7 @@ impl AuthApi {
         #[oai(name = "type")] kind: Query<Option<String>>,
         redirect_to: Query<Option<String>>,
     ) -> SeeOther {
-        let target = entity::redirect::allowed_redirect(
+        let target = entity::identity::redirect::allowed_redirect(
             &state.settings.app_url,
             &state.settings.auth_redirect_allow_list,
             redirect_to.0.as_deref(),

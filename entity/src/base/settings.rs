@@ -1,0 +1,1866 @@
+//! Environment → typed, validated settings.
+//!
+//! Every variable the service reads is listed here (and in the README). A value
+//! that is present but malformed is an error naming the variable, so the process
+//! stops at start instead of misbehaving later. A *missing* optional credential is
+//! not an error: it makes a feature "not ready" (see [`crate::base::features`]).
+
+use std::{collections::HashMap, fmt, path::PathBuf, time::Duration};
+
+use crate::base::secrets::SECRET_MIN_BYTES;
+
+/// A setting that is present but cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value for {var}: {message}")]
+pub struct SettingsError {
+    /// The environment variable at fault, e.g. `PORT`.
+    pub var: &'static str,
+    /// What is wrong with its value.
+    pub message: String,
+}
+
+/// Output format of the structured logs (`LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line (the default; what log shippers read).
+    Json,
+    /// Human-readable, coloured lines for a terminal.
+    Pretty,
+}
+
+/// The payment provider selected by `PAYMENT_PROVIDER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentProvider {
+    /// Client-token checkout (`provider_a`).
+    ProviderA,
+    /// Redirect checkout (`provider_b`, the default).
+    ProviderB,
+}
+
+impl PaymentProvider {
+    /// The wire name: `provider_a` or `provider_b`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ProviderA => "provider_a",
+            Self::ProviderB => "provider_b",
+        }
+    }
+}
+
+/// One OAuth provider's client registration and endpoints (`OAUTH_<P>_*`).
+/// The provider is enabled when both its client id and secret are set.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OAuthClientSettings {
+    /// `OAUTH_<P>_CLIENT_ID`.
+    pub client_id: String,
+    /// `OAUTH_<P>_CLIENT_SECRET` (never printed).
+    pub client_secret: String,
+    /// The authorization endpoint the browser is sent to.
+    pub auth_url: String,
+    /// The token endpoint the code is exchanged at.
+    pub token_url: String,
+    /// GitHub: the REST API base (`/user`, `/user/emails` under it); Google:
+    /// the OpenID Connect userinfo endpoint.
+    pub profile_url: String,
+}
+
+impl fmt::Debug for OAuthClientSettings {
+    /// The secret is never printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OAuthClientSettings")
+            .field("client_id", &self.client_id)
+            .field("client_secret", &"<redacted>")
+            .field("auth_url", &self.auth_url)
+            .field("token_url", &self.token_url)
+            .field("profile_url", &self.profile_url)
+            .finish()
+    }
+}
+
+/// OAuth sign-in settings (`OAUTH_*`): the enabled providers and the callback
+/// URL registered with them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OAuthSettings {
+    /// GitHub: `OAUTH_GITHUB_CLIENT_ID` + `OAUTH_GITHUB_CLIENT_SECRET`;
+    /// `OAUTH_GITHUB_BASE_URL` (default `https://github.com`: authorize at
+    /// `/login/oauth/authorize`, token at `/login/oauth/access_token`),
+    /// `OAUTH_GITHUB_API_URL` (default `https://api.github.com`).
+    pub github: Option<OAuthClientSettings>,
+    /// Google: `OAUTH_GOOGLE_CLIENT_ID` + `OAUTH_GOOGLE_CLIENT_SECRET`;
+    /// `OAUTH_GOOGLE_AUTH_URL` (default
+    /// `https://accounts.google.com/o/oauth2/v2/auth`), `OAUTH_GOOGLE_TOKEN_URL`
+    /// (default `https://oauth2.googleapis.com/token`),
+    /// `OAUTH_GOOGLE_USERINFO_URL` (default
+    /// `https://openidconnect.googleapis.com/v1/userinfo`).
+    pub google: Option<OAuthClientSettings>,
+    /// `OAUTH_REDIRECT_URI`: the callback URL registered with the providers
+    /// (default `{API_EXTERNAL_URL}/auth/v1/callback`: the API serves it).
+    pub redirect_uri: String,
+    /// `OAUTH_TIMEOUT_MS`: bound on one whole call to a provider (token
+    /// exchange, profile), connect included (default 10000, 100–120000);
+    /// connecting alone is bounded by the smaller of this and 3 s.
+    pub timeout: Duration,
+}
+
+impl OAuthSettings {
+    fn read<S: Source + ?Sized>(r: &Reader<'_, S>, api_url: &str) -> Result<Self, SettingsError> {
+        let web = ["https", "http"];
+        let pair = |id_var: &'static str,
+                    secret_var: &'static str|
+         -> Result<Option<(String, String)>, SettingsError> {
+            match (r.opt(id_var), r.opt(secret_var)) {
+                (None, None) => Ok(None),
+                (Some(_), None) => Err(err(secret_var, format!("must be set with {id_var}"))),
+                (None, Some(_)) => Err(err(id_var, format!("must be set with {secret_var}"))),
+                (Some(id), Some(secret)) => Ok(Some((id, secret))),
+            }
+        };
+        let github = match pair("OAUTH_GITHUB_CLIENT_ID", "OAUTH_GITHUB_CLIENT_SECRET")? {
+            None => None,
+            Some((client_id, client_secret)) => {
+                let base = r
+                    .url("OAUTH_GITHUB_BASE_URL", &web)?
+                    .unwrap_or_else(|| "https://github.com".into());
+                Some(OAuthClientSettings {
+                    client_id,
+                    client_secret,
+                    auth_url: format!("{base}/login/oauth/authorize"),
+                    token_url: format!("{base}/login/oauth/access_token"),
+                    profile_url: r
+                        .url("OAUTH_GITHUB_API_URL", &web)?
+                        .unwrap_or_else(|| "https://api.github.com".into()),
+                })
+            }
+        };
+        let google = match pair("OAUTH_GOOGLE_CLIENT_ID", "OAUTH_GOOGLE_CLIENT_SECRET")? {
+            None => None,
+            Some((client_id, client_secret)) => Some(OAuthClientSettings {
+                client_id,
+                client_secret,
+                auth_url: r
+                    .url("OAUTH_GOOGLE_AUTH_URL", &web)?
+                    .unwrap_or_else(|| "https://accounts.google.com/o/oauth2/v2/auth".into()),
+                token_url: r
+                    .url("OAUTH_GOOGLE_TOKEN_URL", &web)?
+                    .unwrap_or_else(|| "https://oauth2.googleapis.com/token".into()),
+                profile_url: r
+                    .url("OAUTH_GOOGLE_USERINFO_URL", &web)?
+                    .unwrap_or_else(|| "https://openidconnect.googleapis.com/v1/userinfo".into()),
+            }),
+        };
+        let redirect_uri = r
+            .url("OAUTH_REDIRECT_URI", &web)?
+            .unwrap_or_else(|| format!("{}/auth/v1/callback", api_url.trim_end_matches('/')));
+        let timeout =
+            Duration::from_millis(r.num_or("OAUTH_TIMEOUT_MS", 10_000u64, 100, 120_000)?);
+        Ok(OAuthSettings {
+            github,
+            google,
+            redirect_uri,
+            timeout,
+        })
+    }
+}
+
+/// The six feature toggles (`NEXT_PUBLIC_ENABLE_*`). `true` means enabled.
+///
+/// Unset, `true`, `1`, `yes`, `on` (any case) enable; `false`, `0`, `no`, `off`
+/// disable; anything else is a [`SettingsError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Toggles {
+    /// `NEXT_PUBLIC_ENABLE_AUTH`
+    pub auth: bool,
+    /// `NEXT_PUBLIC_ENABLE_WAITLIST`
+    pub waitlist: bool,
+    /// `NEXT_PUBLIC_ENABLE_CONTACT`
+    pub contact: bool,
+    /// `NEXT_PUBLIC_ENABLE_PAYMENTS`
+    pub payments: bool,
+    /// `NEXT_PUBLIC_ENABLE_ADMIN`
+    pub admin: bool,
+    /// `NEXT_PUBLIC_ENABLE_AI`
+    pub ai: bool,
+}
+
+/// Default of `HTTP_MAX_IN_FLIGHT`, sized from the waitlist figures of
+/// BENCHMARKS.md by Little's law (metrics and load shedding): enough requests
+/// in flight to keep both cores of the reference host busy, few enough that
+/// an admitted request does not wait behind hundreds of others.
+pub const HTTP_MAX_IN_FLIGHT_DEFAULT: usize = 64;
+
+/// Everything the api and worker processes are configured with.
+#[derive(Clone)]
+pub struct Settings {
+    /// `HOST`: interface to bind (default `127.0.0.1`).
+    pub host: String,
+    /// `PORT`: TCP port (default `8080`; `0` picks a free one and logs it).
+    pub port: u16,
+    /// `DATABASE_URL`: `postgres://…` or `sqlite:…`; unset = SQLite file `<DATA_DIR>/app.db`.
+    pub database_url: String,
+    /// True when `DATABASE_URL` was unset and the embedded SQLite file is used.
+    pub database_embedded: bool,
+    /// `REDIS_URL`: job queue and rate-limit counters; unset = queue in SQLite, limits in process.
+    pub redis_url: Option<String>,
+    /// `REDIS_CA_FILE`: PEM file of the certificate authority (one or more
+    /// certificates) that signed a `rediss://` server's certificate, for a
+    /// managed Redis with a private CA; it replaces the public web roots.
+    /// Unset: `rediss://` servers are checked against the public web roots.
+    pub redis_ca_file: Option<PathBuf>,
+    /// `DATA_DIR`: where the embedded SQLite files live (default `data`).
+    pub data_dir: PathBuf,
+    /// `MIGRATE_ON_START`: apply pending migrations when the api starts (default `true`).
+    pub migrate_on_start: bool,
+    /// `APP_URL` (or `NEXT_PUBLIC_APP_URL`): the page's origin, no trailing slash:
+    /// redirects after sign-in and confirmation, the billing return page, the
+    /// default `redirect_to` of mail links. The API's own public base is
+    /// `API_EXTERNAL_URL` (default this).
+    pub app_url: String,
+    /// `TRUST_PROXY`: `true` is `TRUST_PROXY_HOPS=1` (default `false`).
+    pub trust_proxy: bool,
+    /// `TRUST_PROXY_HOPS`: how many proxies in front of the api append to
+    /// `X-Forwarded-For`; the client IP is the Nth address from the right
+    /// (default 0: the socket peer; `TRUST_PROXY=true` means 1).
+    pub trust_proxy_hops: usize,
+    /// `HTTP_HEADER_TIMEOUT_MS`: a connection must deliver a request's
+    /// headers within this time (default 10000).
+    pub http_header_timeout: Duration,
+    /// `HTTP_IDLE_TIMEOUT_SECS`: a connection with no request open (an
+    /// HTTP/2 one however many control frames it sends), or moving no byte,
+    /// for this long is closed (default 60).
+    pub http_idle_timeout: Duration,
+    /// `HTTP_BODY_TIMEOUT_SECS`: a request body must arrive in full within
+    /// this time (default 30).
+    pub http_body_timeout: Duration,
+    /// `HTTP_BODY_MIN_RATE`: bytes per second a request body must average,
+    /// counted from its headers, once [`Settings::http_body_rate_grace`] has
+    /// passed; slower is answered 408 `body_timeout` and the connection
+    /// closed (default 1024; `0`: no minimum).
+    pub http_body_min_rate: u64,
+    /// `HTTP_BODY_RATE_GRACE_SECS`: how long a request body may arrive
+    /// slower than `HTTP_BODY_MIN_RATE` (default 2).
+    pub http_body_rate_grace: Duration,
+    /// `HTTP_BODY_BUDGET_BYTES`: bytes of request bodies one api process
+    /// holds while it waits for the rest of them, all requests together (a
+    /// body counts the bytes received so far, not its declared length; one
+    /// that arrives whole without a wait counts nothing); a body whose bytes
+    /// would exceed it is answered 503 `overloaded` (default 33554432, 32 MiB).
+    pub http_body_budget: usize,
+    /// `HTTP_MAX_CONNECTIONS`: open client connections per process; further
+    /// connections wait in the listen backlog (default 10000).
+    pub http_max_connections: usize,
+    /// `HTTP_MAX_IN_FLIGHT`: requests one api process handles at once; past
+    /// it a request is answered 503 `overloaded` with `Retry-After` at once
+    /// (health, metrics and the AI routes excepted; `0`: no limit; default
+    /// [`HTTP_MAX_IN_FLIGHT_DEFAULT`]).
+    pub http_max_in_flight: usize,
+    /// `AI_MAX_OPEN_STREAMS`: AI requests (chat streams, generations) one
+    /// api process keeps open at once; past it a new one is answered 503
+    /// `overloaded` (default 1000).
+    pub ai_max_open_streams: usize,
+    /// `METRICS_TOKEN`: bearer token of `GET /metrics` (api and worker);
+    /// unset: no `/metrics` (404) and nothing recorded.
+    pub metrics_token: Option<String>,
+    /// `WORKER_HTTP_PORT`: the worker's own HTTP port (`/metrics`, `/healthz`,
+    /// `/readyz`) on `HOST`; unset: no server.
+    pub worker_http_port: Option<u16>,
+    /// `STORAGE_URL`: object store for avatars (default `file://<DATA_DIR>/storage`).
+    pub storage_url: String,
+    /// `WORKER_CONCURRENCY`: jobs processed at once per queue (default 16, 1–1024).
+    pub worker_concurrency: usize,
+    /// `WORKER_QUEUES`: comma list of queues this worker serves (default: all).
+    pub worker_queues: Option<Vec<String>>,
+    /// `QUEUE_PREFIX`: namespace prepended to every queue name and rate-limit key (default empty).
+    pub queue_prefix: String,
+    /// `JOB_RETENTION_SECS`: how long finished jobs are kept before the vacuum removes them (default 3600).
+    pub job_retention: Duration,
+    /// `VACUUM_INTERVAL_SECS`: how often the worker vacuums finished jobs (default 60).
+    pub vacuum_interval: Duration,
+    /// `JOB_RETRY_BASE_SECS`: delay before the first retry of a job that failed transiently;
+    /// doubles per attempt (default 10, 1–3600).
+    pub job_retry_base: Duration,
+    /// `JOB_RETRY_MAX_DELAY_SECS`: cap on one retry delay (default 3600, 1–86400).
+    pub job_retry_max_delay: Duration,
+    /// `JOB_RETRY_HORIZON_SECS`: once the retry delays of a job add up to this, its next
+    /// transient failure dead-letters it (default 86400 = 1 day, 0–2592000; 0 = never retry).
+    pub job_retry_horizon: Duration,
+    /// `DEAD_LETTER_RETENTION_SECS`: dead letters older than this are purged by the
+    /// maintenance loop (default 1209600 = 14 days, 1–31536000).
+    pub dead_letter_retention: Duration,
+    /// `WORKER_HEARTBEAT_MS`: worker heartbeat (Redis and SQLite queues); a worker silent for 4 beats is presumed
+    /// dead and its jobs in flight go back to the queue (default 5000, 100–60000).
+    pub worker_heartbeat: Duration,
+    /// `JOB_TIMEOUT_SECS`: bound on one job attempt; an attempt still running
+    /// after it is abandoned and counts as a transient failure, retried by the
+    /// retry schedule (default 300, 1–86400).
+    pub job_timeout: Duration,
+    /// `WORKER_SHUTDOWN_TIMEOUT_SECS`: after SIGTERM/SIGINT, how long a worker
+    /// lets its jobs in flight finish before it abandons them, returns them to
+    /// the queue and exits (default 25, 0–3600).
+    pub worker_shutdown_timeout: Duration,
+    /// `WORKER_TEST_PANIC_MARKER` (tests only, never set in production): a
+    /// `send_email` job whose subject contains this text panics in the worker,
+    /// so tests can show that a panicking handler is dead-lettered.
+    pub worker_test_panic_marker: Option<String>,
+    /// `SCHEDULER_TICK_SECS`: how often the scheduled jobs run (sweep, expiries); one
+    /// worker per tick (default 60, 1–86400).
+    pub scheduler_tick: Duration,
+    /// `SETTLEMENT_SWEEP_AFTER_SECS`: a recorded webhook event still unsettled this long
+    /// after it arrived is queued for settlement again (default 120, 1–86400).
+    pub settlement_sweep_after: Duration,
+    /// `PAYMENT_EXPIRE_AFTER_SECS`: a payment still `PENDING` this long after it was
+    /// created becomes `EXPIRED` (default 86400, 60–2592000).
+    pub payment_expire_after: Duration,
+    /// `PAYMENT_RECONCILE_AFTER_SECS`: a payment still `PENDING` this long after it was
+    /// created (or after the last status check) is checked with the provider's status
+    /// API (default 900, 1–2592000).
+    pub payment_reconcile_after: Duration,
+    /// `RENEWAL_GRACE_SECS`: how long a paid subscription whose period ended
+    /// unpaid stays `past_due` on its plan before it returns to FREE
+    /// (default 259200 = 3 days, 0–2592000; `0` lapses at the period end).
+    pub renewal_grace: Duration,
+    /// `RENEWAL_CLAIM_SECS`: how long a row queued for a pass of the renewal
+    /// loop is not queued again while its batch job waits (default 900,
+    /// 1–86400): longer than the queue's backlog may last, short enough
+    /// that a lost job's rows come back soon.
+    pub renewal_claim: Duration,
+    /// `RENEWAL_REMINDER_DAYS`: days before the period end a renewal reminder
+    /// goes out, largest first (default `7,3,1`; each 1–365; empty: none).
+    pub renewal_reminder_days: Vec<u32>,
+    /// `PROVIDER_CONNECT_TIMEOUT_MS`: bound on connecting to a payment provider
+    /// (default 3000, 50–60000).
+    pub provider_connect_timeout: Duration,
+    /// `PROVIDER_TIMEOUT_MS`: bound on one whole call to a payment provider, connect
+    /// included (default 10000, 100–120000).
+    pub provider_timeout: Duration,
+    /// OAuth sign-in providers (`OAUTH_*`, see [`OAuthSettings`]).
+    pub oauth: OAuthSettings,
+    /// `DEPENDENCY_TIMEOUT_MS`: bound on one database or queue call made while answering a request (default 2000).
+    pub dependency_timeout: Duration,
+    /// `DB_MAX_CONNECTIONS`: size of the database pool per process (default 20).
+    pub db_max_connections: u32,
+    /// `LOG_FORMAT`: `json` (default) or `pretty`.
+    pub log_format: LogFormat,
+    /// `PLANS_FILE`: a plan catalogue replacing the one compiled into the
+    /// binaries (`config/plans.toml` of the source tree); `None` = the built-in one.
+    pub plans_file: Option<PathBuf>,
+    /// `RATE_LIMIT_PUBLIC_PER_HOUR`: requests per hour per IP on contact and waitlist (default 5).
+    pub rate_limit_public_per_hour: u32,
+    /// The six feature toggles.
+    pub toggles: Toggles,
+    /// `NEXT_PUBLIC_BACKEND_URL`: base URL of the auth platform (JWKS lives under it).
+    pub backend_url: Option<String>,
+    /// `NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY`: public key of the auth platform.
+    pub backend_publishable_key: Option<String>,
+    /// `BACKEND_SERVICE_ROLE_KEY`: server-side secret; arms server-side writes and signs uploads.
+    /// In the embedded mode (no `DATABASE_URL`) an unset key is generated once into
+    /// `<DATA_DIR>/service_role_key` by [`Settings::from_env`] (see [`crate::base::secrets`]).
+    pub backend_service_role_key: Option<String>,
+    /// Where `backend_service_role_key` came from (health's `checks.backend_service_role_source`).
+    pub backend_service_role_key_source: crate::base::secrets::KeySource,
+    /// `CORS_ALLOWED_ORIGINS`: comma list of exact origins (`https://app.example.com`,
+    /// scheme + host + optional port, no path) a page may call `/api`, `/auth/v1` and
+    /// `/storage/v1` from; empty (unset) = no CORS headers at all.
+    pub cors_allowed_origins: Vec<String>,
+    /// `BACKEND_JWT_SECRET`: HS256 secret of session tokens.
+    pub backend_jwt_secret: Option<String>,
+    /// `BACKEND_JWT_ISSUER`: expected `iss` of session tokens, checked when set.
+    pub backend_jwt_issuer: Option<String>,
+    /// `ADMIN_EMAILS`: comma list of emails granted `admin` on first sight
+    /// (ASCII-lowercased), when the session's email is confirmed.
+    pub admin_emails: Vec<String>,
+    /// `ADMIN_USER_IDS`: comma list of user ids (UUIDs) granted `admin` on first sight.
+    pub admin_user_ids: Vec<uuid::Uuid>,
+    /// `AUTH_TRUST_EMAIL_CLAIM`: the issuer of session tokens other than the
+    /// built-in provider's (JWKS-signed and HS256 tokens of
+    /// `BACKEND_JWT_SECRET` alike) issues them for confirmed emails only, so
+    /// their `email` may grant `ADMIN_EMAILS` (default `false`).
+    pub auth_trust_email_claim: bool,
+    /// `EMAIL_PROVIDER_API_KEY`: key of the HTTP email API.
+    pub email_provider_api_key: Option<String>,
+    /// `EMAIL_PROVIDER_BASE_URL`: base URL of the HTTP email API (`POST {base}/emails`).
+    pub email_provider_base_url: Option<String>,
+    /// `SMTP_URL`: e.g. `smtp://user:pass@host:587` or `smtps://…`; `?tls=none` is not needed for `smtp://` on localhost.
+    pub smtp_url: Option<String>,
+    /// `EMAIL_FROM`: sender address of every mail.
+    pub email_from: Option<String>,
+    /// `CONTACT_EMAIL`: inbox for contact messages (default `EMAIL_FROM`).
+    pub contact_email: Option<String>,
+    /// `EMAIL_TIMEOUT_SECS`: bound on one email send attempt (default 10).
+    pub email_timeout: Duration,
+    /// `PAYMENT_PROVIDER`: `provider_a` or `provider_b` (default).
+    pub payment_provider: PaymentProvider,
+    /// `PROVIDER_A_SERVER_KEY`
+    pub provider_a_server_key: Option<String>,
+    /// `PROVIDER_A_BASE_URL`: the Snap host checkout goes to (default the sandbox,
+    /// `https://app.sandbox.midtrans.com`).
+    pub provider_a_base_url: String,
+    /// `PROVIDER_A_API_BASE_URL`: the Core API host status checks go to (default the
+    /// sandbox, `https://api.sandbox.midtrans.com`).
+    pub provider_a_api_base_url: String,
+    /// `PROVIDER_B_CLIENT_ID`
+    pub provider_b_client_id: Option<String>,
+    /// `PROVIDER_B_SECRET_KEY`
+    pub provider_b_secret_key: Option<String>,
+    /// `PROVIDER_B_BASE_URL`
+    pub provider_b_base_url: String,
+    /// `ORDER_ID_PREFIX` (default `ORD`).
+    pub order_id_prefix: String,
+    /// `AI_DEFAULT_PROVIDER`: `openai` (default), `anthropic` or `openai_compatible`.
+    pub ai_default_provider: String,
+    /// `OPENAI_API_KEY`
+    pub openai_api_key: Option<String>,
+    /// `ANTHROPIC_API_KEY`
+    pub anthropic_api_key: Option<String>,
+    /// `OPENAI_COMPATIBLE_BASE_URL`
+    pub openai_compatible_base_url: Option<String>,
+    /// `OPENAI_BASE_URL`: Chat Completions base, `POST {base}/chat/completions`
+    /// (default `https://api.openai.com/v1`).
+    pub openai_base_url: String,
+    /// `OPENAI_MODEL` (default `gpt-4o-mini`).
+    pub openai_model: String,
+    /// `ANTHROPIC_BASE_URL`: Messages API host, `POST {base}/v1/messages`
+    /// (default `https://api.anthropic.com`).
+    pub anthropic_base_url: String,
+    /// `ANTHROPIC_MODEL` (default `claude-haiku-4-5`).
+    pub anthropic_model: String,
+    /// `OPENAI_COMPATIBLE_API_KEY`: optional Bearer key of the compatible server.
+    pub openai_compatible_api_key: Option<String>,
+    /// `OPENAI_COMPATIBLE_MODEL` (default `default`).
+    pub openai_compatible_model: String,
+    /// `AI_MAX_INPUT_BYTES`: total UTF-8 bytes of all message texts (or prompt
+    /// + system) one AI request may carry (default 65536, 1–10485760); over → 413.
+    pub ai_max_input_bytes: usize,
+    /// `AI_CONNECT_TIMEOUT_MS`: bound on connecting to the AI provider
+    /// (default 5000, 100–60000).
+    pub ai_connect_timeout: Duration,
+    /// `AI_IDLE_TIMEOUT_MS`: longest wait for the provider's answer headers and
+    /// between two chunks of its stream (default 60000, 100–600000).
+    pub ai_idle_timeout: Duration,
+    /// `AUTH_PROVIDER`: `builtin` (the built-in identity provider under
+    /// `/auth/v1`) or `external` (tokens of an external auth platform). Default:
+    /// `external` when any of `NEXT_PUBLIC_BACKEND_URL`,
+    /// `NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY`, `BACKEND_JWT_SECRET` is set, else `builtin`.
+    pub auth_provider: AuthProvider,
+    /// `AUTH_AUTOCONFIRM`: sign-ups are confirmed at once, without a mail (default `false`).
+    pub auth_autoconfirm: bool,
+    /// `AUTH_PASSWORD_MIN_LENGTH`: shortest password accepted (default 8, 6–128).
+    pub auth_password_min_length: usize,
+    /// `AUTH_ARGON2_MEMORY_KIB` (default 7168) and `AUTH_ARGON2_ITERATIONS`
+    /// (default 5): the argon2id cost of new password hashes (one lane). A cost
+    /// below every row of OWASP's argon2id table is refused (memory under 7168
+    /// KiB, or memory × iterations under 35,840); existing hashes keep
+    /// verifying with the cost stored in them.
+    pub auth_password_hash_cost: crate::identity::password::HashCost,
+    /// `AUTH_OTP_EXPIRY_SECS`: lifetime of mailed codes and links (default 3600, 1–86400).
+    pub auth_otp_expiry: Duration,
+    /// `AUTH_ACCESS_TOKEN_TTL_SECS`: lifetime of access tokens (default 3600, 120–604800).
+    pub auth_access_token_ttl: Duration,
+    /// `AUTH_REFRESH_REUSE_INTERVAL_SECS`: how long a rotated refresh token still
+    /// yields the active one (default 10, 0–3600).
+    pub auth_refresh_reuse_interval: Duration,
+    /// `AUTH_SESSIONS_TIMEBOX_SECS`: a session can be refreshed only this long
+    /// after its sign-in (default 0: no limit; 0–315360000).
+    pub auth_sessions_timebox: Option<Duration>,
+    /// `AUTH_SESSIONS_INACTIVITY_TIMEOUT_SECS`: a session not refreshed this
+    /// long cannot be refreshed any more (default 0: no limit; 0–315360000).
+    pub auth_sessions_inactivity_timeout: Option<Duration>,
+    /// `AUTH_UNCONFIRMED_TTL_SECS`: an account whose email is still
+    /// unconfirmed this long after its last sign-up and confirmation mail is
+    /// deleted by the scheduler (default 86400, 60–31536000).
+    pub auth_unconfirmed_ttl: Duration,
+    /// `AUTH_REDIRECT_ALLOW_LIST`: comma list of URL globs `redirect_to` may
+    /// point at besides `APP_URL`'s origin.
+    pub auth_redirect_allow_list: crate::identity::redirect::AllowList,
+    /// `AUTH_JWT_PRIVATE_KEY`: PKCS#8 PEM of the P-256 key that signs access
+    /// tokens; unset = generated once into `<DATA_DIR>/auth_jwt_key.pem`.
+    pub auth_jwt_private_key: Option<String>,
+    /// `AUTH_JWT_PREVIOUS_KEYS`: PEM blocks (public or private) of earlier
+    /// signing keys, still published in the JWKS and accepted (rotation).
+    pub auth_jwt_previous_keys: Option<String>,
+    /// `AUTH_TEMPLATES_DIR`: directory whose `<kind>.txt` / `<kind>.html`
+    /// replace the built-in mail templates.
+    pub auth_templates_dir: Option<PathBuf>,
+    /// `API_EXTERNAL_URL`: public base URL of this API (mail links go to
+    /// `{API_EXTERNAL_URL}/auth/v1/verify`; the tokens' `iss` is
+    /// `{API_EXTERNAL_URL}/auth/v1`; avatar upload URLs and the OAuth callback
+    /// are under it). Default `APP_URL` (one origin for page and API).
+    pub api_external_url: String,
+    /// `APP_NAME`: the product's name in billing mails (default `App`;
+    /// 1–100 characters, no line breaks).
+    pub app_name: String,
+    /// `BILLING_TIME_ZONE`: the IANA time zone billing mails write their
+    /// times in, named in the text (default `Asia/Jakarta`); JSON answers
+    /// stay UTC.
+    pub billing_time_zone: chrono_tz::Tz,
+    /// `AUTH_RATE_LIMIT_PER_5MIN`: per-IP requests per 5 minutes on sign-up,
+    /// password and PKCE sign-in, OTP, recover, resend and verify, each route
+    /// counted apart (default 30).
+    pub auth_rate_limit_per_5min: u32,
+    /// `AUTH_RATE_LIMIT_REFRESH_PER_5MIN`: per-IP refreshes per 5 minutes (default 150).
+    pub auth_rate_limit_refresh_per_5min: u32,
+    /// `AUTH_MAIL_INTERVAL_SECS`: seconds between two mails of one kind to one
+    /// recipient address (default 60, 0–86400; 0 turns the rule off, leaving
+    /// the per-IP limits).
+    pub auth_mail_interval_secs: i64,
+    /// `AUTH_CODE_FAILURES_PER_HOUR`: `{email, token}` code checks one address
+    /// may fail per hour, known address or not (default 10, 1–1000); past it
+    /// code checks for that address answer 429 until the hour is over or a
+    /// link of that address is used. Links are never refused by it.
+    pub auth_code_failures_per_hour: u32,
+    /// `AUTH_CONFIRMATION_MAILS_PER_DAY`: confirmation mails (sign-up, resend,
+    /// code sign-up) to one address per 24 h (default 10, 1–1000).
+    pub auth_confirmation_mails_per_day: u32,
+}
+
+/// Who issues sessions (`AUTH_PROVIDER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthProvider {
+    /// The built-in identity provider (`/auth/v1`).
+    Builtin,
+    /// An external auth platform (`NEXT_PUBLIC_BACKEND_URL`, `BACKEND_JWT_SECRET`).
+    External,
+}
+
+impl AuthProvider {
+    /// `builtin` or `external`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Builtin => "builtin",
+            Self::External => "external",
+        }
+    }
+}
+
+impl fmt::Debug for Settings {
+    /// Secrets are never printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("database_embedded", &self.database_embedded)
+            .field("redis", &self.redis_url.is_some())
+            .field("queue_prefix", &self.queue_prefix)
+            .field("toggles", &self.toggles)
+            .field("payment_provider", &self.payment_provider)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads variables by name; lets tests supply a map instead of the process environment.
+pub trait Source {
+    /// The value of `name`, or `None` when unset. Empty values count as unset.
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment (after an optional `.env` was loaded).
+pub struct Env;
+
+impl Source for Env {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    }
+}
+
+impl Source for HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name)
+            .cloned()
+            .filter(|v| !v.trim().is_empty())
+    }
+}
+
+impl Source for HashMap<&str, &str> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name)
+            .map(|v| v.to_string())
+            .filter(|v| !v.trim().is_empty())
+    }
+}
+
+/// `APP_NAME`: 1–100 characters without control characters (it goes into
+/// mail subjects); default `App`.
+fn read_app_name<S: Source + ?Sized>(r: &Reader<'_, S>) -> Result<String, SettingsError> {
+    let Some(name) = r.opt("APP_NAME") else {
+        return Ok("App".to_string());
+    };
+    let name = name.trim().to_string();
+    if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+        return Err(err(
+            "APP_NAME",
+            "expected 1–100 characters without line breaks or control characters",
+        ));
+    }
+    Ok(name)
+}
+
+/// An IANA time zone name (`Asia/Jakarta`, `UTC`), else `default`.
+fn read_time_zone<S: Source + ?Sized>(
+    r: &Reader<'_, S>,
+    var: &'static str,
+    default: chrono_tz::Tz,
+) -> Result<chrono_tz::Tz, SettingsError> {
+    match r.opt(var) {
+        None => Ok(default),
+        Some(v) => v.trim().parse::<chrono_tz::Tz>().map_err(|_| {
+            err(
+                var,
+                format!("expected an IANA time zone name such as Asia/Jakarta, got {v:?}"),
+            )
+        }),
+    }
+}
+
+fn err(var: &'static str, message: impl Into<String>) -> SettingsError {
+    SettingsError {
+        var,
+        message: message.into(),
+    }
+}
+
+/// Parses a boolean the way the toggles do: `true/1/yes/on`, `false/0/no/off`, any case.
+pub fn parse_bool(var: &'static str, value: &str) -> Result<bool, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        other => Err(err(
+            var,
+            format!("expected true/false/1/0/yes/no/on/off, got {other:?}"),
+        )),
+    }
+}
+
+struct Reader<'a, S: Source + ?Sized>(&'a S);
+
+impl<S: Source + ?Sized> Reader<'_, S> {
+    fn opt(&self, var: &'static str) -> Option<String> {
+        self.0.get(var).map(|v| v.trim().to_string())
+    }
+
+    fn bool_or(&self, var: &'static str, default: bool) -> Result<bool, SettingsError> {
+        self.opt(var).map_or(Ok(default), |v| parse_bool(var, &v))
+    }
+
+    fn num_or<T>(&self, var: &'static str, default: T, min: T, max: T) -> Result<T, SettingsError>
+    where
+        T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+    {
+        let Some(raw) = self.opt(var) else {
+            return Ok(default);
+        };
+        let v: T = raw
+            .parse()
+            .map_err(|_| err(var, format!("expected a whole number, got {raw:?}")))?;
+        if v < min || v > max {
+            return Err(err(
+                var,
+                format!("must be between {min} and {max}, got {v}"),
+            ));
+        }
+        Ok(v)
+    }
+
+    fn url(&self, var: &'static str, schemes: &[&str]) -> Result<Option<String>, SettingsError> {
+        let Some(v) = self.opt(var) else {
+            return Ok(None);
+        };
+        let scheme_ok = schemes.iter().any(|s| {
+            v.len() > s.len() + 1
+                && v[..s.len()].eq_ignore_ascii_case(s)
+                && v[s.len()..].starts_with(':')
+        });
+        if !scheme_ok {
+            return Err(err(
+                var,
+                format!("expected a URL starting with one of {schemes:?}"),
+            ));
+        }
+        Ok(Some(v.trim_end_matches('/').to_string()))
+    }
+
+    /// A secret of at least [`SECRET_MIN_BYTES`] bytes.
+    fn secret(&self, var: &'static str) -> Result<Option<String>, SettingsError> {
+        match self.opt(var) {
+            Some(v) if v.len() < SECRET_MIN_BYTES => Err(err(
+                var,
+                format!("must be at least {SECRET_MIN_BYTES} bytes, got {}", v.len()),
+            )),
+            v => Ok(v),
+        }
+    }
+
+    fn email(&self, var: &'static str) -> Result<Option<String>, SettingsError> {
+        let Some(v) = self.opt(var) else {
+            return Ok(None);
+        };
+        if !is_mailbox_spec(&v) {
+            return Err(err(
+                var,
+                "expected an email address (`addr@example.com`) or an RFC 5322 mailbox \
+                 (`Name <addr@example.com>`)",
+            ));
+        }
+        Ok(Some(v))
+    }
+}
+
+/// An RFC 5322 mailbox as a sender or recipient setting: a bare address
+/// (`addr@example.com`) or `display-name <addr@example.com>`, where the display
+/// name is a quoted string or words without the RFC 5322 specials
+/// (`()<>[]:;@\,"`). The worker parses it again with lettre's `Mailbox`.
+pub fn is_mailbox_spec(value: &str) -> bool {
+    let value = value.trim();
+    if value.chars().any(char::is_control) {
+        return false;
+    }
+    let Some(open) = value.rfind('<') else {
+        return crate::base::validate::is_mailbox(value);
+    };
+    let Some(addr) = value[open + 1..].strip_suffix('>') else {
+        return false;
+    };
+    if !crate::base::validate::is_mailbox(addr) {
+        return false;
+    }
+    let name = value[..open].trim();
+    if let Some(inner) = name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
+        // quoted-string: no bare quote or backslash inside.
+        let mut chars = inner.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.next().is_none() => return false,
+                '"' => return false,
+                _ => {}
+            }
+        }
+        true
+    } else {
+        !name.contains(['(', ')', '<', '>', '[', ']', ':', ';', '@', '\\', ',', '"'])
+    }
+}
+
+/// Which transport delivers mail (health's `email_transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmailTransport {
+    /// The HTTP email API (`EMAIL_PROVIDER_API_KEY` + `EMAIL_PROVIDER_BASE_URL`).
+    Api,
+    /// SMTP (`SMTP_URL`).
+    Smtp,
+    /// Embedded default with nothing configured: one `.eml` file per message in
+    /// `$DATA_DIR/outbox`.
+    Outbox,
+    /// None: production (PostgreSQL or Redis configured) without a transport.
+    None,
+}
+
+impl EmailTransport {
+    /// `api`, `smtp`, `outbox` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EmailTransport::Api => "api",
+            EmailTransport::Smtp => "smtp",
+            EmailTransport::Outbox => "outbox",
+            EmailTransport::None => "none",
+        }
+    }
+}
+
+/// Sender used by the outbox transport when `EMAIL_FROM` is unset.
+pub const OUTBOX_DEFAULT_FROM: &str = "noreply@localhost";
+
+/// Refuses SMTP credentials sent in clear: `SMTP_URL` with a user or password,
+/// scheme `smtp` and no `tls=required`, to a host other than loopback.
+fn check_smtp_credentials(url: &str) -> Result<(), SettingsError> {
+    let parsed = url::Url::parse(url).map_err(|e| err("SMTP_URL", format!("not a URL: {e}")))?;
+    let has_credentials = !parsed.username().is_empty() || parsed.password().is_some();
+    if !has_credentials || parsed.scheme().eq_ignore_ascii_case("smtps") {
+        return Ok(());
+    }
+    let tls_required = parsed
+        .query_pairs()
+        .any(|(k, v)| k == "tls" && v.eq_ignore_ascii_case("required"));
+    if tls_required {
+        return Ok(());
+    }
+    let loopback = match parsed.host() {
+        // `smtp` is not a special scheme: an IPv4 host stays a domain string.
+        Some(url::Host::Domain(d)) => {
+            d.eq_ignore_ascii_case("localhost")
+                || d.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    if loopback {
+        return Ok(());
+    }
+    Err(err(
+        "SMTP_URL",
+        "credentials would be sent in clear to a remote host: use smtps:// or add ?tls=required",
+    ))
+}
+
+/// Checks the TLS side of `REDIS_URL` and reads `REDIS_CA_FILE`:
+/// - `#insecure` (a `rediss://` URL that skips the certificate check) is
+///   refused: give the server's CA in `REDIS_CA_FILE` instead;
+/// - `REDIS_CA_FILE` needs a `rediss://` `REDIS_URL`, and must be a readable
+///   PEM file holding at least one `CERTIFICATE` block (whether the blocks
+///   parse is checked when the client is built).
+fn check_redis_tls(
+    url: Option<&str>,
+    ca_file: Option<String>,
+) -> Result<Option<PathBuf>, SettingsError> {
+    let tls = url.is_some_and(|u| u.len() > 7 && u[..7].eq_ignore_ascii_case("rediss:"));
+    if tls && url.is_some_and(|u| u.contains("#insecure")) {
+        return Err(err(
+            "REDIS_URL",
+            "`#insecure` (no certificate check) is not supported: put the server's CA certificate in REDIS_CA_FILE",
+        ));
+    }
+    let Some(path) = ca_file else {
+        return Ok(None);
+    };
+    if !tls {
+        return Err(err(
+            "REDIS_CA_FILE",
+            "is set but REDIS_URL is not a rediss:// (TLS) URL",
+        ));
+    }
+    let pem = std::fs::read_to_string(&path)
+        .map_err(|e| err("REDIS_CA_FILE", format!("cannot read {path:?}: {e}")))?;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(err(
+            "REDIS_CA_FILE",
+            format!("{path:?} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)"),
+        ));
+    }
+    Ok(Some(PathBuf::from(path)))
+}
+
+impl Settings {
+    /// Loads `.env` (when present, without overriding the environment) and reads the environment.
+    ///
+    /// In the embedded mode (no `DATABASE_URL`) an unset `BACKEND_SERVICE_ROLE_KEY`
+    /// is read from, or generated once into, `<DATA_DIR>/service_role_key`
+    /// (mode 0600); production (`DATABASE_URL` set) still needs it set.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        let _ = dotenvy::dotenv();
+        let mut s = Self::from_source(&Env)?;
+        if s.backend_service_role_key.is_none() && s.database_embedded {
+            let key = crate::base::secrets::load_or_generate(
+                &s.data_dir.join(crate::base::secrets::SERVICE_ROLE_KEY_FILE),
+            )
+            .map_err(|e| err("BACKEND_SERVICE_ROLE_KEY", e))?;
+            s.backend_service_role_key = Some(key);
+            s.backend_service_role_key_source = crate::base::secrets::KeySource::Generated;
+        }
+        Ok(s)
+    }
+
+    /// Reads and validates every setting from `src`.
+    pub fn from_source<S: Source + ?Sized>(src: &S) -> Result<Self, SettingsError> {
+        let r = Reader(src);
+        let data_dir = PathBuf::from(r.opt("DATA_DIR").unwrap_or_else(|| "data".into()));
+        let (database_url, database_embedded) =
+            match r.url("DATABASE_URL", &["postgres", "postgresql", "sqlite"])? {
+                Some(url) => (url, false),
+                None => (
+                    format!("sqlite://{}?mode=rwc", data_dir.join("app.db").display()),
+                    true,
+                ),
+            };
+        let redis_url = r.url("REDIS_URL", &["redis", "rediss", "redis+unix", "unix"])?;
+        let redis_ca_file = check_redis_tls(redis_url.as_deref(), r.opt("REDIS_CA_FILE"))?;
+        let port = r.num_or::<u16>("PORT", 8080, 0, u16::MAX)?;
+        let app_url = match r.url("APP_URL", &["http", "https"])? {
+            Some(u) => u,
+            None => match r.url("NEXT_PUBLIC_APP_URL", &["http", "https"])? {
+                Some(u) => u,
+                None => format!("http://localhost:{port}"),
+            },
+        };
+        let api_external_url = r
+            .url("API_EXTERNAL_URL", &["http", "https"])?
+            .unwrap_or_else(|| app_url.clone())
+            .trim_end_matches('/')
+            .to_string();
+        let oauth = OAuthSettings::read(&r, &api_external_url)?;
+        let log_format = match r.opt("LOG_FORMAT").map(|v| v.to_ascii_lowercase()) {
+            None => LogFormat::Json,
+            Some(v) if v == "json" => LogFormat::Json,
+            Some(v) if v == "pretty" => LogFormat::Pretty,
+            Some(v) => {
+                return Err(err(
+                    "LOG_FORMAT",
+                    format!("expected json or pretty, got {v:?}"),
+                ))
+            }
+        };
+        let payment_provider = match r.opt("PAYMENT_PROVIDER").map(|v| v.to_ascii_lowercase()) {
+            None => PaymentProvider::ProviderB,
+            Some(v) if v == "provider_a" => PaymentProvider::ProviderA,
+            Some(v) if v == "provider_b" => PaymentProvider::ProviderB,
+            Some(v) => {
+                return Err(err(
+                    "PAYMENT_PROVIDER",
+                    format!("expected provider_a or provider_b, got {v:?}"),
+                ))
+            }
+        };
+        let ai_default_provider = match r.opt("AI_DEFAULT_PROVIDER").map(|v| v.to_ascii_lowercase())
+        {
+            None => "openai".to_string(),
+            Some(v) if ["openai", "anthropic", "openai_compatible"].contains(&v.as_str()) => v,
+            Some(v) => {
+                return Err(err(
+                    "AI_DEFAULT_PROVIDER",
+                    format!("expected openai, anthropic or openai_compatible, got {v:?}"),
+                ))
+            }
+        };
+        let queue_prefix = r.opt("QUEUE_PREFIX").unwrap_or_default();
+        if !queue_prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | ':' | '.'))
+        {
+            return Err(err(
+                "QUEUE_PREFIX",
+                "only letters, digits, '-', '_', ':' and '.' are allowed",
+            ));
+        }
+        let worker_queues = r.opt("WORKER_QUEUES").map(|v| {
+            v.split(',')
+                .map(|q| q.trim().to_string())
+                .filter(|q| !q.is_empty())
+                .collect::<Vec<_>>()
+        });
+        let order_id_prefix = r.opt("ORDER_ID_PREFIX").unwrap_or_else(|| "ORD".into());
+        if order_id_prefix.is_empty()
+            || order_id_prefix.len() > 20
+            || !order_id_prefix.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            return Err(err("ORDER_ID_PREFIX", "1 to 20 letters or digits"));
+        }
+        let trust_proxy = r.bool_or("TRUST_PROXY", false)?;
+        let trust_proxy_hops = r.num_or("TRUST_PROXY_HOPS", usize::from(trust_proxy), 0, 16)?;
+        let admin_user_ids = match r.opt("ADMIN_USER_IDS") {
+            None => Vec::new(),
+            Some(v) => v
+                .split(',')
+                .map(str::trim)
+                .filter(|id| !id.is_empty())
+                .map(|id| {
+                    uuid::Uuid::parse_str(id)
+                        .map_err(|_| err("ADMIN_USER_IDS", format!("{id:?} is not a UUID")))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let backend_url = r.url("NEXT_PUBLIC_BACKEND_URL", &["http", "https"])?;
+        if let Some(u) = &backend_url {
+            if !is_https_or_loopback(u) {
+                return Err(err(
+                    "NEXT_PUBLIC_BACKEND_URL",
+                    "the session keys (JWKS) are fetched from it: use https, or http only to a loopback host",
+                ));
+            }
+        }
+        let backend_jwt_secret = r.secret("BACKEND_JWT_SECRET")?;
+        let backend_service_role_key = r.secret("BACKEND_SERVICE_ROLE_KEY")?;
+        let storage_url = match r.url("STORAGE_URL", &["file", "s3"])? {
+            Some(u) => u,
+            None => format!("file://{}", absolute(&data_dir.join("storage")).display()),
+        };
+
+        let auth_provider = match r.opt("AUTH_PROVIDER").map(|v| v.to_ascii_lowercase()) {
+            Some(v) if v == "builtin" => AuthProvider::Builtin,
+            Some(v) if v == "external" => AuthProvider::External,
+            Some(v) => {
+                return Err(err(
+                    "AUTH_PROVIDER",
+                    format!("expected builtin or external, got {v:?}"),
+                ))
+            }
+            None if backend_url.is_some()
+                || backend_jwt_secret.is_some()
+                || r.opt("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY").is_some() =>
+            {
+                AuthProvider::External
+            }
+            None => AuthProvider::Builtin,
+        };
+        let auth_redirect_allow_list = crate::identity::redirect::AllowList::parse(
+            &r.opt("AUTH_REDIRECT_ALLOW_LIST").unwrap_or_default(),
+        )
+        .map_err(|e| err("AUTH_REDIRECT_ALLOW_LIST", e))?;
+        let mut settings = Settings {
+            host: r.opt("HOST").unwrap_or_else(|| "127.0.0.1".into()),
+            port,
+            database_url,
+            database_embedded,
+            redis_url,
+            redis_ca_file,
+            data_dir,
+            migrate_on_start: r.bool_or("MIGRATE_ON_START", true)?,
+            app_url,
+            trust_proxy,
+            trust_proxy_hops,
+            http_header_timeout: Duration::from_millis(r.num_or(
+                "HTTP_HEADER_TIMEOUT_MS",
+                10_000u64,
+                100,
+                600_000,
+            )?),
+            http_idle_timeout: Duration::from_secs(r.num_or(
+                "HTTP_IDLE_TIMEOUT_SECS",
+                60u64,
+                1,
+                3600,
+            )?),
+            http_body_timeout: Duration::from_secs(r.num_or(
+                "HTTP_BODY_TIMEOUT_SECS",
+                30u64,
+                1,
+                3600,
+            )?),
+            http_body_min_rate: r.num_or("HTTP_BODY_MIN_RATE", 1024u64, 0, 1 << 30)?,
+            http_body_rate_grace: Duration::from_secs(r.num_or(
+                "HTTP_BODY_RATE_GRACE_SECS",
+                2u64,
+                1,
+                3600,
+            )?),
+            http_body_budget: r.num_or(
+                "HTTP_BODY_BUDGET_BYTES",
+                32usize << 20,
+                64 * 1024,
+                1 << 40,
+            )?,
+            http_max_connections: r.num_or("HTTP_MAX_CONNECTIONS", 10_000usize, 1, 1_000_000)?,
+            http_max_in_flight: r.num_or(
+                "HTTP_MAX_IN_FLIGHT",
+                HTTP_MAX_IN_FLIGHT_DEFAULT,
+                0,
+                1_000_000,
+            )?,
+            ai_max_open_streams: r.num_or("AI_MAX_OPEN_STREAMS", 1000usize, 1, 1_000_000)?,
+            metrics_token: r.secret("METRICS_TOKEN")?,
+            worker_http_port: r
+                .opt("WORKER_HTTP_PORT")
+                .map(|_| r.num_or("WORKER_HTTP_PORT", 0u16, 0, u16::MAX))
+                .transpose()?,
+            storage_url,
+            worker_concurrency: r.num_or("WORKER_CONCURRENCY", 16usize, 1, 1024)?,
+            worker_queues,
+            queue_prefix,
+            job_retention: Duration::from_secs(r.num_or(
+                "JOB_RETENTION_SECS",
+                3600u64,
+                0,
+                30 * 86_400,
+            )?),
+            vacuum_interval: Duration::from_secs(r.num_or(
+                "VACUUM_INTERVAL_SECS",
+                60u64,
+                1,
+                86_400,
+            )?),
+            job_retry_base: Duration::from_secs(r.num_or("JOB_RETRY_BASE_SECS", 10u64, 1, 3600)?),
+            job_retry_max_delay: Duration::from_secs(r.num_or(
+                "JOB_RETRY_MAX_DELAY_SECS",
+                3600u64,
+                1,
+                86_400,
+            )?),
+            job_retry_horizon: Duration::from_secs(r.num_or(
+                "JOB_RETRY_HORIZON_SECS",
+                86_400u64,
+                0,
+                30 * 86_400,
+            )?),
+            dead_letter_retention: Duration::from_secs(r.num_or(
+                "DEAD_LETTER_RETENTION_SECS",
+                14 * 86_400u64,
+                1,
+                365 * 86_400,
+            )?),
+            worker_heartbeat: Duration::from_millis(r.num_or(
+                "WORKER_HEARTBEAT_MS",
+                5000u64,
+                100,
+                60_000,
+            )?),
+            job_timeout: Duration::from_secs(r.num_or("JOB_TIMEOUT_SECS", 300u64, 1, 86_400)?),
+            worker_shutdown_timeout: Duration::from_secs(r.num_or(
+                "WORKER_SHUTDOWN_TIMEOUT_SECS",
+                25u64,
+                0,
+                3600,
+            )?),
+            worker_test_panic_marker: r.opt("WORKER_TEST_PANIC_MARKER").filter(|m| !m.is_empty()),
+            scheduler_tick: Duration::from_secs(r.num_or(
+                "SCHEDULER_TICK_SECS",
+                60u64,
+                1,
+                86_400,
+            )?),
+            settlement_sweep_after: Duration::from_secs(r.num_or(
+                "SETTLEMENT_SWEEP_AFTER_SECS",
+                120u64,
+                1,
+                86_400,
+            )?),
+            payment_expire_after: Duration::from_secs(r.num_or(
+                "PAYMENT_EXPIRE_AFTER_SECS",
+                86_400u64,
+                60,
+                30 * 86_400,
+            )?),
+            payment_reconcile_after: Duration::from_secs(r.num_or(
+                "PAYMENT_RECONCILE_AFTER_SECS",
+                900u64,
+                1,
+                30 * 86_400,
+            )?),
+            renewal_grace: Duration::from_secs(r.num_or(
+                "RENEWAL_GRACE_SECS",
+                3 * 86_400u64,
+                0,
+                30 * 86_400,
+            )?),
+            renewal_claim: Duration::from_secs(r.num_or(
+                "RENEWAL_CLAIM_SECS",
+                900u64,
+                1,
+                86_400,
+            )?),
+            renewal_reminder_days: parse_reminder_days(
+                "RENEWAL_REMINDER_DAYS",
+                r.opt("RENEWAL_REMINDER_DAYS").as_deref().unwrap_or("7,3,1"),
+            )?,
+            provider_connect_timeout: Duration::from_millis(r.num_or(
+                "PROVIDER_CONNECT_TIMEOUT_MS",
+                3000u64,
+                50,
+                60_000,
+            )?),
+            provider_timeout: Duration::from_millis(r.num_or(
+                "PROVIDER_TIMEOUT_MS",
+                10_000u64,
+                100,
+                120_000,
+            )?),
+            oauth,
+            dependency_timeout: Duration::from_millis(r.num_or(
+                "DEPENDENCY_TIMEOUT_MS",
+                2000u64,
+                50,
+                60_000,
+            )?),
+            db_max_connections: r.num_or("DB_MAX_CONNECTIONS", 20u32, 1, 1000)?,
+            log_format,
+            plans_file: r.opt("PLANS_FILE").map(PathBuf::from),
+            rate_limit_public_per_hour: r.num_or(
+                "RATE_LIMIT_PUBLIC_PER_HOUR",
+                5u32,
+                1,
+                100_000_000,
+            )?,
+            toggles: Toggles {
+                auth: r.bool_or("NEXT_PUBLIC_ENABLE_AUTH", true)?,
+                waitlist: r.bool_or("NEXT_PUBLIC_ENABLE_WAITLIST", true)?,
+                contact: r.bool_or("NEXT_PUBLIC_ENABLE_CONTACT", true)?,
+                payments: r.bool_or("NEXT_PUBLIC_ENABLE_PAYMENTS", true)?,
+                admin: r.bool_or("NEXT_PUBLIC_ENABLE_ADMIN", true)?,
+                ai: r.bool_or("NEXT_PUBLIC_ENABLE_AI", true)?,
+            },
+            backend_url,
+            backend_publishable_key: r.opt("NEXT_PUBLIC_BACKEND_PUBLISHABLE_KEY"),
+            backend_service_role_key_source: if backend_service_role_key.is_some() {
+                crate::base::secrets::KeySource::Env
+            } else {
+                crate::base::secrets::KeySource::None
+            },
+            backend_service_role_key,
+            cors_allowed_origins: parse_origins(
+                "CORS_ALLOWED_ORIGINS",
+                &r.opt("CORS_ALLOWED_ORIGINS").unwrap_or_default(),
+            )?,
+            backend_jwt_secret,
+            backend_jwt_issuer: r.opt("BACKEND_JWT_ISSUER"),
+            admin_emails: r
+                .opt("ADMIN_EMAILS")
+                .map(|v| {
+                    v.split(',')
+                        .map(|e| e.trim().to_ascii_lowercase())
+                        .filter(|e| !e.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            admin_user_ids,
+            auth_trust_email_claim: r.bool_or("AUTH_TRUST_EMAIL_CLAIM", false)?,
+            email_provider_api_key: r.opt("EMAIL_PROVIDER_API_KEY"),
+            email_provider_base_url: r.url("EMAIL_PROVIDER_BASE_URL", &["http", "https"])?,
+            smtp_url: match r.url("SMTP_URL", &["smtp", "smtps"])? {
+                Some(u) => {
+                    check_smtp_credentials(&u)?;
+                    Some(u)
+                }
+                None => None,
+            },
+            email_from: r.email("EMAIL_FROM")?,
+            contact_email: r.email("CONTACT_EMAIL")?,
+            email_timeout: Duration::from_secs(r.num_or("EMAIL_TIMEOUT_SECS", 10u64, 1, 300)?),
+            payment_provider,
+            provider_a_server_key: r.opt("PROVIDER_A_SERVER_KEY"),
+            provider_a_base_url: r
+                .url("PROVIDER_A_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://app.sandbox.midtrans.com".into()),
+            provider_a_api_base_url: r
+                .url("PROVIDER_A_API_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api.sandbox.midtrans.com".into()),
+            provider_b_client_id: r.opt("PROVIDER_B_CLIENT_ID"),
+            provider_b_secret_key: r.opt("PROVIDER_B_SECRET_KEY"),
+            provider_b_base_url: r
+                .url("PROVIDER_B_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api-sandbox.doku.com".into()),
+            order_id_prefix,
+            ai_default_provider,
+            openai_api_key: r.opt("OPENAI_API_KEY"),
+            anthropic_api_key: r.opt("ANTHROPIC_API_KEY"),
+            openai_compatible_base_url: r.url("OPENAI_COMPATIBLE_BASE_URL", &["http", "https"])?,
+            openai_base_url: r
+                .url("OPENAI_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api.openai.com/v1".into()),
+            openai_model: r
+                .opt("OPENAI_MODEL")
+                .unwrap_or_else(|| "gpt-4o-mini".into()),
+            anthropic_base_url: r
+                .url("ANTHROPIC_BASE_URL", &["http", "https"])?
+                .unwrap_or_else(|| "https://api.anthropic.com".into()),
+            anthropic_model: r
+                .opt("ANTHROPIC_MODEL")
+                .unwrap_or_else(|| "claude-haiku-4-5".into()),
+            openai_compatible_api_key: r.opt("OPENAI_COMPATIBLE_API_KEY"),
+            openai_compatible_model: r
+                .opt("OPENAI_COMPATIBLE_MODEL")
+                .unwrap_or_else(|| "default".into()),
+            ai_max_input_bytes: r.num_or("AI_MAX_INPUT_BYTES", 65_536usize, 1, 10_485_760)?,
+            ai_connect_timeout: Duration::from_millis(r.num_or(
+                "AI_CONNECT_TIMEOUT_MS",
+                5_000u64,
+                100,
+                60_000,
+            )?),
+            ai_idle_timeout: Duration::from_millis(r.num_or(
+                "AI_IDLE_TIMEOUT_MS",
+                60_000u64,
+                100,
+                600_000,
+            )?),
+            auth_provider,
+            auth_autoconfirm: r.bool_or("AUTH_AUTOCONFIRM", false)?,
+            auth_password_min_length: r.num_or("AUTH_PASSWORD_MIN_LENGTH", 8usize, 6, 128)?,
+            auth_password_hash_cost: crate::identity::password::HashCost::new(
+                r.num_or("AUTH_ARGON2_MEMORY_KIB", 7168u32, 7168, 4_194_304)?,
+                r.num_or("AUTH_ARGON2_ITERATIONS", 5u32, 1, 64)?,
+            )
+            .map_err(|e| err("AUTH_ARGON2_ITERATIONS", e))?,
+            auth_otp_expiry: Duration::from_secs(r.num_or(
+                "AUTH_OTP_EXPIRY_SECS",
+                3600u64,
+                1,
+                86_400,
+            )?),
+            auth_access_token_ttl: Duration::from_secs(r.num_or(
+                "AUTH_ACCESS_TOKEN_TTL_SECS",
+                3600u64,
+                120,
+                604_800,
+            )?),
+            auth_refresh_reuse_interval: Duration::from_secs(r.num_or(
+                "AUTH_REFRESH_REUSE_INTERVAL_SECS",
+                10u64,
+                0,
+                3600,
+            )?),
+            auth_sessions_timebox: Some(r.num_or(
+                "AUTH_SESSIONS_TIMEBOX_SECS",
+                0u64,
+                0,
+                315_360_000,
+            )?)
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs),
+            auth_sessions_inactivity_timeout: Some(r.num_or(
+                "AUTH_SESSIONS_INACTIVITY_TIMEOUT_SECS",
+                0u64,
+                0,
+                315_360_000,
+            )?)
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs),
+            auth_unconfirmed_ttl: Duration::from_secs(r.num_or(
+                "AUTH_UNCONFIRMED_TTL_SECS",
+                86_400u64,
+                60,
+                31_536_000,
+            )?),
+            auth_redirect_allow_list,
+            auth_jwt_private_key: r.opt("AUTH_JWT_PRIVATE_KEY"),
+            auth_jwt_previous_keys: r.opt("AUTH_JWT_PREVIOUS_KEYS"),
+            auth_templates_dir: r.opt("AUTH_TEMPLATES_DIR").map(PathBuf::from),
+            api_external_url,
+            app_name: read_app_name(&r)?,
+            billing_time_zone: read_time_zone(&r, "BILLING_TIME_ZONE", chrono_tz::Asia::Jakarta)?,
+            auth_rate_limit_per_5min: r.num_or(
+                "AUTH_RATE_LIMIT_PER_5MIN",
+                30u32,
+                1,
+                100_000_000,
+            )?,
+            auth_rate_limit_refresh_per_5min: r.num_or(
+                "AUTH_RATE_LIMIT_REFRESH_PER_5MIN",
+                150u32,
+                1,
+                100_000_000,
+            )?,
+            auth_mail_interval_secs: r.num_or(
+                "AUTH_MAIL_INTERVAL_SECS",
+                DEFAULT_MAIL_INTERVAL_SECS,
+                0,
+                86_400,
+            )?,
+            auth_code_failures_per_hour: r.num_or(
+                "AUTH_CODE_FAILURES_PER_HOUR",
+                DEFAULT_CODE_FAILURES_PER_HOUR,
+                1,
+                1000,
+            )?,
+            auth_confirmation_mails_per_day: r.num_or(
+                "AUTH_CONFIRMATION_MAILS_PER_DAY",
+                DEFAULT_CONFIRMATION_MAILS_PER_DAY,
+                1,
+                1000,
+            )?,
+        };
+        if settings.email_from.is_none() && settings.email_transport() == EmailTransport::Outbox {
+            settings.email_from = Some(OUTBOX_DEFAULT_FROM.to_string());
+        }
+        Ok(settings)
+    }
+
+    /// The transport mail goes through: the HTTP API when its key is set (it
+    /// also needs `EMAIL_PROVIDER_BASE_URL`; without it, SMTP if set, else
+    /// none), SMTP when `SMTP_URL` is set, the outbox directory when nothing is
+    /// configured in the embedded mode (no `DATABASE_URL`, no `REDIS_URL`),
+    /// else none.
+    pub fn email_transport(&self) -> EmailTransport {
+        if self.email_provider_api_key.is_some() && self.email_provider_base_url.is_some() {
+            EmailTransport::Api
+        } else if self.smtp_url.is_some() {
+            EmailTransport::Smtp
+        } else if self.email_provider_api_key.is_some() {
+            EmailTransport::None
+        } else if self.database_embedded && self.redis_url.is_none() {
+            EmailTransport::Outbox
+        } else {
+            EmailTransport::None
+        }
+    }
+
+    /// `$DATA_DIR/outbox`: where the outbox transport writes `.eml` files.
+    pub fn outbox_dir(&self) -> PathBuf {
+        self.data_dir.join("outbox")
+    }
+
+    /// The queue name with this deployment's `QUEUE_PREFIX`.
+    pub fn queue_name(&self, base: &str) -> String {
+        if self.queue_prefix.is_empty() {
+            base.to_string()
+        } else {
+            format!("{}:{base}", self.queue_prefix)
+        }
+    }
+
+    /// Where contact messages go: `CONTACT_EMAIL`, else `EMAIL_FROM`.
+    pub fn contact_inbox(&self) -> Option<&str> {
+        self.contact_email.as_deref().or(self.email_from.as_deref())
+    }
+}
+
+/// Parses `RENEWAL_REMINDER_DAYS`: a comma list of whole days, each 1–365;
+/// answers them largest first without repeats. Empty (or only commas and
+/// spaces) → none.
+pub fn parse_reminder_days(var: &'static str, value: &str) -> Result<Vec<u32>, SettingsError> {
+    let mut out = Vec::new();
+    for raw in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        let d: u32 = raw
+            .parse()
+            .ok()
+            .filter(|d| (1..=365).contains(d))
+            .ok_or_else(|| err(var, format!("{raw:?} is not a whole number of days 1–365")))?;
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(out)
+}
+
+/// Parses a comma list of exact web origins (`CORS_ALLOWED_ORIGINS`): each
+/// `http(s)://host[:port]`, no path, query or user; kept in the form browsers
+/// send in `Origin` (lower-case host, default port dropped). Empty → none.
+pub fn parse_origins(var: &'static str, value: &str) -> Result<Vec<String>, SettingsError> {
+    let mut out = Vec::new();
+    for raw in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        let bad = || {
+            err(
+                var,
+                format!(
+                    "{raw:?} is not an origin: expected scheme://host[:port] such as \
+                     https://app.example.com (no path, no trailing slash, no wildcard)"
+                ),
+            )
+        };
+        let url = url::Url::parse(raw).map_err(|_| bad())?;
+        if !matches!(url.scheme(), "http" | "https")
+            || url.path() != "/"
+            || raw.ends_with('/')
+            || url.query().is_some()
+            || url.fragment().is_some()
+            || !url.username().is_empty()
+            || raw.contains('*')
+        {
+            return Err(bad());
+        }
+        let origin = url.origin().ascii_serialization();
+        if !out.contains(&origin) {
+            out.push(origin);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `url` is `https://…`, or `http://` to a loopback host
+/// (`localhost`, `127.0.0.0/8`, `[::1]`).
+fn is_https_or_loopback(url: &str) -> bool {
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return true;
+    }
+    let Some(rest) = lower.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit('@').next().unwrap_or("");
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn absolute(p: &std::path::Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(pairs: &[(&'static str, &'static str)]) -> Result<Settings, SettingsError> {
+        let map: HashMap<&str, &str> = pairs.iter().copied().collect();
+        Settings::from_source(&map)
+    }
+
+    #[test]
+    fn defaults_are_embedded_and_everything_enabled() {
+        let s = with(&[]).unwrap();
+        assert!(s.database_embedded);
+        assert!(s.database_url.starts_with("sqlite://"));
+        assert!(s.redis_url.is_none());
+        assert_eq!(s.port, 8080);
+        let t = s.toggles;
+        assert!(t.auth && t.waitlist && t.contact && t.payments && t.admin && t.ai);
+        assert_eq!(s.payment_provider, PaymentProvider::ProviderB);
+    }
+
+    #[test]
+    fn toggles_accept_the_documented_spellings() {
+        for off in ["false", "0", "no", "off", "OFF", "False", " No "] {
+            let map: HashMap<&str, &str> = [("NEXT_PUBLIC_ENABLE_CONTACT", off)].into();
+            assert!(
+                !Settings::from_source(&map).unwrap().toggles.contact,
+                "{off}"
+            );
+        }
+        for on in ["true", "1", "yes", "on", "TRUE", "Yes"] {
+            let map: HashMap<&str, &str> = [("NEXT_PUBLIC_ENABLE_CONTACT", on)].into();
+            assert!(Settings::from_source(&map).unwrap().toggles.contact, "{on}");
+        }
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        assert_eq!(with(&[("PORT", "eighty")]).unwrap_err().var, "PORT");
+        assert_eq!(
+            with(&[("NEXT_PUBLIC_ENABLE_AI", "maybe")]).unwrap_err().var,
+            "NEXT_PUBLIC_ENABLE_AI"
+        );
+        assert_eq!(
+            with(&[("DATABASE_URL", "mysql://x")]).unwrap_err().var,
+            "DATABASE_URL"
+        );
+        assert_eq!(
+            with(&[("PAYMENT_PROVIDER", "paypal")]).unwrap_err().var,
+            "PAYMENT_PROVIDER"
+        );
+        assert_eq!(
+            with(&[("EMAIL_FROM", "not-an-email")]).unwrap_err().var,
+            "EMAIL_FROM"
+        );
+        assert_eq!(
+            with(&[("WORKER_CONCURRENCY", "0")]).unwrap_err().var,
+            "WORKER_CONCURRENCY"
+        );
+    }
+
+    #[test]
+    fn mail_interval_defaults_to_60_s_and_may_be_off() {
+        assert_eq!(with(&[]).unwrap().auth_mail_interval_secs, 60);
+        assert_eq!(
+            with(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
+                .unwrap()
+                .auth_mail_interval_secs,
+            0
+        );
+        for bad in ["-1", "86401", "soon"] {
+            assert_eq!(
+                with(&[("AUTH_MAIL_INTERVAL_SECS", bad)]).unwrap_err().var,
+                "AUTH_MAIL_INTERVAL_SECS"
+            );
+        }
+    }
+
+    #[test]
+    fn billing_mails_name_the_product_and_a_real_time_zone() {
+        let s = with(&[]).unwrap();
+        assert_eq!(s.app_name, "App");
+        assert_eq!(s.billing_time_zone, chrono_tz::Asia::Jakarta);
+        let s = with(&[
+            ("APP_NAME", " Acme Cloud "),
+            ("BILLING_TIME_ZONE", "Europe/Berlin"),
+        ])
+        .unwrap();
+        assert_eq!(s.app_name, "Acme Cloud");
+        assert_eq!(s.billing_time_zone, chrono_tz::Europe::Berlin);
+        for bad in ["Mars/Olympus", "Asia/Nowhere", "+07:00"] {
+            assert_eq!(
+                with(&[("BILLING_TIME_ZONE", bad)]).unwrap_err().var,
+                "BILLING_TIME_ZONE"
+            );
+        }
+        assert_eq!(
+            with(&[("APP_NAME", "Acme\nCloud")]).unwrap_err().var,
+            "APP_NAME"
+        );
+        let long: &'static str = Box::leak("x".repeat(101).into_boxed_str());
+        assert_eq!(with(&[("APP_NAME", long)]).unwrap_err().var, "APP_NAME");
+    }
+
+    #[test]
+    fn secrets_have_a_minimum_length() {
+        let short = "0123456789abcdef0123456789abcde"; // 31 bytes
+        let long = "0123456789abcdef0123456789abcdef"; // 32 bytes
+        for var in ["BACKEND_JWT_SECRET", "BACKEND_SERVICE_ROLE_KEY"] {
+            assert_eq!(with(&[(var, short)]).unwrap_err().var, var);
+            assert!(with(&[(var, long)]).is_ok(), "{var}");
+        }
+    }
+
+    #[test]
+    fn backend_url_is_https_or_loopback() {
+        for ok in [
+            "https://auth.example.com",
+            "http://127.0.0.1:9",
+            "http://localhost:54321",
+            "http://[::1]:8000/x",
+        ] {
+            assert!(with(&[("NEXT_PUBLIC_BACKEND_URL", ok)]).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://auth.example.com",
+            "http://127.0.0.1.evil.com",
+            "http://localhost.evil.com",
+            "http://10.0.0.1",
+        ] {
+            assert_eq!(
+                with(&[("NEXT_PUBLIC_BACKEND_URL", bad)]).unwrap_err().var,
+                "NEXT_PUBLIC_BACKEND_URL",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn cors_origins_are_exact_origins() {
+        assert!(with(&[]).unwrap().cors_allowed_origins.is_empty());
+        let s = with(&[(
+            "CORS_ALLOWED_ORIGINS",
+            " https://App.Example.com , http://127.0.0.1:5173,https://app.example.com:443",
+        )])
+        .unwrap();
+        assert_eq!(
+            s.cors_allowed_origins,
+            vec!["https://app.example.com", "http://127.0.0.1:5173"]
+        );
+        for bad in [
+            "https://app.example.com/",
+            "https://app.example.com/x",
+            "*",
+            "https://*.example.com",
+            "ftp://x.example.com",
+            "app.example.com",
+        ] {
+            assert_eq!(
+                with(&[("CORS_ALLOWED_ORIGINS", bad)]).unwrap_err().var,
+                "CORS_ALLOWED_ORIGINS",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn proxy_hops_and_admin_ids() {
+        assert_eq!(with(&[]).unwrap().trust_proxy_hops, 0);
+        assert_eq!(
+            with(&[("TRUST_PROXY", "true")]).unwrap().trust_proxy_hops,
+            1
+        );
+        let s = with(&[("TRUST_PROXY", "true"), ("TRUST_PROXY_HOPS", "2")]).unwrap();
+        assert_eq!(s.trust_proxy_hops, 2);
+        let id = "7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11";
+        let s = with(&[("ADMIN_USER_IDS", " 7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11 ,")]).unwrap();
+        assert_eq!(s.admin_user_ids, vec![uuid::Uuid::parse_str(id).unwrap()]);
+        assert_eq!(
+            with(&[("ADMIN_USER_IDS", "boss")]).unwrap_err().var,
+            "ADMIN_USER_IDS"
+        );
+        assert!(!with(&[]).unwrap().auth_trust_email_claim);
+    }
+
+    #[test]
+    fn contact_inbox_falls_back_to_sender() {
+        let s = with(&[("EMAIL_FROM", "team@example.com")]).unwrap();
+        assert_eq!(s.contact_inbox(), Some("team@example.com"));
+        let s = with(&[
+            ("EMAIL_FROM", "team@example.com"),
+            ("CONTACT_EMAIL", "in@example.com"),
+        ])
+        .unwrap();
+        assert_eq!(s.contact_inbox(), Some("in@example.com"));
+    }
+
+    #[test]
+    fn sender_and_inbox_accept_an_rfc5322_mailbox() {
+        for v in [
+            "noreply@example.com",
+            "Site <noreply@example.com>",
+            "\"Site, Inc.\" <noreply@example.com>",
+            "<noreply@example.com>",
+            "Jane Q. Public <jane@example.org>",
+        ] {
+            let s = with(&[("EMAIL_FROM", v), ("CONTACT_EMAIL", v)])
+                .unwrap_or_else(|e| panic!("{v:?}: {e}"));
+            assert_eq!(s.email_from.as_deref(), Some(v), "kept as-is");
+        }
+        for v in [
+            "Site <noreply@example.com",
+            "Site <not-an-email>",
+            "Site, Inc. <noreply@example.com>",
+            "\"Site <noreply@example.com>",
+            "Site <noreply@localhost>",
+        ] {
+            assert_eq!(
+                with(&[("EMAIL_FROM", v)]).unwrap_err().var,
+                "EMAIL_FROM",
+                "{v:?}"
+            );
+            assert_eq!(
+                with(&[("CONTACT_EMAIL", v)]).unwrap_err().var,
+                "CONTACT_EMAIL",
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn smtp_credentials_need_tls_off_loopback() {
+        let e = with(&[("SMTP_URL", "smtp://user:pass@mail.example.com:25")]).unwrap_err();
+        assert_eq!(e.var, "SMTP_URL");
+        assert!(e.message.contains("tls=required"), "{}", e.message);
+        assert_eq!(
+            with(&[(
+                "SMTP_URL",
+                "smtp://user@mail.example.com:587?tls=opportunistic"
+            )])
+            .unwrap_err()
+            .var,
+            "SMTP_URL"
+        );
+        for ok in [
+            "smtp://user:pass@mail.example.com:587?tls=required",
+            "smtps://user:pass@mail.example.com:465",
+            "smtp://user:pass@localhost:25",
+            "smtp://user:pass@127.0.0.1:2525",
+            "smtp://user:pass@[::1]:2525",
+            "smtp://mail.example.com:25",
+        ] {
+            assert!(with(&[("SMTP_URL", ok)]).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn the_transport_follows_the_configuration() {
+        let t = |pairs: &[(&'static str, &'static str)]| with(pairs).unwrap().email_transport();
+        assert_eq!(t(&[]), EmailTransport::Outbox);
+        assert_eq!(
+            t(&[("REDIS_URL", "redis://127.0.0.1:6379")]),
+            EmailTransport::None
+        );
+        assert_eq!(
+            t(&[("DATABASE_URL", "postgres://localhost/app")]),
+            EmailTransport::None
+        );
+        assert_eq!(
+            t(&[("SMTP_URL", "smtp://localhost:2525")]),
+            EmailTransport::Smtp
+        );
+        assert_eq!(
+            t(&[
+                ("EMAIL_PROVIDER_API_KEY", "k"),
+                ("EMAIL_PROVIDER_BASE_URL", "https://api.example.com")
+            ]),
+            EmailTransport::Api
+        );
+        // A key without its base URL is a broken configuration, not the outbox.
+        assert_eq!(t(&[("EMAIL_PROVIDER_API_KEY", "k")]), EmailTransport::None);
+    }
+
+    #[test]
+    fn the_outbox_has_a_default_sender() {
+        let s = with(&[]).unwrap();
+        assert_eq!(s.email_from.as_deref(), Some(OUTBOX_DEFAULT_FROM));
+        let s = with(&[("REDIS_URL", "redis://127.0.0.1:6379")]).unwrap();
+        assert_eq!(s.email_from, None, "production has no default sender");
+    }
+
+    #[test]
+    fn redis_tls_settings_are_checked() {
+        let dir = std::env::temp_dir().join(format!("redis-ca-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let not_pem = dir.join("key.txt");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let ca_s: &'static str = ca.display().to_string().leak();
+        let s = with(&[
+            ("REDIS_URL", "rediss://cache.example.com:6380"),
+            ("REDIS_CA_FILE", ca_s),
+        ])
+        .unwrap();
+        assert_eq!(s.redis_ca_file.as_deref(), Some(ca.as_path()));
+        assert_eq!(
+            with(&[("REDIS_URL", "rediss://h:6380")])
+                .unwrap()
+                .redis_ca_file,
+            None
+        );
+        for (pairs, var) in [
+            (
+                vec![("REDIS_URL", "redis://h:6379"), ("REDIS_CA_FILE", ca_s)],
+                "REDIS_CA_FILE",
+            ),
+            (vec![("REDIS_CA_FILE", ca_s)], "REDIS_CA_FILE"),
+            (
+                vec![
+                    ("REDIS_URL", "rediss://h:6380"),
+                    ("REDIS_CA_FILE", "/nonexistent/ca.pem"),
+                ],
+                "REDIS_CA_FILE",
+            ),
+            (
+                vec![("REDIS_URL", "rediss://h:6380/#insecure")],
+                "REDIS_URL",
+            ),
+        ] {
+            assert_eq!(with(&pairs).unwrap_err().var, var, "{pairs:?}");
+        }
+        let not_pem_s: &'static str = not_pem.display().to_string().leak();
+        let e = with(&[
+            ("REDIS_URL", "rediss://h:6380"),
+            ("REDIS_CA_FILE", not_pem_s),
+        ])
+        .unwrap_err();
+        assert!(e.message.contains("no PEM certificate"), "{}", e.message);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn retry_settings_have_defaults_and_bounds() {
+        let s = with(&[]).unwrap();
+        assert_eq!(s.job_retry_base, Duration::from_secs(10));
+        assert_eq!(s.job_retry_max_delay, Duration::from_secs(3600));
+        assert_eq!(s.job_retry_horizon, Duration::from_secs(86_400));
+        assert_eq!(s.dead_letter_retention, Duration::from_secs(1_209_600));
+        assert_eq!(s.worker_heartbeat, Duration::from_millis(5000));
+        assert_eq!(s.job_timeout, Duration::from_secs(300));
+        assert_eq!(s.worker_shutdown_timeout, Duration::from_secs(25));
+        assert_eq!(s.worker_test_panic_marker, None);
+        assert_eq!(
+            with(&[("WORKER_SHUTDOWN_TIMEOUT_SECS", "0")])
+                .unwrap()
+                .worker_shutdown_timeout,
+            Duration::ZERO
+        );
+        assert_eq!(
+            with(&[("WORKER_SHUTDOWN_TIMEOUT_SECS", "3601")])
+                .unwrap_err()
+                .var,
+            "WORKER_SHUTDOWN_TIMEOUT_SECS"
+        );
+        for var in [
+            "JOB_RETRY_BASE_SECS",
+            "JOB_RETRY_MAX_DELAY_SECS",
+            "WORKER_HEARTBEAT_MS",
+            "JOB_TIMEOUT_SECS",
+        ] {
+            assert_eq!(with(&[(var, "0")]).unwrap_err().var, var);
+        }
+    }
+}
+
+/// Default seconds between two mails of one kind to one user
+/// (`AUTH_MAIL_INTERVAL_SECS`).
+pub const DEFAULT_MAIL_INTERVAL_SECS: i64 = 60;
+
+/// Default `AUTH_CODE_FAILURES_PER_HOUR`.
+pub const DEFAULT_CODE_FAILURES_PER_HOUR: u32 = 10;
+
+/// Default `AUTH_CONFIRMATION_MAILS_PER_DAY`.
+pub const DEFAULT_CONFIRMATION_MAILS_PER_DAY: u32 = 10;

@@ -1,0 +1,828 @@
+//! What a payment grants, stored on it when it settles `PAID`, and the one
+//! rule for every immediate plan change (decisions.md, "Subscriptions").
+//!
+//! * **Same plan**: a payment for the plan in force while it is paid beyond
+//!   `paid_at` extends it by one calendar month from its current end.
+//! * **Another plan**: a payment for plan P while plan Q ≠ P is paid until
+//!   E > `paid_at` starts a period at `paid_at` that ends one calendar month
+//!   later plus the carried time. Each stored grant of Q still running
+//!   (`PAID`, not carried on before, `grant_end` > `paid_at`) carries its
+//!   unused time at the ratio of its value (amount less partial refunds)
+//!   over its own length to P's price (the paying payment's amount, the
+//!   catalogue price at checkout) over P's month from `paid_at`:
+//!   `carried = value × unused / length × month_P / price_P`, in
+//!   microseconds, summed, then rounded down to the second, never below
+//!   zero. Time of Q with no payment behind it carries nothing. The sources
+//!   are marked `carried_into` the new payment.
+//! * **In its renewal grace** (`past_due`: the period ended unpaid, the plan
+//!   is kept): a payment for that plan extends it by one calendar month from
+//!   the old end, so the grace days are paid for; another plan starts at
+//!   `paid_at` and carries nothing.
+//! * **Nothing paid in force** (FREE, lapsed): one calendar month from
+//!   `paid_at`.
+//!
+//! [`plan`] computes a grant without writing (the quote uses it, so the quote
+//! and the settlement are one rule); [`take_back`] undoes one when its payment
+//! is refunded, from the stored grant alone.
+
+use chrono::{DateTime, Months, Utc};
+use sea_orm::{
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait,
+    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::base::audit;
+use crate::{
+    base::plans::FREE,
+    entities::{
+        audit_logs,
+        payments::{self, PaymentStatus},
+        subscriptions::{self, SubscriptionStatus},
+    },
+};
+
+/// What paying a plan at a given moment grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The plan paid for.
+    pub plan: String,
+    /// Start of the period (`paid_at`, or the current end when extending).
+    pub start: DateTime<Utc>,
+    /// End of the period: one calendar month after `start` plus
+    /// `carried_seconds`.
+    pub end: DateTime<Utc>,
+    /// The paid plan replaced, when the payment changes plan.
+    pub from_plan: Option<String>,
+    /// That plan's period end.
+    pub from_end: Option<DateTime<Utc>>,
+    /// Unused time carried over, seconds (rounded down, ≥ 0).
+    pub carried_seconds: i64,
+    /// What the carried time was worth, whole units of the currency
+    /// (rounded down).
+    pub carried_value: i64,
+    /// The payments whose grants were carried (their ids).
+    pub sources: Vec<Uuid>,
+}
+
+/// The subscription as the rule reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InForce<'a> {
+    /// The plan.
+    pub plan: &'a str,
+    /// End of its paid period, if any.
+    pub period_end: Option<DateTime<Utc>>,
+    /// In its renewal grace ([`in_grace`]): the period ended unpaid and the
+    /// plan is kept until the grace ends.
+    pub in_grace: bool,
+}
+
+/// Whether `s` is in its renewal grace at `at`: `past_due`, or still
+/// `active` (not cancelling) on a paid plan whose period ended at or before
+/// `at` but which the scheduler has not yet moved to `past_due` (between two
+/// ticks, or while the renewal loop is paused): the plan is still in force,
+/// so a payment for it continues from the old end, never from `at`.
+pub fn in_grace(s: &subscriptions::Model, at: DateTime<Utc>) -> bool {
+    s.status == SubscriptionStatus::PastDue
+        || (s.status == SubscriptionStatus::Active
+            && s.plan != FREE
+            && !s.cancel_at_period_end
+            && s.current_period_end.is_some_and(|e| e <= at))
+}
+
+/// One running grant as the carry reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Running {
+    /// Its payment.
+    pub id: Uuid,
+    /// Amount less partial refunds (whole units).
+    pub value: i64,
+    /// Its period.
+    pub start: DateTime<Utc>,
+    /// Its period's end.
+    pub end: DateTime<Utc>,
+    /// The seconds of its period carried in from an earlier plan (priced at
+    /// its own rate when they were carried, so worth as much per second as
+    /// its own month).
+    pub carried_seconds: i64,
+}
+
+fn micros(d: chrono::Duration) -> i128 {
+    d.num_microseconds().map_or(i128::MAX, i128::from)
+}
+
+/// One calendar month after `t`.
+pub fn month_after(t: DateTime<Utc>) -> DateTime<Utc> {
+    t.checked_add_months(Months::new(1))
+        .expect("a month after a real date is representable")
+}
+
+/// The rule (module docs) without the database: what paying `amount` for
+/// `plan` at `paid_at` grants when `in_force` is the subscription and
+/// `running` the stored grants of its plan still running.
+pub fn compute(
+    in_force: InForce<'_>,
+    running: &[Running],
+    plan: &str,
+    amount: i64,
+    paid_at: DateTime<Utc>,
+) -> Grant {
+    // In its renewal grace, a payment for the kept plan extends from the old
+    // end: the grace days are paid for, not given on top.
+    if let (true, Some(old_end)) = (
+        in_force.in_grace && in_force.plan == plan && plan != FREE,
+        in_force.period_end,
+    ) {
+        return Grant {
+            plan: plan.to_string(),
+            start: old_end,
+            end: month_after(old_end),
+            from_plan: None,
+            from_end: None,
+            carried_seconds: 0,
+            carried_value: 0,
+            sources: vec![],
+        };
+    }
+    let paid_until = in_force
+        .period_end
+        .filter(|end| in_force.plan != FREE && *end > paid_at);
+    let Some(old_end) = paid_until else {
+        return Grant {
+            plan: plan.to_string(),
+            start: paid_at,
+            end: month_after(paid_at),
+            from_plan: None,
+            from_end: None,
+            carried_seconds: 0,
+            carried_value: 0,
+            sources: vec![],
+        };
+    };
+    if in_force.plan == plan {
+        return Grant {
+            plan: plan.to_string(),
+            start: old_end,
+            end: month_after(old_end),
+            from_plan: None,
+            from_end: None,
+            carried_seconds: 0,
+            carried_value: 0,
+            sources: vec![],
+        };
+    }
+    let month = micros(month_after(paid_at) - paid_at);
+    let mut carried_us: i128 = 0;
+    let mut value: i128 = 0;
+    let mut sources = Vec::new();
+    for g in running {
+        // A grant is worth its value over its own month: the time carried
+        // into it was priced at that rate, so every second of it, carried
+        // or not, is worth the same (nothing is diluted by a later change).
+        let length = micros(g.end - g.start) - i128::from(g.carried_seconds.max(0)) * 1_000_000;
+        let unused = micros(g.end - g.start.max(paid_at));
+        if length <= 0 || unused <= 0 || g.value <= 0 {
+            continue;
+        }
+        sources.push(g.id);
+        value += i128::from(g.value) * unused / length;
+        if amount > 0 {
+            carried_us += i128::from(g.value) * unused * month / (length * i128::from(amount));
+        }
+    }
+    let carried_seconds = i64::try_from(carried_us / 1_000_000)
+        .unwrap_or(i64::MAX)
+        .max(0);
+    let end = month_after(paid_at) + chrono::Duration::seconds(carried_seconds);
+    Grant {
+        plan: plan.to_string(),
+        start: paid_at,
+        end,
+        from_plan: Some(in_force.plan.to_string()),
+        from_end: Some(old_end),
+        carried_seconds,
+        carried_value: i64::try_from(value).unwrap_or(i64::MAX).max(0),
+        sources,
+    }
+}
+
+/// The stored grants of `user`'s plan `plan` still running at `at`: `PAID`,
+/// not carried on, ending after `at`.
+async fn running<C: ConnectionTrait>(
+    db: &C,
+    user: Uuid,
+    plan: &str,
+    at: DateTime<Utc>,
+) -> Result<Vec<Running>, DbErr> {
+    let rows = payments::Entity::find()
+        .filter(payments::Column::UserId.eq(user))
+        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+        .filter(payments::Column::GrantPlan.eq(plan))
+        .filter(payments::Column::CarriedInto.is_null())
+        .filter(payments::Column::GrantEnd.gt(at))
+        .all(db)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|p| {
+            Some(Running {
+                id: p.id,
+                value: p.amount - p.refunded_amount,
+                start: p.grant_start?,
+                end: p.grant_end?,
+                carried_seconds: p.carried_seconds.unwrap_or(0),
+            })
+        })
+        .collect())
+}
+
+/// What paying `amount` for `plan` at `paid_at` grants `user` whose
+/// subscription is `sub` (`None`: FREE): [`compute`] over the stored grants.
+/// Read-only; the quote and the settlement both call it.
+pub async fn plan<C: ConnectionTrait>(
+    db: &C,
+    user: Uuid,
+    sub: Option<&subscriptions::Model>,
+    plan: &str,
+    amount: i64,
+    paid_at: DateTime<Utc>,
+) -> Result<Grant, DbErr> {
+    let in_force = sub.map_or(
+        InForce {
+            plan: FREE,
+            period_end: None,
+            in_grace: false,
+        },
+        |s| InForce {
+            plan: &s.plan,
+            period_end: s.current_period_end,
+            in_grace: in_grace(s, paid_at),
+        },
+    );
+    let carries = in_force.plan != FREE
+        && in_force.plan != plan
+        && in_force.period_end.is_some_and(|e| e > paid_at);
+    let grants = if carries {
+        running(db, user, in_force.plan, paid_at).await?
+    } else {
+        vec![]
+    };
+    Ok(compute(in_force, &grants, plan, amount, paid_at))
+}
+
+/// What `amount` paid for `plan` through a renewal that no longer renews the
+/// subscription (paid before, voided, or the plan or period end moved since)
+/// grants: time on the plan in force, never a move back to `plan`.
+///
+/// * The plan in force is `plan`, or nothing paid is in force: [`plan`]
+///   (a month from the period end, from the old end in grace; a late
+///   payment: a month from `paid_at`).
+/// * Another paid plan Q is in force (paid beyond `paid_at`, or in its
+///   grace): the period end moves on by the time `amount` buys of Q at the
+///   price Q was sold at in its latest stored grant (that payment's amount
+///   over its own month, carried time excluded; paid or refunded since, and
+///   never net of partial refunds, which change what a customer paid, not
+///   what Q costs), rounded down to the second; with no stored grant of Q at
+///   all (a subscription older than stored grants), one calendar month.
+pub async fn as_time<C: ConnectionTrait>(
+    db: &C,
+    user: Uuid,
+    sub: Option<&subscriptions::Model>,
+    plan_id: &str,
+    amount: i64,
+    paid_at: DateTime<Utc>,
+) -> Result<Grant, DbErr> {
+    let other = sub.and_then(|s| {
+        let grace = in_grace(s, paid_at);
+        let end = s.current_period_end.filter(|e| grace || *e > paid_at)?;
+        (s.plan != FREE && s.plan != plan_id).then_some((s, end))
+    });
+    let Some((s, end)) = other else {
+        return plan(db, user, sub, plan_id, amount, paid_at).await;
+    };
+    let latest = payments::Entity::find()
+        .filter(payments::Column::UserId.eq(user))
+        .filter(payments::Column::Status.is_in([PaymentStatus::Paid, PaymentStatus::Refunded]))
+        .filter(payments::Column::GrantPlan.eq(s.plan.as_str()))
+        .order_by_desc(payments::Column::GrantEnd)
+        .one(db)
+        .await?;
+    let bought = latest.and_then(|p| {
+        let own = micros(p.grant_end? - p.grant_start?)
+            - i128::from(p.carried_seconds.unwrap_or(0)) * 1_000_000;
+        let price = i128::from(p.amount);
+        (own > 0 && price > 0).then(|| i128::from(amount.max(0)) * own / price)
+    });
+    let new_end = match bought {
+        Some(us) => {
+            end + chrono::Duration::seconds(i64::try_from(us / 1_000_000).unwrap_or(i64::MAX))
+        }
+        None => month_after(end),
+    };
+    Ok(Grant {
+        plan: s.plan.clone(),
+        start: end,
+        end: new_end,
+        from_plan: None,
+        from_end: None,
+        carried_seconds: 0,
+        carried_value: 0,
+        sources: vec![],
+    })
+}
+
+/// What paying `amount` for `plan` would grant `user` at `at` (`None`: now
+/// by the database's clock), read from the subscription and the stored
+/// grants as they are: the quote of `GET /api/payments/quote` and of a new
+/// checkout. The settlement applies the same rule ([`plan`]) at `paid_at`.
+pub async fn quote<C: ConnectionTrait>(
+    db: &C,
+    user: Uuid,
+    plan_id: &str,
+    amount: i64,
+    at: Option<DateTime<Utc>>,
+) -> Result<Grant, DbErr> {
+    let at = match at {
+        Some(t) => t,
+        None => crate::base::db::now(db).await?,
+    };
+    let sub = subscriptions::Entity::find_by_id(user).one(db).await?;
+    plan(db, user, sub.as_ref(), plan_id, amount, at).await
+}
+
+/// Records that partial refunds or chargebacks of `order_id` gave back
+/// `back` whole units so far (it only grows): the grant's value, and so what
+/// its unused time carries into a plan change, is the amount less it.
+pub async fn record_partial_refund<C: ConnectionTrait>(
+    db: &C,
+    order_id: &str,
+    back: i64,
+) -> Result<(), DbErr> {
+    payments::Entity::update_many()
+        .col_expr(payments::Column::RefundedAmount, Expr::value(back))
+        .filter(payments::Column::OrderId.eq(order_id))
+        .filter(payments::Column::RefundedAmount.lt(back))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Stores `grant` on payment `payment_id` and marks its sources carried
+/// into it (in the settlement's transaction).
+pub async fn store<C: ConnectionTrait>(
+    db: &C,
+    payment_id: Uuid,
+    grant: &Grant,
+) -> Result<(), DbErr> {
+    payments::Entity::update_many()
+        .col_expr(payments::Column::GrantPlan, Expr::value(grant.plan.clone()))
+        .col_expr(payments::Column::GrantStart, Expr::value(grant.start))
+        .col_expr(payments::Column::GrantEnd, Expr::value(grant.end))
+        .col_expr(
+            payments::Column::GrantFromPlan,
+            Expr::value(grant.from_plan.clone()),
+        )
+        .col_expr(payments::Column::GrantFromEnd, Expr::value(grant.from_end))
+        .col_expr(
+            payments::Column::CarriedSeconds,
+            Expr::value(grant.carried_seconds),
+        )
+        .col_expr(
+            payments::Column::CarriedValue,
+            Expr::value(grant.carried_value),
+        )
+        .filter(payments::Column::Id.eq(payment_id))
+        .exec(db)
+        .await?;
+    if !grant.sources.is_empty() {
+        payments::Entity::update_many()
+            .col_expr(payments::Column::CarriedInto, Expr::value(payment_id))
+            .filter(payments::Column::Id.is_in(grant.sources.clone()))
+            .exec(db)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Where the money of `refunded`'s grant that was carried on lives now, and
+/// how many seconds of that grant it bought: follows `carried_into` from
+/// payment to payment (a plan change carried into a plan change, …). At
+/// each hop the part of the carried money still unused when the next
+/// payment was paid moves on (spread evenly over the grant's whole period:
+/// `money × unused / length`); at the last grant, the money buys seconds at
+/// that grant's own rate (`money × month / amount`), rounded up to the
+/// second and at most what it carried. The refunded grant's whole amount is
+/// followed (a refund takes back everything the payment bought). `None`
+/// when nothing is left to take back.
+async fn carried_share<T: ConnectionTrait>(
+    txn: &T,
+    refunded: &payments::Model,
+) -> Result<Option<(payments::Model, i64)>, DbErr> {
+    let (Some(mut start), Some(mut end)) = (refunded.grant_start, refunded.grant_end) else {
+        return Ok(None);
+    };
+    // Money in millionths of a currency unit.
+    let mut money = i128::from(refunded.amount.max(0)) * 1_000_000;
+    let mut next = refunded.carried_into;
+    let mut last = None;
+    // A chain is as long as the customer's plan changes; the bound only
+    // guards against a cycle in damaged data.
+    for _ in 0..1_000 {
+        let Some(id) = next else { break };
+        let Some(into) = payments::Entity::find_by_id(id).one(txn).await? else {
+            return Ok(None);
+        };
+        let (Some(paid_at), Some(into_end)) = (into.grant_start, into.grant_end) else {
+            return Ok(None);
+        };
+        let length = micros(end - start);
+        let unused = micros(end - start.max(paid_at));
+        if length <= 0 || unused <= 0 {
+            return Ok(None);
+        }
+        money = money * unused / length;
+        start = paid_at;
+        end = into_end;
+        next = into.carried_into;
+        last = Some(into);
+    }
+    let Some(into) = last.filter(|p| p.amount > 0 && next.is_none()) else {
+        return Ok(None);
+    };
+    let month = micros(month_after(start) - start);
+    let share_us = money * month / (i128::from(into.amount) * 1_000_000);
+    let secs = i64::try_from((share_us + 999_999) / 1_000_000).unwrap_or(i64::MAX);
+    let secs = secs.min(into.carried_seconds.unwrap_or(0));
+    Ok(Some((into, secs)))
+}
+
+/// Takes back what the payment `refunded` (still `PAID` here; any other
+/// status granted nothing, so nothing is taken back) granted,
+/// under the subscription's row lock, from its stored grant:
+///
+/// * a grant carried on into a later plan change (or a chain of them, each
+///   carried into the next) gives back what it carried: while the last
+///   grant of the chain is of the plan in force, refunded since or not, its
+///   end (and that payment's stored grant) moves back by the refunded
+///   grant's share of the carried time, rounded up to the second
+///   ([`carried_share`]), so a refund never leaves the time its money
+///   bought running elsewhere;
+/// * a grant already over, or not of the plan in force, is left alone;
+/// * a grant that changed plan and is still the last one of its plan (no
+///   later payment extended it) returns the carried value where it came
+///   from: the replaced plan comes back, until the end of its source grants
+///   still `PAID` (at most its old period end), and they run again; when no
+///   source is still paid for, nothing comes back;
+/// * otherwise the subscription's end moves back by the payment's own
+///   month (`grant_end − grant_start − carried_seconds`);
+/// * a period that then ends by `now` falls back to FREE at once.
+///
+/// A payment paid before grants were stored moves the end of its plan back
+/// by one calendar month. Writes an [`audit::ACTION_SUBSCRIPTION_TAKE_BACK`] audit
+/// row; answers the subscription's new plan and period end (`None`: nothing
+/// changed).
+pub async fn take_back<T: ConnectionTrait>(
+    txn: &T,
+    refunded: &payments::Model,
+    now: DateTime<Utc>,
+    request_id: Option<String>,
+) -> Result<Option<serde_json::Value>, DbErr> {
+    // A payment that never became PAID (a refund notice for a checkout
+    // still pending) granted nothing.
+    if refunded.status != PaymentStatus::Paid {
+        return Ok(None);
+    }
+    let postgres = txn.get_database_backend() == DbBackend::Postgres;
+    let mut find = subscriptions::Entity::find_by_id(refunded.user_id);
+    if postgres {
+        find = find.lock_exclusive();
+    }
+    let Some(sub) = find.one(txn).await? else {
+        return Ok(None);
+    };
+    let Some(end) = sub.current_period_end.filter(|e| *e > now) else {
+        return Ok(None);
+    };
+    let (plan, start, new_end, restore) = match (
+        refunded.grant_plan.as_deref(),
+        refunded.grant_start,
+        refunded.grant_end,
+    ) {
+        (Some(_), Some(_), Some(_)) if refunded.carried_into.is_some() => {
+            let Some((into, secs)) = carried_share(txn, refunded).await? else {
+                return Ok(None);
+            };
+            if into.grant_plan.as_deref() != Some(sub.plan.as_str()) || secs <= 0 {
+                return Ok(None);
+            }
+            let back = chrono::Duration::seconds(secs);
+            payments::Entity::update_many()
+                .col_expr(
+                    payments::Column::CarriedSeconds,
+                    Expr::value(into.carried_seconds.unwrap_or(0) - secs),
+                )
+                .col_expr(
+                    payments::Column::GrantEnd,
+                    Expr::value(into.grant_end.map(|e| e - back)),
+                )
+                .filter(payments::Column::Id.eq(into.id))
+                .exec(txn)
+                .await?;
+            (
+                sub.plan.clone(),
+                sub.current_period_start,
+                end - back,
+                false,
+            )
+        }
+        (Some(gplan), Some(gstart), Some(gend)) => {
+            if gend <= now || gplan != sub.plan {
+                return Ok(None);
+            }
+            let carried = refunded.carried_seconds.unwrap_or(0);
+            let own = (gend - gstart) - chrono::Duration::seconds(carried);
+            let later = payments::Entity::find()
+                .filter(payments::Column::UserId.eq(refunded.user_id))
+                .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+                .filter(payments::Column::GrantPlan.eq(gplan))
+                .filter(payments::Column::CarriedInto.is_null())
+                .filter(payments::Column::Id.ne(refunded.id))
+                .filter(payments::Column::GrantStart.gte(gend))
+                .count(txn)
+                .await?;
+            // The replaced plan comes back only as far as grants still paid
+            // for carry it: a source refunded meanwhile took its time back.
+            let sources_end = if later == 0 && refunded.grant_from_plan.is_some() {
+                payments::Entity::find()
+                    .filter(payments::Column::CarriedInto.eq(refunded.id))
+                    .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+                    .all(txn)
+                    .await?
+                    .into_iter()
+                    .filter_map(|p| p.grant_end)
+                    .max()
+            } else {
+                None
+            };
+            match (
+                &refunded.grant_from_plan,
+                refunded.grant_from_end,
+                sources_end,
+            ) {
+                (Some(from), Some(from_end), Some(paid_end)) => {
+                    (from.clone(), None, from_end.min(paid_end), true)
+                }
+                _ => (sub.plan.clone(), sub.current_period_start, end - own, false),
+            }
+        }
+        _ if refunded.plan == sub.plan => {
+            let back = end.checked_sub_months(Months::new(1)).unwrap_or(end);
+            (sub.plan.clone(), sub.current_period_start, back, false)
+        }
+        _ => return Ok(None),
+    };
+    if restore {
+        payments::Entity::update_many()
+            .col_expr(payments::Column::CarriedInto, Expr::value(None::<Uuid>))
+            .filter(payments::Column::CarriedInto.eq(refunded.id))
+            .exec(txn)
+            .await?;
+    }
+    let old = json!({
+        "plan": sub.plan,
+        "status": sub.status.as_str(),
+        "period_end": sub.current_period_end,
+    });
+    let source_start = if restore {
+        payments::Entity::find()
+            .filter(payments::Column::UserId.eq(refunded.user_id))
+            .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+            .filter(payments::Column::GrantPlan.eq(plan.as_str()))
+            .filter(payments::Column::CarriedInto.is_null())
+            .filter(payments::Column::GrantEnd.gt(now))
+            .all(txn)
+            .await?
+            .into_iter()
+            .filter_map(|p| p.grant_start)
+            .min()
+    } else {
+        start
+    };
+    let mut am = sub.into_active_model();
+    let new = if new_end > now && plan != FREE {
+        am.plan = Set(plan.clone());
+        am.current_period_start = Set(Some(source_start.unwrap_or(now).min(new_end)));
+        am.current_period_end = Set(Some(new_end));
+        json!({ "plan": plan, "period_end": new_end })
+    } else {
+        am.plan = Set(FREE.to_string());
+        am.status = Set(SubscriptionStatus::Active);
+        am.cancel_at_period_end = Set(false);
+        am.current_period_start = Set(None);
+        am.current_period_end = Set(None);
+        json!({ "plan": FREE, "period_end": null })
+    };
+    am.updated_at = Set(now);
+    am.update(txn).await?;
+    audit_logs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        actor_id: Set(None),
+        action: Set(audit::ACTION_SUBSCRIPTION_TAKE_BACK.to_string()),
+        target_type: Set(audit::TARGET_TYPE_SUBSCRIPTION.to_string()),
+        target_id: Set(refunded.user_id.to_string()),
+        old_value: Set(Some(old)),
+        new_value: Set(Some(json!({
+            "plan": new["plan"],
+            "period_end": new["period_end"],
+            "refunded_order_id": refunded.order_id,
+            "returned_to": if restore { json!(plan) } else { serde_json::Value::Null },
+        }))),
+        request_id: Set(request_id),
+        client_request_id: Set(None),
+        created_at: Set(now),
+    }
+    .insert(txn)
+    .await?;
+    Ok(Some(new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn time_carried_in_is_worth_as_much_as_the_grants_own_month_when_it_carries_on() {
+        // BASIC 49,000 for its own 30-day month plus 40 days carried in from
+        // PRO (priced at BASIC's rate when carried): 70 days, all unused,
+        // worth 49,000 × 70 / 30. PRO (99,000) bought at once (its month:
+        // 1 December – 1 January, 31 days) carries that value whole.
+        let paid_at = t("2026-12-01T00:00:00Z");
+        let basic = Running {
+            id: Uuid::nil(),
+            value: 49_000,
+            start: paid_at,
+            end: paid_at + chrono::Duration::days(70),
+            carried_seconds: 40 * 86_400,
+        };
+        let g = compute(
+            InForce {
+                plan: "BASIC",
+                period_end: Some(basic.end),
+                in_grace: false,
+            },
+            &[basic],
+            "PRO",
+            99_000,
+            paid_at,
+        );
+        let worth = 49_000 * 70 / 30;
+        assert_eq!(g.carried_value, worth);
+        let want = i128::from(49_000) * 70 * 86_400 * 1_000_000 * (31 * 86_400)
+            / (30 * 86_400 * 99_000)
+            / 1_000_000;
+        assert_eq!(i128::from(g.carried_seconds), want);
+    }
+
+    #[test]
+    fn pro_to_basic_with_ten_days_left_carries_what_they_are_worth() {
+        // PRO 99,000 for 1–31 December (30 days); BASIC 49,000 bought on
+        // the 21st: 10 days of PRO are worth 33,000, which buy
+        // 33,000 / 49,000 of BASIC's month (21 Dec – 21 Jan, 31 days).
+        let paid_at = t("2026-12-21T00:00:00Z");
+        let pro = Running {
+            id: Uuid::nil(),
+            value: 99_000,
+            start: t("2026-12-01T00:00:00Z"),
+            end: t("2026-12-31T00:00:00Z"),
+            carried_seconds: 0,
+        };
+        let g = compute(
+            InForce {
+                plan: "PRO",
+                period_end: Some(pro.end),
+                in_grace: false,
+            },
+            &[pro],
+            "BASIC",
+            49_000,
+            paid_at,
+        );
+        let month = 31 * 86_400_i64;
+        assert_eq!(g.carried_seconds, 33_000 * month / 49_000);
+        assert_eq!(g.carried_value, 33_000);
+        assert_eq!(g.start, paid_at);
+        assert_eq!(
+            g.end,
+            t("2027-01-21T00:00:00Z") + chrono::Duration::seconds(g.carried_seconds)
+        );
+        assert_eq!(g.from_plan.as_deref(), Some("PRO"));
+        assert_eq!(g.sources, vec![Uuid::nil()]);
+    }
+
+    #[test]
+    fn same_plan_extends_and_nothing_paid_starts_now() {
+        let paid_at = t("2026-01-31T10:00:00Z");
+        let free = compute(
+            InForce {
+                plan: FREE,
+                period_end: None,
+                in_grace: false,
+            },
+            &[],
+            "PRO",
+            99_000,
+            paid_at,
+        );
+        assert_eq!((free.start, free.end), (paid_at, t("2026-02-28T10:00:00Z")));
+        let running = InForce {
+            plan: "PRO",
+            period_end: Some(t("2026-02-15T00:00:00Z")),
+            in_grace: false,
+        };
+        let same = compute(running, &[], "PRO", 99_000, paid_at);
+        assert_eq!(
+            (same.start, same.end),
+            (t("2026-02-15T00:00:00Z"), t("2026-03-15T00:00:00Z"))
+        );
+        let lapsed = InForce {
+            plan: "PRO",
+            period_end: Some(t("2026-01-01T00:00:00Z")),
+            in_grace: false,
+        };
+        assert_eq!(
+            compute(lapsed, &[], "BASIC", 49_000, paid_at).start,
+            paid_at
+        );
+        // Another plan with no payment behind the period carries nothing.
+        let gift = compute(running, &[], "BASIC", 49_000, paid_at);
+        assert_eq!(gift.carried_seconds, 0);
+        assert_eq!(gift.end, t("2026-02-28T10:00:00Z"));
+        assert_eq!(gift.from_plan.as_deref(), Some("PRO"));
+    }
+
+    #[test]
+    fn paid_in_grace_extends_from_the_old_end() {
+        let end = t("2026-02-15T00:00:00Z");
+        let paid_at = t("2026-02-17T00:00:00Z");
+        let grace = InForce {
+            plan: "PRO",
+            period_end: Some(end),
+            in_grace: true,
+        };
+        let g = compute(grace, &[], "PRO", 99_000, paid_at);
+        assert_eq!((g.start, g.end), (end, t("2026-03-15T00:00:00Z")));
+        // Another plan paid in grace: a new period from `paid_at`, nothing
+        // carried (the grace days have no payment behind them).
+        let other = compute(grace, &[], "BASIC", 49_000, paid_at);
+        assert_eq!((other.start, other.carried_seconds), (paid_at, 0));
+    }
+
+    #[test]
+    fn a_grant_not_yet_started_carries_whole_and_refunds_lower_the_value() {
+        let paid_at = t("2026-03-01T00:00:00Z");
+        let later = Running {
+            id: Uuid::nil(),
+            value: 49_000,
+            start: t("2026-03-10T00:00:00Z"),
+            end: t("2026-04-10T00:00:00Z"),
+            carried_seconds: 0,
+        };
+        let g = compute(
+            InForce {
+                plan: "BASIC",
+                period_end: Some(later.end),
+                in_grace: false,
+            },
+            &[later],
+            "PRO",
+            49_000,
+            paid_at,
+        );
+        assert_eq!(
+            g.carried_seconds,
+            31 * 86_400,
+            "same price: the whole month"
+        );
+        let half = Running {
+            value: 24_500,
+            ..later
+        };
+        let g = compute(
+            InForce {
+                plan: "BASIC",
+                period_end: Some(later.end),
+                in_grace: false,
+            },
+            &[half],
+            "PRO",
+            49_000,
+            paid_at,
+        );
+        assert_eq!(g.carried_seconds, 31 * 86_400 / 2);
+    }
+}

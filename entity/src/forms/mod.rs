@@ -1,0 +1,4 @@
+//! Public forms: the contact form and the waitlist.
+
+pub mod contact;
+pub mod waitlist;

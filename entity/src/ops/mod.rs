@@ -1,0 +1,3 @@
+//! Operations: the dead-letter queue's audited actions.
+
+pub mod dead_letters;
