@@ -589,7 +589,7 @@ mod tests {
     fn a_usage_change_drops_only_the_usage() {
         let c = live();
         let id = Uuid::new_v4();
-        let month = entity::ai::month_start(Utc::now());
+        let month = entity::ai::limits::month_start(Utc::now());
         let details = Details::default();
         c.put_plan(c.ticket(), None, None, &account(id, None, "PRO"));
         c.put_details(c.ticket(), id, &details);

@@ -486,7 +486,10 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
     assert_eq!(p["limit"], 20_000);
     assert_eq!(p["plan"], "FREE");
     let reset: chrono::DateTime<chrono::Utc> = p["resets_at"].as_str().unwrap().parse().unwrap();
-    assert_eq!(reset, entity::ai::next_month_start(chrono::Utc::now()));
+    assert_eq!(
+        reset,
+        entity::ai::limits::next_month_start(chrono::Utc::now())
+    );
     assert!(r.header_u64("Retry-After") > 0);
     // The counter agrees with ai_usage once the worker wrote the rows.
     let agrees = wait_until(Duration::from_secs(15), || async {

@@ -316,7 +316,7 @@ async fn audit_inner(
     let page = state
         .bounded_db(
             "listing audit logs",
-            reads::audit_logs(&state.db, actor, action, cursor, limit),
+            entity::ops::audit_log::audit_logs(&state.db, actor, action, cursor, limit),
         )
         .await?;
     Ok(AuditLogPage {

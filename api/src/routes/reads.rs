@@ -584,7 +584,7 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
             tokens_limit: plan.ai_tokens_per_month,
             tokens_remaining: plan.ai_tokens_per_month.map(|l| l.saturating_sub(used)),
             requests_per_5min: plan.ai_requests_per_5min,
-            resets_at: entity::ai::next_month_start(now),
+            resets_at: entity::ai::limits::next_month_start(now),
         },
     })
 }
@@ -598,7 +598,7 @@ async fn account_of(
     now: DateTime<Utc>,
 ) -> Result<(reads::Details, u64), ApiError> {
     let cache = &state.accounts;
-    let month = entity::ai::month_start(now);
+    let month = entity::ai::limits::month_start(now);
     let details = match cache.details(user_id) {
         Some(d) => d,
         None => {
@@ -617,7 +617,7 @@ async fn account_of(
             let u = state
                 .bounded_db(
                     "reading the AI usage",
-                    entity::ai::tokens_this_month(&state.db, user_id, now),
+                    entity::ai::limits::tokens_this_month(&state.db, user_id, now),
                 )
                 .await?;
             cache.put_usage(ticket, user_id, month, u);
@@ -681,7 +681,7 @@ async fn payments_inner(
     let page = state
         .bounded_db(
             "reading the payments",
-            reads::payments_of(&state.db, user.user_id, cursor, limit),
+            entity::billing::reads::payments_of(&state.db, user.user_id, cursor, limit),
         )
         .await?;
     Ok(PaymentPage {
@@ -701,7 +701,7 @@ async fn payment_inner(
     state
         .bounded_db(
             "reading the payment",
-            reads::payment_of(&state.db, user.user_id, order_id),
+            entity::billing::reads::payment_of(&state.db, user.user_id, order_id),
         )
         .await?
         .map(PaymentItem::from)

@@ -1,5 +1,5 @@
-//! The read API's queries: the caller's account (`GET /api/me`), their
-//! payments, and the admin lists of users and audit logs. Lists are pages of
+//! The read API's queries of accounts: the caller's account (`GET /api/me`)
+//! and the admin's list of users. Lists are pages of
 //! [`crate::base::page`] (newest first, one cursor mechanism).
 
 use std::collections::HashMap;
@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::{
     base::page::{Cursor, Page},
     base::plans,
-    entities::{audit_logs, payments, profiles, renewals, subscriptions, user_roles, users},
+    entities::{profiles, renewals, subscriptions, user_roles, users},
 };
 
 /// The rows `GET /api/me` shows beside the session's account, plan and AI
@@ -43,47 +43,6 @@ pub async fn details<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<Detail
         subscription,
         renewal,
     })
-}
-
-fn payment_key(p: &payments::Model) -> Cursor {
-    Cursor {
-        at: p.created_at,
-        id: p.id,
-    }
-}
-
-/// The payments of `user_id`, newest first, `limit` after `cursor`.
-pub async fn payments_of<C: ConnectionTrait>(
-    db: &C,
-    user_id: Uuid,
-    cursor: Option<Cursor>,
-    limit: u64,
-) -> Result<Page<payments::Model>, DbErr> {
-    let mut q = payments::Entity::find().filter(payments::Column::UserId.eq(user_id));
-    if let Some(c) = cursor {
-        q = q.filter(c.after(payments::Column::CreatedAt, payments::Column::Id));
-    }
-    let rows = q
-        .order_by_desc(payments::Column::CreatedAt)
-        .order_by_desc(payments::Column::Id)
-        .limit(limit + 1)
-        .all(db)
-        .await?;
-    Ok(Page::from_rows(rows, limit, payment_key))
-}
-
-/// The payment `order_id` if `user_id` made it; another user's is `None`,
-/// as an unknown one.
-pub async fn payment_of<C: ConnectionTrait>(
-    db: &C,
-    user_id: Uuid,
-    order_id: &str,
-) -> Result<Option<payments::Model>, DbErr> {
-    payments::Entity::find()
-        .filter(payments::Column::OrderId.eq(order_id))
-        .filter(payments::Column::UserId.eq(user_id))
-        .one(db)
-        .await
 }
 
 /// One user of the admin list.
@@ -167,36 +126,6 @@ pub async fn users<C: ConnectionTrait>(
             subscription,
             plan,
         }
-    }))
-}
-
-/// Audit-log rows, newest first, optionally of one `actor` and one `action`.
-pub async fn audit_logs<C: ConnectionTrait>(
-    db: &C,
-    actor: Option<Uuid>,
-    action: Option<&str>,
-    cursor: Option<Cursor>,
-    limit: u64,
-) -> Result<Page<audit_logs::Model>, DbErr> {
-    let mut q = audit_logs::Entity::find();
-    if let Some(a) = actor {
-        q = q.filter(audit_logs::Column::ActorId.eq(a));
-    }
-    if let Some(a) = action {
-        q = q.filter(audit_logs::Column::Action.eq(a));
-    }
-    if let Some(c) = cursor {
-        q = q.filter(c.after(audit_logs::Column::CreatedAt, audit_logs::Column::Id));
-    }
-    let rows = q
-        .order_by_desc(audit_logs::Column::CreatedAt)
-        .order_by_desc(audit_logs::Column::Id)
-        .limit(limit + 1)
-        .all(db)
-        .await?;
-    Ok(Page::from_rows(rows, limit, |a| Cursor {
-        at: a.created_at,
-        id: a.id,
     }))
 }
 

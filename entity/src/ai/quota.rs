@@ -19,8 +19,8 @@
 //! request's real tokens to an existing database counter, so that counter
 //! stays current while Redis serves (for the next outage).
 //!
-//! [`grant`]: crate::ai::grant
-//! [`record_usage`]: crate::ai::record_usage
+//! [`grant`]: crate::ai::limits::grant
+//! [`record_usage`]: crate::ai::usage::record_usage
 
 use std::future::Future;
 
@@ -29,7 +29,7 @@ use sea_orm::{ConnectionTrait, DbErr};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::ai::{month_key, tokens_this_month};
+use crate::ai::limits::{month_key, tokens_this_month};
 
 /// What a request asks of the month counter on a plan with a quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub struct Ask {
     pub user_id: Uuid,
     /// The plan's monthly tokens.
     pub limit: u64,
-    /// The request's [`crate::ai::input_bound`].
+    /// The request's [`crate::ai::limits::input_bound`].
     pub input: u64,
     /// The plan's output cap (`ai_max_output_tokens`).
     pub max_output: u32,
@@ -59,7 +59,7 @@ impl Ask {
 pub struct Reserved {
     /// Tokens counted this month before this request (reservations included).
     pub used: u64,
-    /// Tokens reserved for this request ([`crate::ai::grant`]); `0` when refused.
+    /// Tokens reserved for this request ([`crate::ai::limits::grant`]); `0` when refused.
     pub granted: u64,
 }
 
@@ -127,7 +127,7 @@ pub enum FastAnswer {
 pub trait FastCounter: Sync {
     /// Creates the absent counter of `ask`'s user and month with `sum` (the
     /// month's `ai_usage` total; a counter created meanwhile is kept), then
-    /// reserves [`crate::ai::grant`] tokens in it, atomically.
+    /// reserves [`crate::ai::limits::grant`] tokens in it, atomically.
     fn seed_and_reserve(
         &self,
         ask: &Ask,
@@ -266,7 +266,7 @@ fn stmt<C: ConnectionTrait>(db: &C, sql: &str, values: Vec<sea_orm::Value>) -> s
     sea_orm::Statement::from_sql_and_values(s.db_backend, s.sql, values)
 }
 
-/// Reserves [`crate::ai::grant`] tokens for `ask` in the database's month
+/// Reserves [`crate::ai::limits::grant`] tokens for `ask` in the database's month
 /// counter (`ai_quota_counters`, one row per user and `YYYYMM`). One
 /// conditional `UPDATE … RETURNING`: the row lock (PostgreSQL) or the single
 /// writer (SQLite) makes concurrent requests, from any api process, see each

@@ -7,6 +7,7 @@ pub mod events;
 pub mod grant;
 pub mod mail;
 pub mod payment;
+pub mod reads;
 pub mod reconcile;
 pub mod renewal;
 pub mod settlement;

@@ -23,7 +23,7 @@
 use std::{pin::Pin, sync::Arc, time::Duration};
 
 use entity::{
-    ai::{ChatMessage, Provider, Role},
+    ai::limits::{ChatMessage, Provider, Role},
     Settings,
 };
 use eventsource_stream::Eventsource;

@@ -2,9 +2,9 @@
 //! request, idempotently (the row id is chosen by the api when the answer
 //! ends; a second delivery of the same job inserts nothing), and settles its
 //! tokens in the database's month counter in the same transaction
-//! ([`entity::ai::record_usage`]).
+//! ([`entity::ai::usage::record_usage`]).
 
-use entity::ai::UsageRecord;
+use entity::ai::usage::UsageRecord;
 use serde::{Deserialize, Serialize};
 
 use super::{JobContext, JobError};
@@ -24,7 +24,7 @@ pub async fn handle(
     attempt: usize,
     ctx: &JobContext,
 ) -> Result<(), JobError> {
-    match entity::ai::record_usage(&ctx.db, &job.usage).await {
+    match entity::ai::usage::record_usage(&ctx.db, &job.usage).await {
         Ok(inserted) => {
             tracing::info!(
                 task_id,

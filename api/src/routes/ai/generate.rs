@@ -1,6 +1,6 @@
 //! `POST /api/ai/generate`: one whole answer.
 
-use entity::ai::{ChatMessage, Provider, Role};
+use entity::ai::limits::{ChatMessage, Provider, Role};
 use futures::StreamExt;
 use worker::ai::{merge, AiEvent};
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use entity::{
+    ai::limits::{self as rules, ChatMessage, Provider},
     ai::quota::{self, Ask, FastAnswer, Reservation, Reserved},
-    ai::{self as rules, ChatMessage, Provider},
 };
 use uuid::Uuid;
 use worker::ai::Target;

@@ -1,7 +1,7 @@
 //! The chat body as the AI SDK's `DefaultChatTransport` (or a simple client)
 //! sends it, read by hand: the body is open (unknown keys are ignored).
 
-use entity::ai::{ChatMessage, Role};
+use entity::ai::limits::{ChatMessage, Role};
 use serde_json::Value;
 
 use crate::problem::ApiError;

@@ -13,7 +13,7 @@ use std::{sync::LazyLock, time::Duration};
 
 use chrono::Utc;
 use entity::{
-    ai as rules,
+    ai::limits as rules,
     ai::quota::{Ask, FastCounter, Reserved, StoreDown},
 };
 use redis::aio::ConnectionManager;

@@ -1,7 +1,7 @@
 //! The AI routes' request, stream-chunk and answer types (their OpenAPI
 //! schemas).
 
-use entity::ai::Provider;
+use entity::ai::limits::Provider;
 use poem_openapi::{payload::Json, ApiResponse, Enum, Object, Union};
 
 // ---------------------------------------------------------------- requests

@@ -3,8 +3,9 @@
 
 use chrono::Utc;
 use entity::{
+    ai::limits::{self as rules, Provider},
     ai::quota::{self, Reservation},
-    ai::{self as rules, Provider, UsageRecord},
+    ai::usage::UsageRecord,
 };
 use uuid::Uuid;
 use worker::{ai::Usage, jobs::RecordAiUsage, Job};
