@@ -23,7 +23,7 @@ use tests::{
     connect_db, count, payment_row, pending_payment, wait_payment_status, wait_until, EnvMap, Mail,
     Proc, SmtpSink, Stack,
 };
-use worker::billing_mail::local_time;
+use worker::mailer::billing::local_time;
 
 const B_CLIENT: &str = "BRN-0001-BILLING-MAILS";
 const B_SECRET: &str = "SK-billing-mail-tests";

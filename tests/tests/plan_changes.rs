@@ -24,7 +24,7 @@ use tests::{
     session_claims, wait_payment_status, Proc, Reply, SmtpSink, Stack,
 };
 use uuid::Uuid;
-use worker::billing_mail::human_duration;
+use worker::mailer::billing::human_duration;
 
 const SECRET: &str = "plan-change-test-secret-0123456789abcdef0123456789";
 const SERVICE_KEY: &str = "service-role-plan-change-key-0123456789";

@@ -3,7 +3,6 @@
 //! worker runtime. The `api` crate enqueues [`Job`]s through a [`queue::Producer`].
 
 pub mod ai;
-pub mod billing_mail;
 pub mod drain;
 pub mod http;
 pub mod jobs;

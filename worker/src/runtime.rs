@@ -30,7 +30,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     drain::{self, Drain},
-    jobs::{self, Envelope, Job, JobContext, JobError, QueueName},
+    jobs::{
+        self,
+        context::{JobContext, JobError},
+        Envelope, Job, QueueName,
+    },
     mailer::Mailer,
     metrics::JobOutcome,
     queue::{Queues, PROMOTE_EVERY},
@@ -145,7 +149,8 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     let providers = crate::providers::Providers::new(settings.clone())
         .context("payment providers' HTTP client")?;
     let billing = Arc::new(
-        crate::billing_mail::BillingTemplates::load(&settings).context("billing mail templates")?,
+        crate::mailer::billing::BillingTemplates::load(&settings)
+            .context("billing mail templates")?,
     );
     let ctx = JobContext {
         billing,

@@ -4,7 +4,7 @@
 //! (400 `amount_mismatch`), record the event under its dedupe key, queue its
 //! settlement, answer. No session, no per-IP limit. A provider_a notice is
 //! applied only once its settlement job has confirmed it with the provider's
-//! status API (`worker::jobs::settlement`).
+//! status API (`worker::jobs::billing::settlement`).
 
 use entity::{
     base::validate::FieldError,

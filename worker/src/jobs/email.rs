@@ -3,7 +3,7 @@
 use entity::base::mail::OutgoingEmail;
 use serde::{Deserialize, Serialize};
 
-use super::{JobContext, JobError};
+use crate::jobs::context::{JobContext, JobError};
 use crate::mailer::SendError;
 
 /// Payload of the `send_email` job.

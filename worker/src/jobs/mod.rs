@@ -1,30 +1,26 @@
 //! The typed, tagged job set. Every job names the queue it runs on, so ops can
 //! run workers per queue (`WORKER_QUEUES`).
 
-use std::{fmt, str::FromStr, sync::Arc};
+use std::{fmt, str::FromStr};
 
-use apalis::prelude::{AbortError, BoxDynError};
 use serde::{Deserialize, Serialize};
 
-pub mod ai_usage;
-pub mod auth_email;
-pub mod avatar_cleanup;
-pub mod billing_mail;
+pub mod accounts;
+pub mod ai;
+pub mod billing;
+pub mod context;
 pub mod email;
-pub mod expire_checkout;
-pub mod reconcile;
-pub mod renewal;
-pub mod settlement;
+pub mod identity;
 
-pub use ai_usage::RecordAiUsage;
-pub use auth_email::SendAuthEmail;
-pub use avatar_cleanup::DeleteAvatar;
+pub use accounts::avatar_cleanup::DeleteAvatar;
+pub use ai::usage::RecordAiUsage;
+pub use billing::{reconcile::ReconcilePayment, renewal::RenewalBatch, settlement::SettlePayment};
+use context::{JobContext, JobError};
 pub use email::SendEmail;
-pub use reconcile::ReconcilePayment;
-pub use renewal::RenewalBatch;
-pub use settlement::SettlePayment;
+use identity::auth_email;
+pub use identity::auth_email::SendAuthEmail;
 
-use crate::{mailer::Mailer, providers::Providers, retry::RetryState, storage::Storage};
+use crate::retry::RetryState;
 
 /// A queue: one apalis storage (Redis key space `<QUEUE_PREFIX>:<name>:*`, or
 /// SQLite `job_type`), served by its own worker loop.
@@ -171,44 +167,6 @@ impl Envelope {
     }
 }
 
-/// What handlers get to work with.
-#[derive(Clone)]
-pub struct JobContext {
-    /// The database.
-    pub db: sea_orm::DatabaseConnection,
-    /// The email transport (absent when none is configured).
-    pub mailer: Option<Arc<Mailer>>,
-    /// The object store (`STORAGE_URL`).
-    pub storage: Storage,
-    /// The payment providers' HTTP client (status checks of reconciliation).
-    pub providers: Providers,
-    /// The billing mails' templates, loaded at start.
-    pub billing: Arc<crate::billing_mail::BillingTemplates>,
-}
-
-/// How a job attempt ended when it did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JobError {
-    /// Worth another attempt (network, 5xx, timeouts): retried with backoff
-    /// until the retry horizon (see [`crate::retry`]).
-    Retry(String),
-    /// Will never succeed (bad payload, 4xx rejection): goes to the dead-letter queue now.
-    Permanent(String),
-}
-
-impl JobError {
-    /// The error apalis understands: [`AbortError`] (no retry, dead-letter) for
-    /// permanent failures, a plain error (retry with backoff) otherwise.
-    pub fn into_apalis(self) -> BoxDynError {
-        match self {
-            JobError::Retry(m) => {
-                Box::<dyn std::error::Error + Send + Sync>::from(format!("transient: {m}"))
-            }
-            JobError::Permanent(m) => Box::new(AbortError::new(format!("permanent: {m}"))),
-        }
-    }
-}
-
 /// Runs one job attempt. `task_id` is the job's idempotency key: the id it got
 /// when first queued, the same on every retry (used towards providers).
 pub async fn handle(
@@ -219,13 +177,13 @@ pub async fn handle(
 ) -> Result<(), JobError> {
     match job {
         Job::SendEmail(j) => email::handle(j, task_id, attempt, ctx).await,
-        Job::DeleteAvatar(j) => avatar_cleanup::handle(j, task_id, attempt, ctx).await,
-        Job::SettlePayment(j) => settlement::handle(j, task_id, attempt, ctx).await,
-        Job::ReconcilePayment(j) => reconcile::handle(j, task_id, attempt, ctx).await,
-        Job::RecordAiUsage(j) => ai_usage::handle(j, task_id, attempt, ctx).await,
+        Job::DeleteAvatar(j) => accounts::avatar_cleanup::handle(j, task_id, attempt, ctx).await,
+        Job::SettlePayment(j) => billing::settlement::handle(j, task_id, attempt, ctx).await,
+        Job::ReconcilePayment(j) => billing::reconcile::handle(j, task_id, attempt, ctx).await,
+        Job::RecordAiUsage(j) => ai::usage::handle(j, task_id, attempt, ctx).await,
         Job::SendAuthEmail(j) => auth_email::handle(j, task_id, attempt, ctx).await,
-        Job::SendBillingMail(j) => billing_mail::handle(j, task_id, attempt, ctx).await,
-        Job::RenewalBatch(j) => renewal::handle(j, task_id, attempt, ctx).await,
-        Job::ExpireCheckout(j) => expire_checkout::handle(j, task_id, attempt, ctx).await,
+        Job::SendBillingMail(j) => billing::mail::handle(j, task_id, attempt, ctx).await,
+        Job::RenewalBatch(j) => billing::renewal::handle(j, task_id, attempt, ctx).await,
+        Job::ExpireCheckout(j) => billing::expire_checkout::handle(j, task_id, attempt, ctx).await,
     }
 }

@@ -37,7 +37,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{JobContext, JobError};
+use crate::jobs::context::{JobContext, JobError};
 
 /// Payload of the `settle_payment` job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

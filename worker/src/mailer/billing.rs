@@ -35,79 +35,79 @@ use minijinja::{context, Environment, Error, ErrorKind, UndefinedBehavior, Value
 pub const TEMPLATES: &[(&str, &str)] = &[
     (
         "layout.html",
-        include_str!("../../config/templates/billing/layout.html"),
+        include_str!("../../../config/templates/billing/layout.html"),
     ),
     (
         "receipt.subject.txt",
-        include_str!("../../config/templates/billing/receipt.subject.txt"),
+        include_str!("../../../config/templates/billing/receipt.subject.txt"),
     ),
     (
         "receipt.txt",
-        include_str!("../../config/templates/billing/receipt.txt"),
+        include_str!("../../../config/templates/billing/receipt.txt"),
     ),
     (
         "receipt.html",
-        include_str!("../../config/templates/billing/receipt.html"),
+        include_str!("../../../config/templates/billing/receipt.html"),
     ),
     (
         "refund_notice.subject.txt",
-        include_str!("../../config/templates/billing/refund_notice.subject.txt"),
+        include_str!("../../../config/templates/billing/refund_notice.subject.txt"),
     ),
     (
         "refund_notice.txt",
-        include_str!("../../config/templates/billing/refund_notice.txt"),
+        include_str!("../../../config/templates/billing/refund_notice.txt"),
     ),
     (
         "refund_notice.html",
-        include_str!("../../config/templates/billing/refund_notice.html"),
+        include_str!("../../../config/templates/billing/refund_notice.html"),
     ),
     (
         "renewal_reminder.subject.txt",
-        include_str!("../../config/templates/billing/renewal_reminder.subject.txt"),
+        include_str!("../../../config/templates/billing/renewal_reminder.subject.txt"),
     ),
     (
         "renewal_reminder.txt",
-        include_str!("../../config/templates/billing/renewal_reminder.txt"),
+        include_str!("../../../config/templates/billing/renewal_reminder.txt"),
     ),
     (
         "renewal_reminder.html",
-        include_str!("../../config/templates/billing/renewal_reminder.html"),
+        include_str!("../../../config/templates/billing/renewal_reminder.html"),
     ),
     (
         "past_due.subject.txt",
-        include_str!("../../config/templates/billing/past_due.subject.txt"),
+        include_str!("../../../config/templates/billing/past_due.subject.txt"),
     ),
     (
         "past_due.txt",
-        include_str!("../../config/templates/billing/past_due.txt"),
+        include_str!("../../../config/templates/billing/past_due.txt"),
     ),
     (
         "past_due.html",
-        include_str!("../../config/templates/billing/past_due.html"),
+        include_str!("../../../config/templates/billing/past_due.html"),
     ),
     (
         "lapsed.subject.txt",
-        include_str!("../../config/templates/billing/lapsed.subject.txt"),
+        include_str!("../../../config/templates/billing/lapsed.subject.txt"),
     ),
     (
         "lapsed.txt",
-        include_str!("../../config/templates/billing/lapsed.txt"),
+        include_str!("../../../config/templates/billing/lapsed.txt"),
     ),
     (
         "lapsed.html",
-        include_str!("../../config/templates/billing/lapsed.html"),
+        include_str!("../../../config/templates/billing/lapsed.html"),
     ),
     (
         "renewal_unavailable.subject.txt",
-        include_str!("../../config/templates/billing/renewal_unavailable.subject.txt"),
+        include_str!("../../../config/templates/billing/renewal_unavailable.subject.txt"),
     ),
     (
         "renewal_unavailable.txt",
-        include_str!("../../config/templates/billing/renewal_unavailable.txt"),
+        include_str!("../../../config/templates/billing/renewal_unavailable.txt"),
     ),
     (
         "renewal_unavailable.html",
-        include_str!("../../config/templates/billing/renewal_unavailable.html"),
+        include_str!("../../../config/templates/billing/renewal_unavailable.html"),
     ),
 ];
 

@@ -17,7 +17,10 @@
 use entity::{base::mail::OutgoingEmail, identity::otp::MailKind};
 use serde::{Deserialize, Serialize};
 
-use super::{email, JobContext, JobError, SendEmail};
+use crate::jobs::{
+    context::{JobContext, JobError},
+    email::{self, SendEmail},
+};
 
 /// Payload of the `send_auth_email` job. It carries the mail's secrets (the
 /// code and the link token): the queue is as sensitive as the mailbox.
@@ -58,30 +61,36 @@ pub fn template_name(kind: MailKind) -> &'static str {
 
 fn default_text(kind: MailKind) -> &'static str {
     match kind {
-        MailKind::Confirmation => include_str!("../../../config/templates/auth/confirmation.txt"),
-        MailKind::Recovery => include_str!("../../../config/templates/auth/recovery.txt"),
-        MailKind::Magiclink => include_str!("../../../config/templates/auth/magic_link.txt"),
-        MailKind::EmailChange => include_str!("../../../config/templates/auth/email_change.txt"),
+        MailKind::Confirmation => {
+            include_str!("../../../../config/templates/auth/confirmation.txt")
+        }
+        MailKind::Recovery => include_str!("../../../../config/templates/auth/recovery.txt"),
+        MailKind::Magiclink => include_str!("../../../../config/templates/auth/magic_link.txt"),
+        MailKind::EmailChange => include_str!("../../../../config/templates/auth/email_change.txt"),
         MailKind::Reauthentication => {
-            include_str!("../../../config/templates/auth/reauthentication.txt")
+            include_str!("../../../../config/templates/auth/reauthentication.txt")
         }
         MailKind::PasswordNotice => {
-            include_str!("../../../config/templates/auth/password_notice.txt")
+            include_str!("../../../../config/templates/auth/password_notice.txt")
         }
     }
 }
 
 fn default_html(kind: MailKind) -> &'static str {
     match kind {
-        MailKind::Confirmation => include_str!("../../../config/templates/auth/confirmation.html"),
-        MailKind::Recovery => include_str!("../../../config/templates/auth/recovery.html"),
-        MailKind::Magiclink => include_str!("../../../config/templates/auth/magic_link.html"),
-        MailKind::EmailChange => include_str!("../../../config/templates/auth/email_change.html"),
+        MailKind::Confirmation => {
+            include_str!("../../../../config/templates/auth/confirmation.html")
+        }
+        MailKind::Recovery => include_str!("../../../../config/templates/auth/recovery.html"),
+        MailKind::Magiclink => include_str!("../../../../config/templates/auth/magic_link.html"),
+        MailKind::EmailChange => {
+            include_str!("../../../../config/templates/auth/email_change.html")
+        }
         MailKind::Reauthentication => {
-            include_str!("../../../config/templates/auth/reauthentication.html")
+            include_str!("../../../../config/templates/auth/reauthentication.html")
         }
         MailKind::PasswordNotice => {
-            include_str!("../../../config/templates/auth/password_notice.html")
+            include_str!("../../../../config/templates/auth/password_notice.html")
         }
     }
 }

@@ -13,6 +13,8 @@
 //! Outbox: `<DATA_DIR>/outbox/<idempotency key>.eml`, written to a temporary
 //! file and renamed, so a retry overwrites instead of duplicating.
 
+pub mod billing;
+
 use std::{path::PathBuf, time::Duration};
 
 use entity::{base::mail::OutgoingEmail, base::settings::EmailTransport, Settings};

@@ -7,7 +7,7 @@
 use entity::ai::usage::UsageRecord;
 use serde::{Deserialize, Serialize};
 
-use super::{JobContext, JobError};
+use crate::jobs::context::{JobContext, JobError};
 
 /// Payload of the `record_ai_usage` job (queue `ai_usage`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

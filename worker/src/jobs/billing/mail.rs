@@ -1,6 +1,6 @@
 //! `send_billing_mail`: renders one billing mail (receipt, refund notice,
 //! reminder, past-due, lapse) with the templates of
-//! [`crate::billing_mail`] and sends it through the configured transport,
+//! [`crate::mailer::billing`] and sends it through the configured transport,
 //! once per idempotency key.
 //!
 //! The model queued it through the job outbox with a key claimed in
@@ -13,7 +13,10 @@
 
 use entity::billing::mail::{self, BillingMailJob};
 
-use super::{email, JobContext, JobError, SendEmail};
+use crate::jobs::{
+    context::{JobContext, JobError},
+    email::{self, SendEmail},
+};
 
 /// Renders and sends the mail (retry and dead-letter rules of `send_email`;
 /// a mail its templates cannot render is dead-lettered, a missing sender is

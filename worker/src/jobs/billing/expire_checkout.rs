@@ -9,7 +9,8 @@
 use entity::entities::payments::{self, PaymentStatus};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
-use super::{reconcile::ReconcilePayment, JobContext, JobError};
+use super::reconcile::ReconcilePayment;
+use crate::jobs::context::{JobContext, JobError};
 use crate::providers::{expire::ExpireAnswer, ProviderError};
 
 /// Payload of the `expire_checkout` job.

@@ -17,7 +17,7 @@ use entity::{
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use serde::{Deserialize, Serialize};
 
-use super::{JobContext, JobError};
+use crate::jobs::context::{JobContext, JobError};
 use crate::providers::ProviderError;
 
 /// Payload of the `reconcile_payment` job.

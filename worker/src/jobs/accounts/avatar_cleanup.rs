@@ -6,7 +6,7 @@ use entity::accounts::avatar::{self, Cleanup};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{JobContext, JobError};
+use crate::jobs::context::{JobContext, JobError};
 
 /// Payload of the `delete_avatar` job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@ use entity::{base::plans::Catalogue, billing::renewal};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{JobContext, JobError};
+use crate::jobs::context::{JobContext, JobError};
 
 /// Payload of the `renewal_batch` job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,3 @@
+//! AI jobs: the usage record of one AI request.
+
+pub mod usage;
