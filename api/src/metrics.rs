@@ -9,7 +9,7 @@
 //! scrape also sets the gauges read at that moment: requests in flight, open
 //! AI streams, the database pool, and the queue depths read from the queue
 //! store (shared by every api process, so a query over replicas takes `max`;
-//! cached [`worker::metrics::QUEUE_STATS_TTL`]).
+//! cached [`worker::queue_stats::QUEUE_STATS_TTL`]).
 
 use std::{
     collections::HashMap,
@@ -212,7 +212,7 @@ async fn scrape(req: &Request, load: &Load) -> Response {
     metrics::gauge!(m::HTTP_IN_FLIGHT).set(load.in_flight() as f64);
     metrics::gauge!(m::AI_OPEN_STREAMS).set(load.open_streams() as f64);
     metrics::gauge!(m::HTTP_BODIES_IN_TRANSIT).set(load.bodies_in_transit() as f64);
-    m::refresh(&state.db, &state.queues, &state.settings).await;
+    worker::queue_stats::refresh(&state.db, &state.queues, &state.settings).await;
     Response::builder()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(handle.render())

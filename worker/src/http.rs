@@ -93,7 +93,7 @@ async fn metrics_page(req: &Request, p: Data<&Probe>) -> Response {
             .header("www-authenticate", "Bearer")
             .body("send Authorization: Bearer $METRICS_TOKEN");
     }
-    crate::metrics::refresh(&p.db, &p.queues, &p.settings).await;
+    crate::queue_stats::refresh(&p.db, &p.queues, &p.settings).await;
     Response::builder()
         .content_type("text/plain; version=0.0.4")
         .body(handle.render())

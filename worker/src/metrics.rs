@@ -252,32 +252,6 @@ pub fn record_db_pool(db: &sea_orm::DatabaseConnection, max: u32) {
     metrics::gauge!(DB_POOL_MAX).set(f64::from(max));
 }
 
-/// How long queue depths read for one scrape serve the next ones.
-pub const QUEUE_STATS_TTL: Duration = Duration::from_secs(2);
-
-/// Before a scrape: the database pool gauges, and the queue gauges read from
-/// the queue store ([`crate::queue_stats`]) unless read less than
-/// [`QUEUE_STATS_TTL`] ago (by any scrape of this process).
-pub async fn refresh(
-    db: &sea_orm::DatabaseConnection,
-    queues: &crate::Queues,
-    settings: &entity::Settings,
-) {
-    static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
-    record_db_pool(db, settings.db_max_connections);
-    let due = {
-        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
-        let due = last.is_none_or(|t| t.elapsed() >= QUEUE_STATS_TTL);
-        if due {
-            *last = Some(Instant::now());
-        }
-        due
-    };
-    if due {
-        crate::queue_stats::record(queues, settings.dependency_timeout).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -169,3 +169,29 @@ pub async fn record(queues: &Queues, within: Duration) {
         }
     }
 }
+
+/// How long queue depths read for one scrape serve the next ones.
+pub const QUEUE_STATS_TTL: Duration = Duration::from_secs(2);
+
+/// Before a scrape: the database pool gauges, and the queue gauges read from
+/// the queue store ([`record`]) unless read less than
+/// [`QUEUE_STATS_TTL`] ago (by any scrape of this process).
+pub async fn refresh(
+    db: &sea_orm::DatabaseConnection,
+    queues: &crate::Queues,
+    settings: &entity::Settings,
+) {
+    static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    crate::metrics::record_db_pool(db, settings.db_max_connections);
+    let due = {
+        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        let due = last.is_none_or(|t| t.elapsed() >= QUEUE_STATS_TTL);
+        if due {
+            *last = Some(std::time::Instant::now());
+        }
+        due
+    };
+    if due {
+        record(queues, settings.dependency_timeout).await;
+    }
+}
