@@ -290,7 +290,11 @@ fn tokens(alg: &str, secret: &str, n: usize) {
 /// verified-token cache; HS256 is decoded every time. Prints one line per
 /// algorithm (the figure BENCHMARKS.md quotes; no pass/fail).
 async fn verify(jwks_url: &str, secret: &str, n: u32) {
-    let v = api::session::SessionVerifier::new(Some(secret.into()), Some(jwks_url.into()), None);
+    let v = api::identity::session::SessionVerifier::new(
+        Some(secret.into()),
+        Some(jwks_url.into()),
+        None,
+    );
     for alg in ["HS256", "ES256"] {
         let token = mint(alg, secret, 0);
         let t0 = std::time::Instant::now();

@@ -10,101 +10,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     middleware::{BodyDeadline, BodyLimit, BodyPace, CatchPanics, DrainBody, Observe, Provide},
+    openapi::{openapi, Apis},
     rate_limit::RateLimiter,
-    routes::auth_oauth::AuthOAuthApi,
-    routes::confirm::ConfirmApi,
-    routes::{
-        admin::AdminApi, ai::AiApi, auth::AuthApi, avatar::AvatarApi, contact::ContactApi,
-        dead_letters::DeadLetterApi, health::HealthApi, pay::PayAndReadApis, payments::PaymentApi,
-        profile::ProfileApi, storage::StorageApi, subscription::SubscriptionApi,
-        waitlist::WaitlistApi, webhooks::WebhookApi,
-    },
     state::AppState,
 };
 
 /// Largest request body accepted on JSON routes, in bytes (64 KiB).
 pub const BODY_LIMIT: usize = 64 * 1024;
-
-/// Declares the API set once: the `Apis` type and the value that builds it.
-macro_rules! api_set {
-    ($($api:ident),+ $(,)?) => {
-        /// Every API operation (a path served by two API objects listed once).
-        pub type Apis = crate::routes::reads::MergePaths<($($api,)+)>;
-
-        fn apis() -> Apis {
-            crate::routes::reads::MergePaths(($($api,)+))
-        }
-    };
-}
-
-api_set!(
-    ContactApi,
-    WaitlistApi,
-    HealthApi,
-    SubscriptionApi,
-    PaymentApi,
-    ProfileApi,
-    AvatarApi,
-    AdminApi,
-    DeadLetterApi,
-    StorageApi,
-    WebhookApi,
-    AiApi,
-    AuthApi,
-    AuthOAuthApi,
-    ConfirmApi,
-    PayAndReadApis,
-);
-
-const DESCRIPTION: &str = "\
-JSON API of the subscription backend. Every error is RFC 9457 problem details \
-(`application/problem+json`) with a stable `code`, an `error` string equal to `detail`, \
-and `field` naming the request field at fault. Every answer carries `x-request-id`: \
-the server's own id of the request (a client's `x-request-id` is logged and audited beside it, \
-never in its place). Request bodies under `/api` above 64 KiB \
-get 413. Logged-in routes take `Authorization: Bearer <session JWT>`. Avatars: \
-`POST /api/profile/avatar` grants a signed upload, the file goes to \
-`PUT /storage/v1/object/upload/sign/avatars/{user_id}/avatar?token=…` (at most 2 MiB, \
-JPEG, PNG, WebP or GIF) and is served by `GET /storage/v1/object/public/avatars/{user_id}/avatar`. \
-Unknown JSON fields are rejected (400 `unknown_field`), except in the payment providers' \
-notifications (`/api/webhooks/*`), which take extra fields and no session: they are verified by \
-the provider's signature over the body as sent, and in the AI chat body (`/api/ai/chat`), which \
-is what the AI SDK's `DefaultChatTransport` sends. A JSON body without \
-`Content-Type: application/json` gets 415; a body that does not arrive within \
-`HTTP_BODY_TIMEOUT_SECS`, or arrives slower than `HTTP_BODY_MIN_RATE` bytes per second \
-once `HTTP_BODY_RATE_GRACE_SECS` have passed, gets 408 `body_timeout`; a method a path does not serve gets 405 \
-with `Allow`. Rate-limited routes answer with \
-`X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix epoch seconds), \
-and `Retry-After` (seconds) on 429. The limit is per client IP: the socket peer, or, behind \
-`TRUST_PROXY_HOPS=N` proxies, the Nth `X-Forwarded-For` address from the right; IPv6 \
-clients count per /64. It is shared across api processes in Redis; while Redis does not \
-answer, each process limits on its own. A feature switched \
-off by its `NEXT_PUBLIC_ENABLE_*` toggle, or lacking configuration, answers 503 \
-(`feature_disabled` / `not_configured`), as `GET /api/health` reports. \
-Overload is shed, not queued: past `HTTP_MAX_IN_FLIGHT` requests being handled by one server \
-process (counted once a request's body is in memory), or past `HTTP_BODY_BUDGET_BYTES` of \
-request bodies arriving at once, a request is answered at once with 503 `overloaded` and \
-`Retry-After` (seconds); \
-the health checks are never shed, and AI chats and generations are bounded by \
-`AI_MAX_OPEN_STREAMS` open at once instead. Pages on the origins listed in \
-`CORS_ALLOWED_ORIGINS` may call `/api` (but the webhooks), `/auth/v1` and `/storage/v1` \
-with `Authorization: Bearer` (CORS; any other origin gets no CORS headers). Lists answer \
-`{items, next_cursor}` newest first (`limit` 1–100, default 20; `next_cursor` null on the \
-last page; an empty `cursor` is the first page, one that does not match its `pattern` is 400 \
-naming `cursor`); personal reads answer \
-`Cache-Control: private, no-store`. New fields are snake_case. Prometheus metrics are served at `GET /metrics` (text format, \
-`Authorization: Bearer $METRICS_TOKEN`; 404 while `METRICS_TOKEN` is unset).";
-
-/// The OpenAPI service as poem-openapi builds it; [`crate::spec::document`]
-/// is the document served and printed by `api openapi`.
-pub fn openapi() -> OpenApiService<Apis, ()> {
-    OpenApiService::new(
-        apis(),
-        "Subscription backend API",
-        env!("CARGO_PKG_VERSION"),
-    )
-    .description(DESCRIPTION)
-}
 
 /// An API reference page (`build`: Scalar's or Swagger UI's HTML) showing the
 /// served document ([`crate::spec::document`], which poem-openapi's own pages
@@ -171,7 +83,7 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .clone()
                 .with(shed())
                 .with(limit())
-                .with(crate::idp::AuthVersion),
+                .with(crate::identity::AuthVersion),
         )
         // An upload streams through its route, holding its slot while it
         // arrives; a refused one gives the slot back before its rest is
@@ -180,7 +92,7 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
             "/storage",
             endpoint.with(shed()).with(DrainBody {
                 max_bytes: entity::accounts::avatar::MAX_BYTES
-                    + crate::routes::storage::MULTIPART_OVERHEAD,
+                    + crate::routes::accounts::storage::MULTIPART_OVERHEAD,
                 max_time: Duration::from_secs(1),
             }),
         )
@@ -224,12 +136,12 @@ pub async fn build_state(
     let settings_for_ai = settings.clone();
     let oauth =
         worker::oauth::OAuthClients::new(&settings.oauth).context("OAuth provider client")?;
-    let accounts = crate::account_cache::AccountCache::start(&db, shutdown);
+    let accounts = crate::identity::account_cache::AccountCache::start(&db, shutdown);
     let idp = if settings.auth_provider == entity::base::settings::AuthProvider::Builtin
         && settings.toggles.auth
     {
         Some(Arc::new(
-            crate::idp::Idp::new(
+            crate::identity::Idp::new(
                 settings.clone(),
                 db.clone(),
                 queues.clone(),
@@ -245,7 +157,7 @@ pub async fn build_state(
         idp,
         oauth,
         providers,
-        sessions: crate::session::SessionVerifier::from_settings(&settings),
+        sessions: crate::identity::session::SessionVerifier::from_settings(&settings),
         settings,
         features: Arc::new(features),
         plans: Arc::new(plans),

@@ -2,23 +2,20 @@
 //! errors, request ids. Handlers are thin; the work is in `entity` (the model)
 //! and `worker` (the jobs).
 
-pub mod account_cache;
 pub mod app;
-pub mod auth;
 pub mod cors;
 pub mod followup;
-pub mod idp;
+pub mod identity;
 pub mod metrics;
 pub mod middleware;
+pub mod openapi;
 pub mod pattern;
 pub mod payload;
 pub mod probes;
 pub mod problem;
 pub mod rate_limit;
 pub mod routes;
-pub mod session;
 pub mod shed;
 pub mod spec;
 pub mod sse;
 pub mod state;
-pub mod verified;

@@ -64,7 +64,7 @@ async fn main() -> ExitCode {
         let ttl = std::time::Duration::from_secs(*ttl_secs);
         println!(
             "{}",
-            api::session::mint_hs256(secret, *sub, email.as_deref(), ttl)
+            api::identity::session::mint_hs256(secret, *sub, email.as_deref(), ttl)
         );
         return ExitCode::SUCCESS;
     }

@@ -19,7 +19,7 @@
 //!   `{action: change, plan}`,
 //!   and the chat needs a message that holds text (`content` of at least one
 //!   character, or no `content` and a `text` part with text), as
-//!   [`crate::routes::dead_letters`] and the chat's parser refuse the rest;
+//!   [`crate::routes::ops::dead_letters`] and the chat's parser refuse the rest;
 //! * `plan` of `POST /api/payments` is the enum of the purchasable plans of
 //!   the catalogue in force: the committed document ([`document`]) has the
 //!   compiled-in catalogue's, the served one ([`document_for`]) the
@@ -64,7 +64,7 @@ pub fn document_for(plans: &entity::base::plans::Catalogue) -> std::borrow::Cow<
 
 fn build(plans: &entity::base::plans::Catalogue) -> String {
     let mut doc: Value =
-        serde_json::from_str(&crate::app::openapi().spec()).expect("poem-openapi writes JSON");
+        serde_json::from_str(&crate::openapi::openapi().spec()).expect("poem-openapi writes JSON");
     patch(&mut doc);
     document_plans(&mut doc, plans);
     serde_json::to_string_pretty(&doc).expect("JSON")
@@ -270,7 +270,7 @@ fn document_redrive(doc: &mut Value) {
     let ids = schema["properties"]["ids"].clone();
     let mut ids = ids;
     ids["minItems"] = json!(1);
-    ids["maxItems"] = json!(crate::routes::dead_letters::MAX_LIMIT);
+    ids["maxItems"] = json!(crate::routes::ops::dead_letters::MAX_LIMIT);
     let mut all = schema["properties"]["all"].clone();
     all["enum"] = json!([true]);
     *schema = json!({

@@ -48,7 +48,7 @@ pub struct Shared {
     /// Rate limiter.
     pub limiter: RateLimiter,
     /// Session token verifier (HS256 secret and JWKS cache).
-    pub sessions: crate::session::SessionVerifier,
+    pub sessions: crate::identity::session::SessionVerifier,
     /// The object store (avatars).
     pub storage: worker::storage::Storage,
     /// Health probe results shared by concurrent health requests.
@@ -60,12 +60,12 @@ pub struct Shared {
     pub ai: worker::ai::AiClients,
     /// The built-in identity provider; `None` unless `AUTH_PROVIDER=builtin`
     /// (the default without an external platform) and auth is on.
-    pub idp: Option<Arc<crate::idp::Idp>>,
+    pub idp: Option<Arc<crate::identity::Idp>>,
     /// The OAuth sign-in providers (GitHub, Google), bounded by `OAUTH_TIMEOUT_MS`.
     pub oauth: worker::oauth::OAuthClients,
     /// Accounts and plans in force, kept while PostgreSQL reports them
-    /// unchanged ([`crate::account_cache`]).
-    pub accounts: Arc<crate::account_cache::AccountCache>,
+    /// unchanged ([`crate::identity::account_cache`]).
+    pub accounts: Arc<crate::identity::account_cache::AccountCache>,
 }
 
 impl AppState {

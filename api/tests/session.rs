@@ -1,4 +1,4 @@
-//! Session verification (`api::session`): HS256 and JWKS (RS256 / ES256 / EdDSA)
+//! Session verification (`api::identity::session`): HS256 and JWKS (RS256 / ES256 / EdDSA)
 //! tokens, every rejection reason, and the JWKS cache (refetch on unknown `kid`,
 //! coalescing, rate limit, unreachable JWKS).
 //!
@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use api::session::{bearer_token, mint_hs256, AuthError, SessionVerifier, AUDIENCE, JWKS_PATH};
+use api::identity::session::{
+    bearer_token, mint_hs256, AuthError, SessionVerifier, AUDIENCE, JWKS_PATH,
+};
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};

@@ -2,24 +2,12 @@
 
 use poem_openapi::{Object, Tags};
 
-pub mod admin;
-pub mod admin_reads;
+pub mod accounts;
 pub mod ai;
-pub mod auth;
-pub mod auth_oauth;
-pub mod avatar;
-pub mod confirm;
-pub mod contact;
-pub mod dead_letters;
-pub mod health;
-pub mod pay;
-pub mod payments;
-pub mod profile;
-pub mod reads;
-pub mod storage;
-pub mod subscription;
-pub mod waitlist;
-pub mod webhooks;
+pub mod billing;
+pub mod forms;
+pub mod ops;
+pub mod page;
 
 use crate::problem::ApiError;
 

@@ -13,7 +13,7 @@ use super::{
     ChunkStream, ErrorChunk, FinishChunk, FinishStepChunk, Refusal, StartChunk, StartStepChunk,
     TextDeltaChunk, TextEndChunk, TextStartChunk, UiChunk,
 };
-use crate::{auth::BearerAuth, problem::RateInfo, state::AppState};
+use crate::{identity::bearer::BearerAuth, problem::RateInfo, state::AppState};
 
 pub(super) async fn chat_inner(
     state: &AppState,

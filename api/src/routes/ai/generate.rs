@@ -10,7 +10,7 @@ use super::{
     usage::UsageGuard,
     GenerateRequest, GenerateResult, Refusal, TokenUsage,
 };
-use crate::{auth::BearerAuth, problem::RateInfo, state::AppState};
+use crate::{identity::bearer::BearerAuth, problem::RateInfo, state::AppState};
 
 pub(super) async fn generate_inner(
     state: &AppState,

@@ -19,7 +19,7 @@ use super::{
     AiLimitProblem, Refusal,
 };
 use crate::{
-    auth::{BearerAuth, Gate},
+    identity::bearer::{BearerAuth, Gate},
     problem::{ApiError, RateInfo},
     rate_limit::{self, Limit, LimitKey},
     state::AppState,

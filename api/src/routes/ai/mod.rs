@@ -29,9 +29,9 @@ use worker::ai::AiError;
 
 pub use types::*;
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
-    auth::BearerAuth,
+    identity::bearer::BearerAuth,
     payload::{JsonBody, RawJson},
     problem::{ApiError, Problem, RateInfo},
     state::AppState,

@@ -25,7 +25,7 @@ use poem_openapi::{
 use uuid::Uuid;
 use worker::storage::UploadError;
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{problem::ApiError, state::AppState};
 
 /// Slack allowed on a multipart body's declared length over the file's own
@@ -337,7 +337,7 @@ async fn upload_inner(
         .await?
     {
         return Err(ApiError::Unauthorized(
-            crate::auth::SESSION_NOT_FOUND,
+            crate::identity::bearer::SESSION_NOT_FOUND,
             "the session this upload token was issued to has ended (signed out, or ended \
              by a password change): sign in again and ask for a new one"
                 .into(),
@@ -499,7 +499,7 @@ where
                     "the account this upload token was issued to no longer exists".into(),
                 ));
             }
-            return Err(super::db_error("locking the profile", e));
+            return Err(crate::routes::db_error("locking the profile", e));
         }
         Err(_) => {
             staged.abort().await;
@@ -512,7 +512,12 @@ where
         .map_err(|e| store_error("storing the avatar", e))?;
     match tokio::time::timeout(timeout, txn.commit()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(super::db_error("committing the avatar generation", e)),
+        Ok(Err(e)) => {
+            return Err(crate::routes::db_error(
+                "committing the avatar generation",
+                e,
+            ))
+        }
         Err(_) => return Err(database_timeout()),
     }
     tracing::debug!(key, generation, "avatar generation bumped");

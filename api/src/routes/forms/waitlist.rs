@@ -7,7 +7,7 @@ use entity::{
 use poem::{web::Data, Request};
 use poem_openapi::{Object, OpenApi};
 
-use super::{ApiTags, Success};
+use crate::routes::{ApiTags, Success};
 use crate::{
     pattern::{Matching, NoNul},
     payload::{JsonBody, Mailbox},
@@ -96,6 +96,6 @@ async fn waitlist_inner(
             "this email is already on the waitlist".into(),
         )),
         Err(WaitlistError::Invalid(f)) => Err(f.into()),
-        Err(WaitlistError::Db(e)) => Err(super::db_error("storing the lead", e)),
+        Err(WaitlistError::Db(e)) => Err(crate::routes::db_error("storing the lead", e)),
     }
 }

@@ -15,7 +15,7 @@ use poem_openapi::{
 };
 use uuid::Uuid;
 
-use crate::{problem::ApiError, session::AuthError, state::AppState};
+use crate::{identity::session::AuthError, problem::ApiError, state::AppState};
 
 /// Session token: an access token of the built-in provider (ES256, whose
 /// `session_id` must name a session that still exists, else 401
@@ -77,7 +77,7 @@ pub fn session_cookie(req: &Request) -> Option<String> {
         .find(|(name, _)| name.trim() == SESSION_COOKIE)
         .map(|(_, value)| value.trim().trim_matches('"'))
         .filter(|v| !v.is_empty())
-        .and_then(crate::routes::confirm::percent_decode)
+        .and_then(crate::identity::confirm::percent_decode)
 }
 
 /// Whether a cookie-authenticated request may go on: safe methods always;
@@ -210,7 +210,7 @@ impl AppState {
 
     /// [`AppState::session`] and the caller's plan in force (its id), read
     /// with the account (and the session's existence) in one query
-    /// ([`users::ensure_user_with_plan`]), or from [`crate::account_cache`]
+    /// ([`users::ensure_user_with_plan`]), or from [`crate::identity::account_cache`]
     /// while PostgreSQL reports the account, its role, its subscription and
     /// its sessions unchanged (a hit does no I/O). A session this process
     /// has not seen alive yet (a new one, or one signed in through another

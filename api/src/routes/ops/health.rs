@@ -4,7 +4,7 @@ use entity::Feature;
 use poem::web::Data;
 use poem_openapi::{payload::Json, ApiResponse, Object, OpenApi};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
     probes::{Probe, QueueProbe},
     state::AppState,

@@ -83,7 +83,7 @@ use sea_orm::{
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::idp::UserJson;
+use crate::identity::UserJson;
 
 /// The channel of changes to a user's account, role, subscription, profile,
 /// sign-in identity or sessions.

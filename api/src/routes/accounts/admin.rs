@@ -9,9 +9,9 @@ use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Enum, Object, OpenApi};
 use uuid::Uuid;
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
-    auth::{BearerAuth, Gate},
+    identity::bearer::{BearerAuth, Gate},
     middleware::RequestId,
     payload::JsonBody,
     problem::ApiError,
@@ -155,6 +155,6 @@ async fn set_role_inner(
             "unknown_user",
             "no user has this id".into(),
         )),
-        Err(RoleError::Db(e)) => Err(super::db_error("changing the role", e)),
+        Err(RoleError::Db(e)) => Err(crate::routes::db_error("changing the role", e)),
     }
 }

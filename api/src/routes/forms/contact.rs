@@ -7,7 +7,7 @@ use poem::{web::Data, Request};
 use poem_openapi::{Object, OpenApi};
 use worker::{jobs::SendEmail, Job};
 
-use super::{ApiTags, Success};
+use crate::routes::{ApiTags, Success};
 use crate::{
     middleware::RequestId,
     pattern::Matching,

@@ -33,8 +33,8 @@ impl Idp {
     pub fn verify_session_token(
         &self,
         token: &str,
-    ) -> Result<crate::session::Claims, crate::session::AuthError> {
-        use crate::session::AuthError as E;
+    ) -> Result<crate::identity::session::Claims, crate::identity::session::AuthError> {
+        use crate::identity::session::AuthError as E;
         let c = self.check(token).map_err(|why| match why {
             Rejected::Malformed => E::Malformed,
             Rejected::Algorithm => E::UnsupportedAlgorithm,
@@ -45,7 +45,7 @@ impl Idp {
             Rejected::Issuer => E::WrongIssuer,
             Rejected::Signature => E::BadSignature,
         })?;
-        Ok(crate::session::Claims {
+        Ok(crate::identity::session::Claims {
             sub: c.sub,
             email: Some(c.email).filter(|e| !e.is_empty()),
             exp: c.exp,

@@ -8,13 +8,20 @@
 //! platform's two formats ([`AuthApiError`]). The rules live in
 //! [`entity::identity`]; this module adds keys, tokens, mails and HTTP shapes.
 
+pub mod account_cache;
+pub mod bearer;
+pub mod confirm;
 mod error;
 mod keys;
 mod mail;
+pub mod oauth;
+pub mod routes;
+pub mod session;
 mod shapes;
 mod signup;
 mod token;
 mod user;
+pub mod verified;
 mod verify;
 
 use std::{sync::Arc, time::Duration};
@@ -25,7 +32,7 @@ use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 use worker::Queues;
 
-use crate::{account_cache::AccountCache, verified::VerifiedTokens};
+use crate::{identity::account_cache::AccountCache, identity::verified::VerifiedTokens};
 
 pub use keys::KeySet;
 
@@ -156,7 +163,7 @@ impl Idp {
     /// Records that `user_id`'s account, identities or sessions changed (after
     /// the change committed, before answering): this process drops what it
     /// kept of the user at once; the others when PostgreSQL's notification
-    /// of the change reaches them ([`crate::account_cache`]).
+    /// of the change reaches them ([`crate::identity::account_cache`]).
     pub fn user_changed(&self, user_id: Uuid) {
         self.accounts.forget(user_id);
     }

@@ -15,7 +15,7 @@ use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Object, OpenApi};
 use worker::jobs::{Job, SettlePayment};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{middleware::RequestId, payload::RawJson, problem::ApiError, state::AppState};
 
 /// The path provider_b signs as `Request-Target` of its notifications.
@@ -316,7 +316,9 @@ async fn record_and_queue(
             tracing::warn!(order_id = %notification.order_id, error = %e, "webhook amount mismatch");
             return Err(ApiError::Invalid("amount_mismatch", e.to_string()));
         }
-        Err(RecordError::Db(e)) => return Err(super::db_error("recording the webhook event", e)),
+        Err(RecordError::Db(e)) => {
+            return Err(crate::routes::db_error("recording the webhook event", e))
+        }
     };
     let job = Job::SettlePayment(SettlePayment {
         event_id: id,

@@ -28,7 +28,7 @@ use sea_orm::EntityTrait;
 use uuid::Uuid;
 use worker::providers::checkout::{Checkout, CheckoutOrder};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{problem::ApiError, state::AppState};
 
 /// The pay link of renewal `renewal_id`
@@ -66,32 +66,6 @@ crate::problem_responses!(
 
 /// The renewal pay link.
 pub struct PayApi;
-
-/// The renewal pay link and the reads ([`super::reads::ReadApis`]) as one
-/// OpenAPI object: poem-openapi's tuples of APIs stop at 16 members.
-pub struct PayAndReadApis;
-
-type PayPair = (PayApi, super::reads::ReadApis);
-
-impl OpenApi for PayAndReadApis {
-    fn meta() -> Vec<poem_openapi::registry::MetaApi> {
-        PayPair::meta()
-    }
-
-    fn register(registry: &mut poem_openapi::registry::Registry) {
-        PayPair::register(registry);
-    }
-
-    fn add_routes(
-        self,
-        route_table: &mut std::collections::HashMap<
-            String,
-            std::collections::HashMap<poem::http::Method, poem::endpoint::BoxEndpoint<'static>>,
-        >,
-    ) {
-        (PayApi, super::reads::ReadApis).add_routes(route_table);
-    }
-}
 
 #[OpenApi(prefix_path = "/api")]
 impl PayApi {
@@ -183,8 +157,8 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
                     .limit_user(
                         "payments",
                         r.user_id,
-                        super::payments::LIMIT_PER_WINDOW,
-                        super::payments::LIMIT_WINDOW,
+                        crate::routes::billing::payments::LIMIT_PER_WINDOW,
+                        crate::routes::billing::payments::LIMIT_WINDOW,
                         Instant::now() + state.settings.dependency_timeout,
                     )
                     .await?;
@@ -292,7 +266,7 @@ async fn start(state: AppState, p: entity::entities::payments::Model) -> Result<
     let email = users::Entity::find_by_id(p.user_id)
         .one(&state.db)
         .await
-        .map_err(|e| super::db_error("reading the user", e))?
+        .map_err(|e| crate::routes::db_error("reading the user", e))?
         .and_then(|u| u.email);
     let order = CheckoutOrder {
         order_id: p.order_id.clone(),

@@ -9,12 +9,12 @@ use poem_openapi::{param::Query, types::Example, Object, OpenApi};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{
-    reads::{page_params, ListCursor},
+use crate::routes::{
+    page::{page_params, ListCursor},
     ApiTags,
 };
 use crate::{
-    auth::{BearerAuth, Gate},
+    identity::bearer::{BearerAuth, Gate},
     pattern::{Matching, NoNul},
     problem::ApiError,
     state::AppState,

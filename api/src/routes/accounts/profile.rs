@@ -4,11 +4,11 @@ use entity::accounts::profile::{self, ProfileInput};
 use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Object, OpenApi};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use worker::jobs::{DeleteAvatar, Job};
 
 use crate::{
-    auth::{BearerAuth, Gate},
+    identity::bearer::{BearerAuth, Gate},
     middleware::RequestId,
     pattern::{Matching, NoNul},
     payload::JsonBody,

@@ -9,7 +9,7 @@ use poem_openapi::{
     ApiResponse,
 };
 
-use crate::{idp::AuthApiError, problem::RateInfo};
+use crate::{identity::AuthApiError, problem::RateInfo};
 
 /// The answer of an `/auth/v1` route.
 pub enum AuthResult<T> {

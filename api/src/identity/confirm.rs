@@ -54,7 +54,7 @@ use poem_openapi::{
 };
 use serde_json::{json, Value};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{rate_limit::Limit, state::AppState};
 
 /// Cookie holding the session's access token (a JWT), HttpOnly.
@@ -144,7 +144,7 @@ fn cookie_octet(b: u8) -> bool {
 /// Where `/auth/confirm` checks a link or a code.
 pub enum Backend<'a> {
     /// The built-in identity provider.
-    BuiltIn(&'a crate::idp::Idp),
+    BuiltIn(&'a crate::identity::Idp),
     /// An external auth platform at `url` (no trailing slash) with its publishable key.
     External {
         /// `NEXT_PUBLIC_BACKEND_URL`.
@@ -216,7 +216,7 @@ impl Backend<'_> {
 /// The built-in provider's answer as a [`Session`] or a [`ConfirmError`]
 /// (its 5xx as "unavailable", never its internals).
 fn built_in(
-    r: Result<crate::idp::SessionGrant, crate::idp::AuthApiError>,
+    r: Result<crate::identity::SessionGrant, crate::identity::AuthApiError>,
 ) -> Result<Session, ConfirmError> {
     match r {
         Ok(grant) => serde_json::to_value(&grant)

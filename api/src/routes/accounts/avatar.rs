@@ -8,9 +8,10 @@ use entity::{
 use poem::web::Data;
 use poem_openapi::{payload::Json, Object, OpenApi};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
-    auth::BearerAuth, pattern::Matching, payload::JsonBody, problem::ApiError, state::AppState,
+    identity::bearer::BearerAuth, pattern::Matching, payload::JsonBody, problem::ApiError,
+    state::AppState,
 };
 
 crate::string_pattern!(
@@ -112,7 +113,7 @@ async fn create_inner(
     state.require(Feature::Auth)?;
     let key = state.upload_signing_key()?;
     let (user, session) = state
-        .session_and_id(auth, crate::auth::Gate::ServerWrites)
+        .session_and_id(auth, crate::identity::bearer::Gate::ServerWrites)
         .await?;
     let request = UploadRequest::new(body.file_size, &body.file_type)?;
     let grant = UploadGrant::new(user.user_id, request, Utc::now()).for_session(session);

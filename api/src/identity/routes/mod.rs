@@ -1,6 +1,6 @@
 //! `/auth/v1`: the built-in identity provider, speaking the hosted auth
 //! platform's protocol (GoTrue) so `@supabase/auth-js` works against it.
-//! Thin handlers: gate, rate limit, parse, one [`crate::idp::Idp`] call.
+//! Thin handlers: gate, rate limit, parse, one [`crate::identity::Idp`] call.
 //!
 //! Not problem details: these routes answer the platform's own error bodies
 //! ([`AuthApiError`]), documented per route.
@@ -14,9 +14,9 @@ use poem_openapi::{param::Query, payload::Json, ApiResponse, Object, OpenApi, Un
 
 pub use reply::AuthResult;
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
-    idp::{
+    identity::{
         AuthApiError, Idp, LinkOutcome, OtpRequest, SessionGrant, SignUp, SignUpOutcome,
         UpdateUser, UserJson,
     },
@@ -278,7 +278,7 @@ fn idp(state: &AppState) -> Result<&Idp, AuthApiError> {
 }
 
 fn bearer(req: &Request) -> Option<&str> {
-    crate::session::bearer_token(req).ok()
+    crate::identity::session::bearer_token(req).ok()
 }
 
 fn request_id(req: &Request) -> Option<String> {
@@ -533,7 +533,7 @@ impl AuthApi {
         SeeOther::SeeOther(match result {
             Ok(LinkOutcome::Code(code)) => {
                 let sep = if target.contains('?') { '&' } else { '?' };
-                format!("{}{sep}code={}", strip_fragment(&target), crate::idp::urlencode(&code))
+                format!("{}{sep}code={}", strip_fragment(&target), crate::identity::urlencode(&code))
             }
             Ok(LinkOutcome::Session(s)) => format!(
                 "{}#access_token={}&expires_at={}&expires_in={}&refresh_token={}&token_type=bearer&type={}",
@@ -541,15 +541,15 @@ impl AuthApi {
                 s.access_token,
                 s.expires_at,
                 s.expires_in,
-                crate::idp::urlencode(&s.refresh_token),
-                crate::idp::urlencode(&kind),
+                crate::identity::urlencode(&s.refresh_token),
+                crate::identity::urlencode(&kind),
             ),
             Err(e) => format!(
                 "{}#error={}&error_code={}&error_description={}",
                 strip_fragment(&target),
                 if e.status >= 500 { "server_error" } else { "access_denied" },
                 e.code,
-                crate::idp::urlencode(if e.code == "otp_expired" {
+                crate::identity::urlencode(if e.code == "otp_expired" {
                     "Email link is invalid or has expired"
                 } else {
                     &e.message

@@ -47,7 +47,7 @@ use jsonwebtoken::{
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::verified::VerifiedTokens;
+use crate::identity::verified::VerifiedTokens;
 
 /// The audience every session token must carry.
 pub const AUDIENCE: &str = "authenticated";
@@ -104,7 +104,7 @@ pub struct Claims {
     pub external: bool,
     /// The session the token belongs to, set only for the built-in
     /// provider's tokens (their `session_id` claim, see
-    /// `crate::idp::Idp::verify_session_token`): every logged-in route
+    /// `crate::identity::Idp::verify_session_token`): every logged-in route
     /// checks that it still exists. Never read from another issuer's token.
     #[serde(skip)]
     pub session_id: Option<Uuid>,

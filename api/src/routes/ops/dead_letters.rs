@@ -12,9 +12,9 @@ use poem_openapi::{param::Query, payload::Json, Enum, Object, OpenApi};
 use serde_json::Value;
 use worker::{queue::DeadLetter, QueueName};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
-    auth::{BearerAuth, Gate},
+    identity::bearer::{BearerAuth, Gate},
     middleware::RequestId,
     pattern::Matching,
     payload::JsonBody,

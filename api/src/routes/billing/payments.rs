@@ -30,9 +30,9 @@ use poem_openapi::{
 };
 use worker::providers::checkout::{Checkout, CheckoutOrder};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
-    auth::{BearerAuth, Gate},
+    identity::bearer::{BearerAuth, Gate},
     pattern::Matching,
     payload::JsonBody,
     problem::{ApiError, Problem, RateInfo},
@@ -469,7 +469,9 @@ async fn create_inner(
                 "this Idempotency-Key was used within 24 hours for another plan".into(),
             ))
         }
-        Err(CheckoutError::Db(e)) => return Err(super::db_error("creating the payment", e)),
+        Err(CheckoutError::Db(e)) => {
+            return Err(crate::routes::db_error("creating the payment", e))
+        }
     };
     let payment = match begun {
         Begun::Replay(p) if p.status == PaymentStatus::Expired => {

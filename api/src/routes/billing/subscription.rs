@@ -8,9 +8,9 @@ use entity::{
 use poem::web::Data;
 use poem_openapi::{payload::Json, Enum, Object, OpenApi};
 
-use super::ApiTags;
+use crate::routes::ApiTags;
 use crate::{
-    auth::{BearerAuth, Gate},
+    identity::bearer::{BearerAuth, Gate},
     payload::JsonBody,
     problem::ApiError,
     state::AppState,
@@ -193,6 +193,8 @@ async fn change_inner(
             "no_subscription",
             "no subscription".into(),
         )),
-        Err(SubscriptionError::Db(e)) => Err(super::db_error("changing the subscription", e)),
+        Err(SubscriptionError::Db(e)) => {
+            Err(crate::routes::db_error("changing the subscription", e))
+        }
     }
 }

@@ -25,9 +25,9 @@ use poem::web::Data;
 use poem_openapi::{param::Query, ApiResponse, OpenApi};
 use worker::oauth::OAuthError;
 
-use super::{auth::AuthResult, ApiTags};
+use crate::{identity::routes::AuthResult, routes::ApiTags};
 use crate::{
-    idp::{urlencode, AuthApiError, Idp},
+    identity::{urlencode, AuthApiError, Idp},
     state::AppState,
 };
 

@@ -1,0 +1,9 @@
+//! Billing: checkout and quotes, the renewal pay link, the subscription
+//! (cancel, resume, change), the payment providers' webhooks.
+
+pub mod pay;
+pub mod payments;
+pub mod plans;
+pub mod reads;
+pub mod subscription;
+pub mod webhooks;

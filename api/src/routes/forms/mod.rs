@@ -1,0 +1,4 @@
+//! Public forms: contact and waitlist.
+
+pub mod contact;
+pub mod waitlist;
