@@ -1,5 +1,5 @@
 -- pgbench: the quota counter's seed, the sum the api runs once per user and
--- month when the Redis counter is absent (entity::ai::tokens_this_month:
+-- month when the Redis counter is absent (entity::ai::limits::tokens_this_month:
 -- user_id = $1 and created_at >= the first of the month, UTC), for a random
 -- bench user (-D users=<count of bench_ai_users>; the user id comes from that
 -- table by its primary key).

@@ -1,4 +1,4 @@
--- pgbench script: the webhook's payment lookup (entity::settlement::record_event:
+-- pgbench script: the webhook's payment lookup (entity::billing::events::record_event:
 -- the payment by order id and provider) for a random seeded payment i in
 -- 1..:rows (order ids as bench/seed_payments.sql writes them; building the
 -- id in SQL costs the same at every table size).

@@ -861,7 +861,7 @@ if want renewals; then
     env -u WORKER_CONCURRENCY -u DB_MAX_CONNECTIONS SCHEDULER_TICK_SECS=5 \
       PAYMENT_PROVIDER=provider_b PROVIDER_B_CLIENT_ID=bench-client-id \
       PROVIDER_B_SECRET_KEY=bench-secret-key-0123456789abcdef PROVIDER_B_BASE_URL=http://$PEER \
-      RUST_LOG="${RENEWAL_LOG:-warn,worker::scheduler=info,worker::jobs::renewal=info}" ${RENEWAL_WORKER_ENV:-} \
+      RUST_LOG="${RENEWAL_LOG:-warn,worker::scheduler=info,worker::jobs::billing::renewal=info}" ${RENEWAL_WORKER_ENV:-} \
       "$BIN/worker" > "$OUT/worker-renewals-$i.out" 2> "$OUT/worker-renewals-$i.err" & pids+=($!)
   done
   EXTRA_PIDS+=("${pids[@]}")

@@ -7,7 +7,7 @@
 //! call into the facade's no-op recorder, and [`enabled`] lets hot paths skip
 //! even reading the clock.
 //!
-//! Series (names and units by Prometheus' conventions; the README lists them
+//! Series (names and units by Prometheus' conventions; docs/operations.md lists them
 //! with their labels):
 //! * [`HTTP_REQUESTS`], [`HTTP_DURATION`], [`HTTP_IN_FLIGHT`], [`HTTP_SHED`],
 //!   [`HTTP_BODIES_IN_TRANSIT`], [`AI_OPEN_STREAMS`], [`RATE_LIMITED`] (api);

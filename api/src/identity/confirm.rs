@@ -604,7 +604,7 @@ impl ConfirmApi {
     /// recovery, invite, email change); with `code` it completes a PKCE flow,
     /// taking the code verifier from the cookie the auth client library
     /// (`@supabase/ssr`) wrote: `sb-<ref>-auth-token-code-verifier` (see the
-    /// README). The check goes to the built-in identity provider, or, when
+    /// docs/identity.md, "`/auth/confirm` and the session cookie"). The check goes to the built-in identity provider, or, when
     /// only an external auth platform is configured, to its
     /// `/auth/v1/verify` and `/auth/v1/token?grant_type=pkce`. On success the
     /// session is set as the HttpOnly cookies `sb-access-token` and

@@ -1,6 +1,6 @@
 //! Environment → typed, validated settings.
 //!
-//! Every variable the service reads is listed here (and in the README). A value
+//! Every variable the service reads is listed here (and in docs/configuration.md). A value
 //! that is present but malformed is an error naming the variable, so the process
 //! stops at start instead of misbehaving later. A *missing* optional credential is
 //! not an error: it makes a feature "not ready" (see [`crate::base::features`]).

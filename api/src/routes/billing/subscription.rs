@@ -92,7 +92,7 @@ impl SubscriptionApi {
     /// (`renewal_plan`; the current plan undoes it): the plan in force and
     /// its period do not change now; the open renewal is replaced by one for
     /// the new plan, and paying it switches to that plan, carrying the
-    /// unused time of the current one (see Plan changes in the README).
+    /// unused time of the current one (see "Plan changes" in docs/billing.md).
     /// Repeating the same action is harmless. The FREE plan has nothing to
     /// cancel or change: 409.
     #[oai(

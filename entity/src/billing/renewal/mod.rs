@@ -1,6 +1,6 @@
 //! The renewal loop (checkouts are one-time payments, so a paid plan is
 //! renewed by the customer paying again): renewal records, reminders, grace
-//! and lapse. Rules in decisions.md, "Subscriptions"; the README's "Renewal"
+//! and lapse. Rules in decisions.md, "Subscriptions"; docs/billing.md's "Renewal"
 //! section has the timeline.
 //!
 //! The scheduler runs four passes, each a keyset-paged scan of what is due

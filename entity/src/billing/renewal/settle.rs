@@ -1,5 +1,5 @@
 //! What a payment made through a renewal's pay link does when it settles
-//! `PAID` (decisions.md, "Subscriptions"; the README's "Renewal"):
+//! `PAID` (decisions.md, "Subscriptions"; docs/billing.md, "Renewal"):
 //!
 //! * [`Fit::Renews`]: the renewal is open and the subscription still runs
 //!   the period it renews (same period end; its plan, or the plan chosen by
