@@ -9,7 +9,7 @@ use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    middleware::{BodyDeadline, BodyLimit, BodyPace, CatchPanics, DrainBody, Observe, Provide},
+    middleware::{BodyDeadline, BodyLimit, CatchPanics, DrainBody, Observe, Provide},
     rate_limit::RateLimiter,
     routes::auth_oauth::AuthOAuthApi,
     routes::confirm::ConfirmApi,
@@ -86,7 +86,10 @@ process (counted once a request's body is in memory), or past `HTTP_BODY_BUDGET_
 request bodies arriving at once, a request is answered at once with 503 `overloaded` and \
 `Retry-After` (seconds); \
 the health checks are never shed, and AI chats and generations are bounded by \
-`AI_MAX_OPEN_STREAMS` open at once instead. Pages on the origins listed in \
+`AI_MAX_OPEN_STREAMS` open at once instead. An avatar upload counts toward \
+`HTTP_MAX_IN_FLIGHT` only while its grant is checked; while its body arrives it counts in a \
+pool of its own (`HTTP_MAX_UPLOADS` per server, `HTTP_MAX_UPLOADS_PER_USER` per user) and must \
+average `UPLOAD_MIN_RATE` bytes per second. Pages on the origins listed in \
 `CORS_ALLOWED_ORIGINS` may call `/api` (but the webhooks), `/auth/v1` and `/storage/v1` \
 with `Authorization: Bearer` (CORS; any other origin gets no CORS headers). Lists answer \
 `{items, next_cursor}` newest first (`limit` 1–100, default 20; `next_cursor` null on the \
@@ -108,20 +111,29 @@ pub fn openapi() -> OpenApiService<Apis, ()> {
 
 /// An API reference page (`build`: Scalar's or Swagger UI's HTML) showing the
 /// served document ([`crate::spec::document`], which poem-openapi's own pages
-/// would not: they embed its unpatched spec). Built per view (a few
-/// milliseconds) rather than held: the pages embed 1.6–3.2 MB of JavaScript
-/// each, which would otherwise sit in every api process's memory, resident
-/// from start, for pages rarely opened.
+/// would not: they embed its unpatched spec). Built at its first view (the
+/// pages embed 1.6–3.2 MB of JavaScript each, so a process whose pages are
+/// never opened does not hold them) and then shared: every answer is a
+/// clone of the same [`bytes::Bytes`], so a reader that stalls (an HTTP/2
+/// stream behind a shut flow-control window) holds a reference, not a copy,
+/// and a view costs no build.
 fn reference_page(
     build: fn(&OpenApiService<Apis, ()>) -> String,
     document: Arc<str>,
 ) -> impl poem::Endpoint<Output = poem::Response> {
+    let page = Arc::new(std::sync::OnceLock::<bytes::Bytes>::new());
     Route::new().at(
         "/",
         poem::endpoint::make_sync(move |_| {
-            let service = openapi();
-            let html = build(&service).replacen(&service.spec(), &document, 1);
-            poem::IntoResponse::into_response(poem::web::Html(html))
+            let html = page.get_or_init(|| {
+                let service = openapi();
+                build(&service)
+                    .replacen(&service.spec(), &document, 1)
+                    .into()
+            });
+            poem::Response::builder()
+                .content_type("text/html; charset=utf-8")
+                .body(html.clone())
         }),
     )
 }
@@ -145,15 +157,12 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let swagger = reference_page(|s| s.swagger_ui_html(), document);
     let endpoint = Arc::new(service.into_endpoint());
     let cors = crate::cors::CorsLayer::new(&state.settings.cors_allowed_origins);
-    let load = crate::shed::Load::new(
-        state.settings.http_max_in_flight,
-        state.settings.ai_max_open_streams,
-        state.settings.http_body_budget,
-    );
+    let load = crate::shed::Load::from_settings(&state.settings);
     // The shedding gate stands behind the body buffer (`BodyLimit`): a slot
     // is taken once the body is in memory, so clients sending theirs slowly
     // hold none (crate::shed).
     let shed = || crate::shed::Shed(load.clone());
+    let max_upload = entity::avatar::MAX_BYTES + crate::routes::storage::MULTIPART_OVERHEAD;
     let limit = || BodyLimit {
         max: BODY_LIMIT,
         load: load.clone(),
@@ -173,13 +182,14 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .with(limit())
                 .with(crate::idp::AuthVersion),
         )
-        // An upload streams through its route, holding its slot while it
-        // arrives; a refused one gives the slot back before its rest is
-        // drained (at most a second of it).
+        // An upload streams through its route: it holds an in-flight slot
+        // while the route checks its grant, then counts in the upload pool
+        // while its body arrives (crate::shed::UploadAdmission); a refused
+        // one has its rest drained (at most a second of it).
         .nest_no_strip(
             "/storage",
             endpoint.with(shed()).with(DrainBody {
-                max_bytes: entity::avatar::MAX_BYTES + crate::routes::storage::MULTIPART_OVERHEAD,
+                max_bytes: max_upload,
                 max_time: Duration::from_secs(1),
             }),
         )
@@ -187,7 +197,7 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         .at("/metrics", crate::metrics::endpoint(load.clone()))
         .nest("/api/docs", docs.with(shed()))
         .nest("/api/swagger", swagger.with(shed()))
-        .with(BodyDeadline(BodyPace::from_settings(&state.settings)))
+        .with(BodyDeadline::from_settings(&state.settings, max_upload))
         .with(Provide(state))
         .with(crate::spec::AllowHeader(allowed))
         .with(CatchPanics)
