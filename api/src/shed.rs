@@ -488,10 +488,6 @@ impl Watched {
                 let live = std::mem::replace(&mut *watch, Watch::Cancelled);
                 drop(watch);
                 tracing::info!("an AI answer's reader stalled (AI_STREAM_STALL_SECS); cancelled");
-                if worker::metrics::enabled() {
-                    metrics::counter!(worker::metrics::HTTP_SHED, "reason" => "ai_stalled")
-                        .increment(1);
-                }
                 drop(live);
                 return;
             }
