@@ -256,6 +256,49 @@ async fn uploads_are_bounded_per_user_and_by_their_floor_rate() {
     );
 }
 
+/// A multipart upload (what storage clients send for a browser `File`)
+/// trickling below `UPLOAD_MIN_RATE` gets 408 `body_timeout` too, not a
+/// 400 for a broken body.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_multipart_upload_gets_408() {
+    let stack = Stack::new().await;
+    let api = stack.api(&stack.session_env(SECRET, SERVICE_KEY)).await;
+    let addr = host_port(&api.base_url);
+    let user = Uuid::new_v4();
+    let grant = ask_grant(&api, &session(user), MAX_AVATAR).await;
+    assert_eq!(grant.status, 200, "grant: {}", grant.text);
+    let token = grant.json["token"].as_str().expect("token");
+    let mut s = TcpStream::connect(&addr).await.expect("connect");
+    let part = "--XyZ\r\ncontent-disposition: form-data; name=\"file\"; filename=\"a.png\"\r\n\
+                content-type: image/png\r\n\r\n";
+    let head = format!(
+        "PUT /storage/v1/object/upload/sign/avatars/{user}/avatar?token={token} HTTP/1.1\r\n\
+         host: {addr}\r\ncontent-type: multipart/form-data; boundary=XyZ\r\n\
+         content-length: {MAX_AVATAR}\r\n\r\n{part}"
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(PNG).await.expect("the first bytes");
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    while started.elapsed() < Duration::from_secs(15) {
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            Err(_) => {
+                let _ = s.write_all(&[0u8; 1024]).await;
+            }
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
 /// `POST /api/profile/avatar` is rate limited per user: 30 grants an hour,
 /// then 429 with `Retry-After` (another user is not affected).
 #[tokio::test(flavor = "multi_thread")]
