@@ -9,7 +9,7 @@ use poem_openapi::OpenApiService;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    middleware::{BodyDeadline, BodyLimit, BodyPace, CatchPanics, DrainBody, Observe, Provide},
+    middleware::{BodyDeadline, BodyLimit, CatchPanics, DrainBody, Observe, Provide},
     openapi::{openapi, Apis},
     rate_limit::RateLimiter,
     state::AppState,
@@ -20,20 +20,29 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// An API reference page (`build`: Scalar's or Swagger UI's HTML) showing the
 /// served document ([`crate::spec::document`], which poem-openapi's own pages
-/// would not: they embed its unpatched spec). Built per view (a few
-/// milliseconds) rather than held: the pages embed 1.6–3.2 MB of JavaScript
-/// each, which would otherwise sit in every api process's memory, resident
-/// from start, for pages rarely opened.
+/// would not: they embed its unpatched spec). Built at its first view (the
+/// pages embed 1.6–3.2 MB of JavaScript each, so a process whose pages are
+/// never opened does not hold them) and then shared: every answer is a
+/// clone of the same [`bytes::Bytes`], so a reader that stalls (an HTTP/2
+/// stream behind a shut flow-control window) holds a reference, not a copy,
+/// and a view costs no build.
 fn reference_page(
     build: fn(&OpenApiService<Apis, ()>) -> String,
     document: Arc<str>,
 ) -> impl poem::Endpoint<Output = poem::Response> {
+    let page = Arc::new(std::sync::OnceLock::<bytes::Bytes>::new());
     Route::new().at(
         "/",
         poem::endpoint::make_sync(move |_| {
-            let service = openapi();
-            let html = build(&service).replacen(&service.spec(), &document, 1);
-            poem::IntoResponse::into_response(poem::web::Html(html))
+            let html = page.get_or_init(|| {
+                let service = openapi();
+                build(&service)
+                    .replacen(&service.spec(), &document, 1)
+                    .into()
+            });
+            poem::Response::builder()
+                .content_type("text/html; charset=utf-8")
+                .body(html.clone())
         }),
     )
 }
@@ -57,15 +66,13 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
     let swagger = reference_page(|s| s.swagger_ui_html(), document);
     let endpoint = Arc::new(service.into_endpoint());
     let cors = crate::cors::CorsLayer::new(&state.settings.cors_allowed_origins);
-    let load = crate::shed::Load::new(
-        state.settings.http_max_in_flight,
-        state.settings.ai_max_open_streams,
-        state.settings.http_body_budget,
-    );
+    let load = crate::shed::Load::from_settings(&state.settings);
     // The shedding gate stands behind the body buffer (`BodyLimit`): a slot
     // is taken once the body is in memory, so clients sending theirs slowly
     // hold none (crate::shed).
     let shed = || crate::shed::Shed(load.clone());
+    let max_upload =
+        entity::accounts::avatar::MAX_BYTES + crate::routes::accounts::storage::MULTIPART_OVERHEAD;
     let limit = || BodyLimit {
         max: BODY_LIMIT,
         load: load.clone(),
@@ -85,14 +92,14 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
                 .with(limit())
                 .with(crate::identity::AuthVersion),
         )
-        // An upload streams through its route, holding its slot while it
-        // arrives; a refused one gives the slot back before its rest is
-        // drained (at most a second of it).
+        // An upload streams through its route: it holds an in-flight slot
+        // while the route checks its grant, then counts in the upload pool
+        // while its body arrives (crate::shed::UploadAdmission); a refused
+        // one has its rest drained (at most a second of it).
         .nest_no_strip(
             "/storage",
             endpoint.with(shed()).with(DrainBody {
-                max_bytes: entity::accounts::avatar::MAX_BYTES
-                    + crate::routes::accounts::storage::MULTIPART_OVERHEAD,
+                max_bytes: max_upload,
                 max_time: Duration::from_secs(1),
             }),
         )
@@ -100,7 +107,7 @@ pub fn app(state: AppState) -> impl poem::Endpoint<Output = poem::Response> {
         .at("/metrics", crate::metrics::endpoint(load.clone()))
         .nest("/api/docs", docs.with(shed()))
         .nest("/api/swagger", swagger.with(shed()))
-        .with(BodyDeadline(BodyPace::from_settings(&state.settings)))
+        .with(BodyDeadline::from_settings(&state.settings, max_upload))
         .with(Provide(state))
         .with(crate::spec::AllowHeader(allowed))
         .with(CatchPanics)

@@ -212,6 +212,7 @@ async fn scrape(req: &Request, load: &Load) -> Response {
     metrics::gauge!(m::HTTP_IN_FLIGHT).set(load.in_flight() as f64);
     metrics::gauge!(m::AI_OPEN_STREAMS).set(load.open_streams() as f64);
     metrics::gauge!(m::HTTP_BODIES_IN_TRANSIT).set(load.bodies_in_transit() as f64);
+    metrics::gauge!(m::HTTP_UPLOADS).set(load.uploads() as f64);
     worker::queue_stats::refresh(&state.db, &state.queues, &state.settings).await;
     Response::builder()
         .content_type("text/plain; version=0.0.4; charset=utf-8")

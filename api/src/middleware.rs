@@ -272,14 +272,42 @@ impl BodyPace {
 /// a client trickling its body holds a connection, a task and its buffered
 /// bytes for seconds, not for the whole deadline. An empty body (a `GET`)
 /// passes as it is.
-pub struct BodyDeadline(pub BodyPace);
+///
+/// A signed upload (`PUT` under [`crate::shed::UPLOADS`]) has its own pace
+/// (`uploads`): it must average `UPLOAD_MIN_RATE` once the grace has passed,
+/// and its deadline is the grace plus its size (the declared
+/// `Content-Length`, else the largest upload) over that rate.
+pub struct BodyDeadline {
+    /// Every other request body's pace.
+    pub pace: BodyPace,
+    /// A signed upload's: `limit` is the grace plus the largest upload's
+    /// bytes over `min_rate`.
+    pub uploads: BodyPace,
+}
+
+impl BodyDeadline {
+    /// From the `HTTP_BODY_*` settings and `UPLOAD_MIN_RATE`; `max_upload`
+    /// is the largest upload body in bytes.
+    pub fn from_settings(s: &entity::Settings, max_upload: u64) -> Self {
+        let rate = s.upload_min_rate.max(1);
+        BodyDeadline {
+            pace: BodyPace::from_settings(s),
+            uploads: BodyPace {
+                limit: s.http_body_rate_grace + Duration::from_secs(max_upload.div_ceil(rate)),
+                min_rate: rate,
+                grace: s.http_body_rate_grace,
+            },
+        }
+    }
+}
 
 impl<E: Endpoint> Middleware<E> for BodyDeadline {
     type Output = BodyDeadlineEndpoint<E>;
     fn transform(&self, ep: E) -> Self::Output {
         BodyDeadlineEndpoint {
             inner: ep,
-            pace: self.0,
+            pace: self.pace,
+            uploads: self.uploads,
         }
     }
 }
@@ -288,6 +316,7 @@ impl<E: Endpoint> Middleware<E> for BodyDeadline {
 pub struct BodyDeadlineEndpoint<E> {
     inner: E,
     pace: BodyPace,
+    uploads: BodyPace,
 }
 
 impl<E: Endpoint> Endpoint for BodyDeadlineEndpoint<E> {
@@ -298,9 +327,27 @@ impl<E: Endpoint> Endpoint for BodyDeadlineEndpoint<E> {
         if body.is_empty() {
             req.set_body(body);
         } else {
+            let upload = req.method() == poem::http::Method::PUT
+                && req.uri().path().starts_with(crate::shed::UPLOADS);
+            let pace = if upload {
+                // The deadline of its size over the floor rate.
+                let declared = req
+                    .headers()
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                let mut pace = self.uploads;
+                if let Some(n) = declared {
+                    let secs = n.div_ceil(pace.min_rate.max(1));
+                    pace.limit = pace.limit.min(pace.grace + Duration::from_secs(secs));
+                }
+                pace
+            } else {
+                self.pace
+            };
             req.set_body(Body::from_bytes_stream(PacedBody::new(
                 body.into_bytes_stream(),
-                self.pace,
+                pace,
             )));
         }
         self.inner.call(req)
@@ -485,7 +532,7 @@ impl<E: Endpoint> Endpoint for DrainBodyEndpoint<E> {
             })
             .await
             .unwrap_or(false);
-            if !drained {
+            if !drained || resp.status() == poem::http::StatusCode::REQUEST_TIMEOUT {
                 resp.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }

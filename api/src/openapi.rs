@@ -92,7 +92,10 @@ process (counted once a request's body is in memory), or past `HTTP_BODY_BUDGET_
 request bodies arriving at once, a request is answered at once with 503 `overloaded` and \
 `Retry-After` (seconds); \
 the health checks are never shed, and AI chats and generations are bounded by \
-`AI_MAX_OPEN_STREAMS` open at once instead. Pages on the origins listed in \
+`AI_MAX_OPEN_STREAMS` open at once instead. An avatar upload counts toward \
+`HTTP_MAX_IN_FLIGHT` only while its grant is checked; while its body arrives it counts in a \
+pool of its own (`HTTP_MAX_UPLOADS` per server, `HTTP_MAX_UPLOADS_PER_USER` per user) and must \
+average `UPLOAD_MIN_RATE` bytes per second. Pages on the origins listed in \
 `CORS_ALLOWED_ORIGINS` may call `/api` (but the webhooks), `/auth/v1` and `/storage/v1` \
 with `Authorization: Bearer` (CORS; any other origin gets no CORS headers). Lists answer \
 `{items, next_cursor}` newest first (`limit` 1–100, default 20; `next_cursor` null on the \

@@ -139,6 +139,9 @@ pub enum ApiError {
     /// 413: the body is larger than allowed.
     #[error("{0}")]
     TooLarge(String),
+    /// 408 `body_timeout`: the request body arrived too slowly.
+    #[error("{0}")]
+    BodyTimeout(String),
     /// 429 with the limit state.
     #[error("rate limit exceeded")]
     RateLimited(RateInfo),
@@ -174,6 +177,7 @@ impl ApiError {
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::Unprocessable(..) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::BadGateway(..) => StatusCode::BAD_GATEWAY,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -194,6 +198,7 @@ impl ApiError {
             | ApiError::Invalid(code, m)
             | ApiError::Forbidden(code, m) => Problem::new(status, code, m.clone(), None),
             ApiError::TooLarge(m) => Problem::new(status, "payload_too_large", m.clone(), None),
+            ApiError::BodyTimeout(m) => Problem::new(status, "body_timeout", m.clone(), None),
             ApiError::RateLimited(r) => Problem::new(
                 status,
                 "rate_limited",

@@ -9,9 +9,14 @@
 //! data rate ([`crate::middleware::BodyDeadline`]) and by a budget of the
 //! bytes they have sent while the rest is awaited, all of them together
 //! (`HTTP_BODY_BUDGET_BYTES`, [`Load::body_bytes`]).
-//! Avatar uploads (`/storage`) stream their body through the handler: they
-//! hold a slot while it arrives (at the minimum rate at least), and a
-//! refused one gives it back before its rest is drained.
+//! Avatar uploads (`PUT /storage/v1/object/upload/…`) stream their body
+//! through the handler: they hold a slot while the route checks the grant
+//! (before a byte of the body is read), give it back before they await the
+//! body ([`UploadAdmission::begin`]), and count in a pool of their own
+//! instead while it arrives: at most `HTTP_MAX_UPLOADS` per process and
+//! `HTTP_MAX_UPLOADS_PER_USER` per user (the grant's subject). Finishing a
+//! received upload (the database transaction, the object put in place)
+//! counts in flight again, without being refused.
 //!
 //! Over HTTP/1 a shed request's answer also closes its connection
 //! (`Connection: close`): a client told to come back later holds no socket,
@@ -56,15 +61,26 @@ pub const AI_GENERATE: &str = "/api/ai/generate";
 /// Paths never shed.
 pub const NEVER_SHED: [&str; 3] = ["/api/health", "/auth/v1/health", "/metrics"];
 
+/// The path prefix of the signed uploads (`PUT`), admitted by
+/// [`UploadAdmission`].
+pub const UPLOADS: &str = "/storage/v1/object/upload/";
+
 /// The counters of one api process (shared with `/metrics`).
 #[derive(Debug, Default)]
 pub struct Load {
     in_flight: AtomicUsize,
     streams: AtomicUsize,
     bodies: AtomicUsize,
+    uploads: AtomicUsize,
+    uploads_by_user: std::sync::Mutex<std::collections::HashMap<uuid::Uuid, usize>>,
     max_in_flight: usize,
     max_streams: usize,
     max_bodies: usize,
+    max_uploads: usize,
+    max_uploads_per_user: usize,
+    /// An AI answer whose reader asks for nothing for this long is
+    /// cancelled (`AI_STREAM_STALL_SECS`; `None`: never).
+    ai_stall: Option<std::time::Duration>,
 }
 
 impl Load {
@@ -75,8 +91,31 @@ impl Load {
             max_in_flight,
             max_streams,
             max_bodies: body_budget,
+            max_uploads: usize::MAX,
+            max_uploads_per_user: usize::MAX,
             ..Default::default()
         })
+    }
+
+    /// The bounds of the settings: `HTTP_MAX_IN_FLIGHT`,
+    /// `AI_MAX_OPEN_STREAMS`, `HTTP_BODY_BUDGET_BYTES`, the upload pool
+    /// (`HTTP_MAX_UPLOADS`, `HTTP_MAX_UPLOADS_PER_USER`) and the stalled AI
+    /// reader's deadline (`AI_STREAM_STALL_SECS`).
+    pub fn from_settings(s: &entity::Settings) -> Arc<Self> {
+        Arc::new(Load {
+            max_in_flight: s.http_max_in_flight,
+            max_streams: s.ai_max_open_streams,
+            max_bodies: s.http_body_budget,
+            max_uploads: s.http_max_uploads,
+            max_uploads_per_user: s.http_max_uploads_per_user,
+            ai_stall: Some(s.ai_stream_stall),
+            ..Default::default()
+        })
+    }
+
+    /// Uploads whose body is arriving (or being finished) now.
+    pub fn uploads(&self) -> usize {
+        self.uploads.load(Ordering::Relaxed)
     }
 
     /// Bytes of request bodies held in the budget now: received and
@@ -171,6 +210,85 @@ impl Drop for Slot {
     }
 }
 
+/// Why an upload was not admitted to the upload pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadRefused {
+    /// The user has `HTTP_MAX_UPLOADS_PER_USER` uploads arriving already.
+    PerUser(usize),
+    /// The process has `HTTP_MAX_UPLOADS` uploads arriving already.
+    Pool,
+}
+
+/// One upload counted in the pool (and for its user) until dropped.
+#[derive(Debug)]
+pub struct UploadSlot {
+    load: Arc<Load>,
+    user: uuid::Uuid,
+}
+
+impl Drop for UploadSlot {
+    fn drop(&mut self) {
+        self.load.uploads.fetch_sub(1, Ordering::AcqRel);
+        let mut by_user = self
+            .load
+            .uploads_by_user
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_user.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                by_user.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// A finishing upload counted in flight (never refused); given back on drop.
+pub struct Finishing(#[allow(dead_code)] Slot);
+
+/// An upload request's admission, in its request extensions: the in-flight
+/// slot taken by the gate while the route checks the grant, and the switch
+/// to the upload pool before the body is awaited.
+pub struct UploadAdmission {
+    load: Arc<Load>,
+    slot: std::sync::Mutex<Option<Slot>>,
+}
+
+impl UploadAdmission {
+    /// Gives the in-flight slot back (the server now waits for the client)
+    /// and counts the upload of `user` in the upload pool instead; refused
+    /// (the slot still given back) past either bound.
+    pub fn begin(&self, user: uuid::Uuid) -> Result<UploadSlot, UploadRefused> {
+        drop(self.slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let load = &self.load;
+        let mut by_user = load
+            .uploads_by_user
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mine = by_user.get(&user).copied().unwrap_or(0);
+        if mine >= load.max_uploads_per_user {
+            return Err(UploadRefused::PerUser(load.max_uploads_per_user));
+        }
+        if load.uploads.fetch_add(1, Ordering::AcqRel) >= load.max_uploads {
+            load.uploads.fetch_sub(1, Ordering::AcqRel);
+            return Err(UploadRefused::Pool);
+        }
+        *by_user.entry(user).or_insert(0) += 1;
+        Ok(UploadSlot {
+            load: load.clone(),
+            user,
+        })
+    }
+
+    /// The body has arrived: the server works again (the transaction, the
+    /// object put in place), counted in flight without a refusal (the work
+    /// of a received upload is not thrown away).
+    pub fn finishing(&self) -> Finishing {
+        self.load.in_flight.fetch_add(1, Ordering::AcqRel);
+        Finishing(Slot(self.load.clone(), in_flight))
+    }
+}
+
 /// The 503 of a shed request: problem details `overloaded`, `Retry-After`.
 pub fn overloaded(detail: &str) -> Response {
     let mut resp =
@@ -222,29 +340,54 @@ impl<E: Endpoint> Endpoint for ShedEndpoint<E> {
             |req: &Request, reason, detail| Either::Left(ready(Ok(shed(req, reason, detail))));
         // `slot` is held until the answer is ready, or with `for_body` until
         // the body's end.
-        let admit = |req, slot: Option<Slot>, for_body: bool| {
+        // An upload's own refusals (its pool, its user's bound) carry
+        // `Retry-After` like a shed request's (`retry`).
+        let stall = self.load.ai_stall;
+        let admit = |req, slot: Option<Slot>, for_body: bool, retry: bool| {
             Either::Right(self.inner.call(req).map(move |r| {
-                let mut resp = r?.into_response();
+                // A route's error answer comes as an error: made the response
+                // here when its headers may change.
+                let mut resp = if retry {
+                    crate::problem::answer(r)
+                } else {
+                    r?.into_response()
+                };
+                let status = resp.status();
+                if retry
+                    && (status == StatusCode::TOO_MANY_REQUESTS
+                        || status == StatusCode::SERVICE_UNAVAILABLE)
+                {
+                    resp.headers_mut()
+                        .entry(header::RETRY_AFTER)
+                        .or_insert(HeaderValue::from(RETRY_AFTER_SECS));
+                }
                 if let Some(slot) = slot.filter(|_| for_body) {
                     // The slot lives as long as the body: the stream's end, or
-                    // the client going away (hyper drops the body), gives it back.
-                    let body = resp.take_body().into_bytes_stream();
-                    let held = body.map(move |chunk| {
-                        let _ = &slot;
-                        chunk
-                    });
-                    resp.set_body(Body::from_bytes_stream(held));
+                    // the client going away (hyper drops the body), gives it
+                    // back; so does a reader that stalls (`stall`).
+                    let body = resp.take_body().into_bytes_stream().boxed();
+                    match stall {
+                        Some(stall) => resp
+                            .set_body(Body::from_bytes_stream(Watched::start(body, slot, stall))),
+                        None => {
+                            let held = body.map(move |chunk| {
+                                let _ = &slot;
+                                chunk
+                            });
+                            resp.set_body(Body::from_bytes_stream(held));
+                        }
+                    }
                 }
                 Ok(resp)
             }))
         };
         let path = req.uri().path();
         if NEVER_SHED.contains(&path) {
-            return admit(req, None, false);
+            return admit(req, None, false, false);
         }
         if (path == AI_CHAT || path == AI_GENERATE) && req.method() == Method::POST {
             return match Slot::take(&self.load, streams, self.load.max_streams) {
-                Some(slot) => admit(req, Some(slot), true),
+                Some(slot) => admit(req, Some(slot), true, false),
                 None => refuse(
                     &req,
                     "ai_streams",
@@ -252,16 +395,141 @@ impl<E: Endpoint> Endpoint for ShedEndpoint<E> {
                 ),
             };
         }
-        if self.load.max_in_flight == 0 {
-            return admit(req, None, false);
-        }
-        match Slot::take(&self.load, in_flight, self.load.max_in_flight) {
-            Some(slot) => admit(req, Some(slot), false),
+        let upload = req.method() == Method::PUT && path.starts_with(UPLOADS);
+        let max = match self.load.max_in_flight {
+            0 if !upload => return admit(req, None, false, false),
+            0 => usize::MAX,
+            n => n,
+        };
+        match Slot::take(&self.load, in_flight, max) {
+            Some(slot) if upload => {
+                // The route gives the slot back before it awaits the body.
+                let mut req = req;
+                req.extensions_mut().insert(Arc::new(UploadAdmission {
+                    load: self.load.clone(),
+                    slot: std::sync::Mutex::new(Some(slot)),
+                }));
+                admit(req, None, false, true)
+            }
+            Some(slot) => admit(req, Some(slot), false, false),
             None => refuse(
                 &req,
                 "in_flight",
                 "the server is handling as many requests as it can (HTTP_MAX_IN_FLIGHT); retry shortly",
             ),
+        }
+    }
+}
+
+type Chunks = futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>;
+
+/// What a watched AI answer holds.
+enum Watch {
+    /// Streaming: the answer's stream (dropping it charges the usage as an
+    /// abort) and its `AI_MAX_OPEN_STREAMS` slot.
+    Live(Chunks, #[allow(dead_code)] Slot),
+    /// Ended normally.
+    Ended,
+    /// Cancelled: its reader stalled.
+    Cancelled,
+}
+
+/// The state a watched AI answer shares with its watchdog.
+struct Watching {
+    watch: std::sync::Mutex<Watch>,
+    started: std::time::Instant,
+    /// Milliseconds since `started` (at least 1) when the body last handed a
+    /// chunk over (or its head was ready) and was not asked for the next
+    /// one since; 0 while it is being asked (waiting for the provider).
+    handed: std::sync::atomic::AtomicU64,
+}
+
+impl Watching {
+    fn now_ms(&self) -> u64 {
+        (self.started.elapsed().as_millis() as u64).max(1)
+    }
+}
+
+/// An AI answer's body whose reader may stall. hyper asks a body for its
+/// next chunk only when it can send it (HTTP/2: the client's flow-control
+/// window is open; HTTP/1: the socket takes more), so an answer not asked
+/// for `stall` after it handed a chunk over (or after its head was ready)
+/// has a reader that stopped reading: its stream is dropped (the provider's
+/// request ends and the usage is charged as an abort) and its slot given
+/// back, instead of holding them until the connection's idle timeout. Its
+/// reader, should it ever ask again, gets an error (the answer is cut off,
+/// never ended as if complete). Waiting for the provider is not a stall: the
+/// body is being asked then.
+struct Watched(Arc<Watching>);
+
+impl Watched {
+    fn start(body: Chunks, slot: Slot, stall: std::time::Duration) -> Self {
+        let shared = Arc::new(Watching {
+            watch: std::sync::Mutex::new(Watch::Live(body, slot)),
+            started: std::time::Instant::now(),
+            handed: std::sync::atomic::AtomicU64::new(1),
+        });
+        let weak = Arc::downgrade(&shared);
+        let stall_ms = stall.as_millis() as u64;
+        let tick = (stall / 4).max(std::time::Duration::from_millis(50));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(w) = weak.upgrade() else { return };
+                let handed = w.handed.load(Ordering::Acquire);
+                if handed == 0 || w.now_ms().saturating_sub(handed) < stall_ms {
+                    continue;
+                }
+                let mut watch = w.watch.lock().unwrap_or_else(|e| e.into_inner());
+                if !matches!(*watch, Watch::Live(..)) {
+                    return;
+                }
+                // Dropped outside the lock: the usage guard queues its record.
+                let live = std::mem::replace(&mut *watch, Watch::Cancelled);
+                drop(watch);
+                tracing::info!("an AI answer's reader stalled (AI_STREAM_STALL_SECS); cancelled");
+                drop(live);
+                return;
+            }
+        });
+        Watched(shared)
+    }
+}
+
+impl futures::Stream for Watched {
+    type Item = std::io::Result<bytes::Bytes>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let w = &self.0;
+        let mut watch = w.watch.lock().unwrap_or_else(|e| e.into_inner());
+        let body = match &mut *watch {
+            Watch::Live(body, _) => body,
+            Watch::Ended => return Poll::Ready(None),
+            Watch::Cancelled => {
+                *watch = Watch::Ended;
+                return Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the reader stalled: the answer was cancelled",
+                ))));
+            }
+        };
+        w.handed.store(0, Ordering::Release);
+        match body.poll_next_unpin(cx) {
+            Poll::Ready(Some(chunk)) => {
+                w.handed.store(w.now_ms(), Ordering::Release);
+                Poll::Ready(Some(chunk))
+            }
+            Poll::Ready(None) => {
+                let ended = std::mem::replace(&mut *watch, Watch::Ended);
+                drop(watch);
+                drop(ended);
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -329,6 +597,52 @@ mod tests {
         assert_eq!(a.held(), 100);
         drop(a);
         assert_eq!(load.bodies_in_transit(), 0, "given back on drop");
+    }
+
+    #[tokio::test]
+    async fn an_ai_answer_whose_reader_stalls_is_cancelled_and_its_slot_given_back() {
+        let load = Load::new(1, 1, 1 << 20);
+        let stall = std::time::Duration::from_millis(200);
+        let (tx, rx) = futures::channel::mpsc::unbounded::<std::io::Result<bytes::Bytes>>();
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        struct Flag(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let flag = Flag(dropped.clone());
+        let upstream = rx
+            .map(move |c| {
+                let _ = &flag;
+                c
+            })
+            .boxed();
+        let slot = Slot::take(&load, streams, 1).expect("a slot");
+        let mut body = Watched::start(upstream, slot, stall);
+        // Asked and waiting for the provider: not a stall.
+        tx.unbounded_send(Ok(bytes::Bytes::from_static(b"a")))
+            .expect("send");
+        assert!(body.next().await.expect("a chunk").is_ok());
+        let waiting = tokio::time::timeout(stall * 3, body.next()).await;
+        assert!(
+            waiting.is_err(),
+            "waiting for the provider ended the answer"
+        );
+        assert_eq!(load.open_streams(), 1);
+        // A chunk handed over and the next never asked for: cancelled.
+        tx.unbounded_send(Ok(bytes::Bytes::from_static(b"b")))
+            .expect("send");
+        assert!(body.next().await.expect("a chunk").is_ok());
+        tokio::time::sleep(stall * 3).await;
+        assert_eq!(load.open_streams(), 0, "the slot was given back");
+        assert!(dropped.load(Ordering::SeqCst), "the upstream was dropped");
+        let cut = body.next().await.expect("an error");
+        assert_eq!(
+            cut.expect_err("cut off").kind(),
+            std::io::ErrorKind::TimedOut
+        );
+        assert!(body.next().await.is_none());
     }
 
     #[tokio::test]

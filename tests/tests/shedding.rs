@@ -1,13 +1,13 @@
 //! Load shedding against the real api: with `HTTP_MAX_IN_FLIGHT=2` and two
-//! requests held open in their route (avatar uploads whose bytes arrive
-//! slowly: an upload streams through its route, so it holds its slot), a
-//! third is answered 503 `overloaded` with `Retry-After` at once; health and
-//! metrics still answer; the 503 carries the CORS headers a page on an
-//! allowed origin needs to read it; once the held requests end, requests are
-//! admitted again. (A JSON body arriving slowly holds no slot: its route
-//! runs once it is in memory, `slow_bodies.rs`.)
+//! requests held open in their route (checkouts waiting on a payment
+//! provider that accepts and never answers: the server works for them, so
+//! they hold their slots), a third is answered 503 `overloaded` with
+//! `Retry-After` at once; health and metrics still answer; the 503 carries
+//! the CORS headers a page on an allowed origin needs to read it; once the
+//! held requests end, requests are admitted again. (A body arriving slowly
+//! holds no slot, JSON or upload: `slow_bodies.rs`, `availability.rs`.)
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 use serde_json::json;
 use tests::{post_json, random_ip, EnvMap, Proc, Reply, Stack};
@@ -19,15 +19,45 @@ const SECRET: &str = "shedding-test-secret-0123456789abcdef0123456789";
 const SERVICE_KEY: &str = "service-role-test-key-0123456789abcdef";
 const ORIGIN: &str = "https://app.example.test";
 
-/// Two slots, uploads that may arrive as slowly as they like, the metrics,
-/// sessions (for the upload grants) and CORS for [`ORIGIN`].
-fn shed_env(stack: &Stack) -> EnvMap {
+/// Two slots, a payment provider at `provider` that may take a minute, the
+/// metrics, sessions (for the checkouts) and CORS for [`ORIGIN`].
+fn shed_env(stack: &Stack, provider: SocketAddr) -> EnvMap {
     stack
         .session_env(SECRET, SERVICE_KEY)
         .with("HTTP_MAX_IN_FLIGHT", "2")
-        .with("HTTP_BODY_MIN_RATE", "0")
+        .with("PROVIDER_B_BASE_URL", format!("http://{provider}"))
+        .with("PROVIDER_TIMEOUT_MS", "60000")
         .with("METRICS_TOKEN", TOKEN)
         .with("CORS_ALLOWED_ORIGINS", ORIGIN)
+}
+
+/// A payment provider that accepts connections and never answers; dropping
+/// it closes them (the checkouts waiting on it then end).
+struct SilentProvider {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SilentProvider {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        SilentProvider { addr, task }
+    }
+}
+
+impl Drop for SilentProvider {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// `http_requests_in_flight` as `/metrics` shows it.
@@ -39,48 +69,38 @@ async fn in_flight(api: &Proc) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Opens a connection and sends an avatar upload's head and the first
-/// bytes of a PNG (granted first); the upload is then in its route, in
-/// flight, until the connection goes away.
-async fn held_upload(api: &Proc) -> TcpStream {
+/// Opens a connection and starts a checkout of a new user (the provider
+/// never answers): it is then in its route, in flight, until the provider
+/// goes away.
+async fn held_checkout(api: &Proc) -> TcpStream {
     let user = Uuid::new_v4();
     let claims = tests::session_claims(&user.to_string(), Some("held@example.com"));
     let session = tests::hs256_token(SECRET.as_bytes(), &claims);
-    let grant = Reply::send(
-        tests::client()
-            .post(api.url("/api/profile/avatar"))
-            .bearer_auth(session)
-            .json(&json!({"fileSize": 4096, "fileType": "image/png"})),
-    )
-    .await;
-    assert_eq!(grant.status, 200, "grant: {}", grant.text);
-    let token = grant.json["token"].as_str().expect("token");
     let addr = tests::host_port(&api.base_url);
     let mut s = TcpStream::connect(&addr).await.expect("connect");
+    let body = json!({"plan": "PRO"}).to_string();
     let head = format!(
-        "PUT /storage/v1/object/upload/sign/avatars/{user}/avatar?token={token} HTTP/1.1\r\n\
-         host: {addr}\r\ncontent-type: image/png\r\ncontent-length: 4096\r\n\r\n"
+        "POST /api/payments HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {session}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
     );
-    s.write_all(head.as_bytes()).await.expect("head");
-    s.write_all(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01")
-        .await
-        .expect("the first bytes");
+    s.write_all(head.as_bytes()).await.expect("request");
     s.flush().await.expect("flush");
     s
 }
 
-/// Holds two uploads and waits until `/metrics` counts both in flight
+/// Holds two checkouts and waits until `/metrics` counts both in flight
 /// (connections are not taken in the order they were opened: probing
 /// before both are in could take the second slot).
 async fn hold_two(api: &Proc) -> (TcpStream, TcpStream) {
-    let (a, b) = (held_upload(api).await, held_upload(api).await);
+    let (a, b) = (held_checkout(api).await, held_checkout(api).await);
     let both = tests::wait_until(Duration::from_secs(20), || async {
         in_flight(api).await.as_deref() == Some("http_requests_in_flight 2")
     })
     .await;
     assert!(
         both,
-        "the held uploads are not both in flight: {:?}; api stderr (tail):\n{}",
+        "the held checkouts are not both in flight: {:?}; api stderr (tail):\n{}",
         in_flight(api).await,
         tests::tail(&api.stderr(), 2000)
     );
@@ -90,7 +110,8 @@ async fn hold_two(api: &Proc) -> (TcpStream, TcpStream) {
 #[tokio::test(flavor = "multi_thread")]
 async fn past_the_bound_requests_get_503_at_once_and_health_still_answers() {
     let stack = Stack::new().await;
-    let api = stack.api(&shed_env(&stack)).await;
+    let provider = SilentProvider::start().await;
+    let api = stack.api(&shed_env(&stack, provider.addr)).await;
     let waitlist = api.url("/api/waitlist");
     let body = |n: u32| json!({"email": format!("w{n}@example.com"), "name": "Wait"});
 
@@ -130,7 +151,9 @@ async fn past_the_bound_requests_get_503_at_once_and_health_still_answers() {
     );
     assert!(m.text.contains("http_requests_in_flight 2"), "{}", m.text);
 
-    // The held uploads end (their clients go away); their slots come back.
+    // The held checkouts end (their provider goes away); their slots come
+    // back.
+    drop(provider);
     drop((a, b));
     let admitted = tests::wait_until(Duration::from_secs(10), || async {
         post_json(&waitlist, &random_ip(), &body(4)).await.status != 503
@@ -145,7 +168,8 @@ async fn past_the_bound_requests_get_503_at_once_and_health_still_answers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_shed_503_carries_the_cors_headers_of_an_allowed_origin() {
     let stack = Stack::new().await;
-    let api = stack.api(&shed_env(&stack)).await;
+    let provider = SilentProvider::start().await;
+    let api = stack.api(&shed_env(&stack, provider.addr)).await;
     let (_a, _b) = hold_two(&api).await;
     let r = Reply::send(
         tests::client()

@@ -2,8 +2,8 @@
 //! naming the dependency that is down (PostgreSQL or Redis, reached through
 //! a [`TcpProxy`] switched off) and 200 again once it is back; the port has
 //! the api's connection protections (a client trickling its request headers
-//! is disconnected after `HTTP_HEADER_TIMEOUT_MS`; an h2c connection sending
-//! only PINGs is closed after `HTTP_IDLE_TIMEOUT_SECS`); one client address
+//! is disconnected after `HTTP_HEADER_TIMEOUT_MS`; a connection is closed once
+//! its requests are answered, an h2c one sending PINGs too); one client address
 //! holds at most 8 of its connections.
 
 use std::time::Duration;
@@ -128,7 +128,9 @@ async fn the_worker_port_disconnects_a_client_trickling_its_headers() {
 }
 
 /// An h2c connection to the worker's port that only sends PINGs after its
-/// request is closed (GOAWAY) `HTTP_IDLE_TIMEOUT_SECS` later, as on the api.
+/// request is closed (GOAWAY): the port closes each connection once its
+/// requests are answered (at the latest `HTTP_IDLE_TIMEOUT_SECS` later, as
+/// on the api).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_worker_port_closes_an_h2c_connection_sending_only_pings() {
     let stack = Stack::new().await;
@@ -149,7 +151,6 @@ async fn the_worker_port_closes_an_h2c_connection_sending_only_pings() {
     )
     .await;
     assert_eq!(c.statuses, [200]);
-    assert!(c.pongs >= 2, "the PINGs were not answered: {c:?}");
     let closed_after = c
         .closed_after
         .unwrap_or_else(|| panic!("an h2c connection sending PINGs was never closed: {c:?}"));

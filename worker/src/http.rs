@@ -14,7 +14,8 @@
 //! Served by the api's server loop ([`crate::server`]) with the api's idle
 //! timeout (`HTTP_IDLE_TIMEOUT_SECS`), a header timeout of at most
 //! [`HEADER_TIMEOUT`], at most [`MAX_CONNECTIONS`] connections and at most
-//! [`MAX_PER_CLIENT`] of them per client address. Keep the port on the
+//! [`MAX_PER_CLIENT`] of them per client address; each connection is
+//! closed once its requests are answered. Keep the port on the
 //! internal network: a client with many addresses can still hold every
 //! connection for [`HEADER_TIMEOUT`] at a time.
 
@@ -123,6 +124,7 @@ pub async fn serve(
         max_connections: MAX_CONNECTIONS,
         max_per_client: Some(MAX_PER_CLIENT),
         header_timeout: from.header_timeout.min(HEADER_TIMEOUT),
+        close_after_answer: true,
         ..from
     };
     let app = Route::new()

@@ -10,7 +10,7 @@
 //! Series (names and units by Prometheus' conventions; docs/operations.md lists them
 //! with their labels):
 //! * [`HTTP_REQUESTS`], [`HTTP_DURATION`], [`HTTP_IN_FLIGHT`], [`HTTP_SHED`],
-//!   [`HTTP_BODIES_IN_TRANSIT`], [`AI_OPEN_STREAMS`], [`RATE_LIMITED`] (api);
+//!   [`HTTP_BODIES_IN_TRANSIT`], [`HTTP_UPLOADS`], [`AI_OPEN_STREAMS`], [`RATE_LIMITED`] (api);
 //! * [`QUEUE_WAITING`], [`QUEUE_SCHEDULED`], [`QUEUE_IN_FLIGHT`], [`QUEUE_DEAD`],
 //!   [`QUEUE_OLDEST_AGE`] (api, read from the queue store on scrape);
 //! * [`JOBS`], [`JOB_DURATION`] (workers);
@@ -37,11 +37,14 @@ pub const HTTP_DURATION: &str = "http_request_duration_seconds";
 /// `http_requests_in_flight`: requests being handled that count toward `HTTP_MAX_IN_FLIGHT`.
 pub const HTTP_IN_FLIGHT: &str = "http_requests_in_flight";
 /// `http_requests_shed_total{reason}`: requests refused with 503 `overloaded`
-/// (`reason`: `in_flight`, `ai_streams` or `body_budget`).
+/// (`reason`: `in_flight`, `ai_streams`, `body_budget` or `uploads`).
 pub const HTTP_SHED: &str = "http_requests_shed_total";
 /// `http_request_body_bytes_in_transit`: bytes of request bodies received
 /// and held while the rest is awaited, counted against `HTTP_BODY_BUDGET_BYTES`.
 pub const HTTP_BODIES_IN_TRANSIT: &str = "http_request_body_bytes_in_transit";
+/// `http_uploads_in_progress`: avatar uploads whose body is arriving (or
+/// being finished), counted against `HTTP_MAX_UPLOADS`.
+pub const HTTP_UPLOADS: &str = "http_uploads_in_progress";
 /// `ai_open_streams`: AI chats and generations open in this process.
 pub const AI_OPEN_STREAMS: &str = "ai_open_streams";
 /// `rate_limit_refusals_total{limit}`: requests refused with 429, by limit name.

@@ -28,10 +28,15 @@
 //!   client keeping its flow-control window shut while it PINGs); a
 //!   connection that moves no byte for that long is closed too, even with a
 //!   request open;
-//! * `max_per_client` (the worker's port; the api has none, since behind a
-//!   proxy every client shares one address): a client address (an IPv4
-//!   address, an IPv6 /64) holding that many open connections has further
-//!   ones closed at once, so one client cannot take every connection;
+//! * `max_per_client` (the worker's port, and the api's when it trusts no
+//!   proxy, `HTTP_MAX_CONNECTIONS_PER_CLIENT`; behind a proxy every client
+//!   shares its address): a client address (an IPv4 address, an IPv6 /64)
+//!   holding that many open connections has further ones closed at once, so
+//!   one client cannot take every connection;
+//! * `close_after_answer` (the worker's port): a connection is closed once
+//!   its requests are answered (HTTP/1 without keep-alive; HTTP/2 is sent a
+//!   `GOAWAY` when its last open stream ends), so clients opening
+//!   connections and leaving them idle hold no slot;
 //! * the body deadline and minimum data rate are per request, in the api's
 //!   middleware (`HTTP_BODY_TIMEOUT_SECS`, `HTTP_BODY_MIN_RATE`).
 //!
@@ -99,18 +104,28 @@ pub struct Limits {
     pub max_per_client: Option<usize>,
     /// Largest single socket read ([`crate::listener::READ_CAP`]).
     pub read_cap: usize,
+    /// Close each connection once its requests are answered (the worker's
+    /// port: a probe or scraper connects per request, so an idle connection
+    /// holds a slot for nothing); HTTP/1 answers without keep-alive, an
+    /// HTTP/2 connection is sent a `GOAWAY` when its last open stream ends.
+    pub close_after_answer: bool,
 }
 
 impl Limits {
     /// The api's: from the settings (`HTTP_HEADER_TIMEOUT_MS`,
-    /// `HTTP_IDLE_TIMEOUT_SECS`, `HTTP_MAX_CONNECTIONS`).
+    /// `HTTP_IDLE_TIMEOUT_SECS`, `HTTP_MAX_CONNECTIONS`, and, when no proxy
+    /// is trusted (`TRUST_PROXY_HOPS=0`: the socket peer is the client),
+    /// `HTTP_MAX_CONNECTIONS_PER_CLIENT`; behind proxies every client shares
+    /// their addresses, so there is no per-client bound).
     pub fn from_settings(s: &entity::Settings) -> Self {
         Limits {
             header_timeout: s.http_header_timeout,
             idle_timeout: s.http_idle_timeout,
             max_connections: s.http_max_connections.max(1),
-            max_per_client: None,
+            max_per_client: (s.trust_proxy_hops == 0 && s.http_max_connections_per_client > 0)
+                .then_some(s.http_max_connections_per_client),
             read_cap: crate::listener::READ_CAP,
+            close_after_answer: false,
         }
     }
 }
@@ -292,6 +307,8 @@ struct Requests {
     last_answered: AtomicU64,
     /// A request's headers have arrived.
     seen: AtomicBool,
+    /// Told when a request ends.
+    ended: tokio::sync::Notify,
 }
 
 impl Requests {
@@ -339,6 +356,7 @@ impl Drop for OpenRequest {
             r.handling.fetch_sub(1, Ordering::AcqRel);
         }
         r.open.fetch_sub(1, Ordering::AcqRel);
+        r.ended.notify_one();
     }
 }
 
@@ -391,6 +409,7 @@ async fn serve_connection<E>(
         last_ended: AtomicU64::new(0),
         last_answered: AtomicU64::new(0),
         seen: AtomicBool::new(false),
+        ended: tokio::sync::Notify::new(),
     });
     let tracked = requests.clone();
     let service = hyper::service::service_fn(move |req| {
@@ -419,7 +438,8 @@ async fn serve_connection<E>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(!limits.close_after_answer);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -451,10 +471,20 @@ async fn serve_connection<E>(
                 let stalled = since(&requests.last_answered);
                 left = left.min(limits.idle_timeout.saturating_sub(stalled));
             }
+            if limits.close_after_answer
+                && requests.seen.load(Ordering::Acquire)
+                && requests.open.load(Ordering::Acquire) == 0
+            {
+                // Answered: closed at once (HTTP/2: GOAWAY).
+                return;
+            }
             if left.is_zero() {
                 return;
             }
-            tokio::time::sleep(left).await;
+            tokio::select! {
+                _ = tokio::time::sleep(left) => {}
+                _ = requests.ended.notified() => {}
+            }
         }
     };
     // The first request's headers, over either protocol (see the module

@@ -257,6 +257,30 @@ pub struct Settings {
     /// api process keeps open at once; past it a new one is answered 503
     /// `overloaded` (default 1000).
     pub ai_max_open_streams: usize,
+    /// `AI_STREAM_STALL_SECS`: an AI answer (chat stream, generation) whose
+    /// reader asks for nothing for this long (a shut HTTP/2 window, a full
+    /// socket) is cancelled, charged as an abort, and its
+    /// `AI_MAX_OPEN_STREAMS` slot given back (default 30, 1–3600).
+    pub ai_stream_stall: Duration,
+    /// `HTTP_MAX_UPLOADS`: avatar uploads one api process receives at once,
+    /// a pool of their own (they hold no `HTTP_MAX_IN_FLIGHT` slot while
+    /// their bytes arrive); past it an upload is answered 503 `overloaded`
+    /// (default 256).
+    pub http_max_uploads: usize,
+    /// `HTTP_MAX_UPLOADS_PER_USER`: uploads one user (the grant's subject)
+    /// may have arriving at once on one api process; past it 429
+    /// `too_many_uploads` (default 2).
+    pub http_max_uploads_per_user: usize,
+    /// `UPLOAD_MIN_RATE`: bytes per second an upload must average once
+    /// `HTTP_BODY_RATE_GRACE_SECS` has passed; its deadline is the grace plus
+    /// its size over this rate, replacing `HTTP_BODY_TIMEOUT_SECS` (default
+    /// 8192; above 1024).
+    pub upload_min_rate: u64,
+    /// `HTTP_MAX_CONNECTIONS_PER_CLIENT`: open connections one client (an
+    /// IPv4 address, an IPv6 /64) may hold on the api when no proxy is
+    /// trusted (`TRUST_PROXY_HOPS=0`); further ones are closed at once.
+    /// Sized for carrier-grade NAT (default 512; `0`: no bound).
+    pub http_max_connections_per_client: usize,
     /// `METRICS_TOKEN`: bearer token of `GET /metrics` (api and worker);
     /// unset: no `/metrics` (404) and nothing recorded.
     pub metrics_token: Option<String>,
@@ -1044,6 +1068,21 @@ impl Settings {
                 1_000_000,
             )?,
             ai_max_open_streams: r.num_or("AI_MAX_OPEN_STREAMS", 1000usize, 1, 1_000_000)?,
+            ai_stream_stall: Duration::from_secs(r.num_or(
+                "AI_STREAM_STALL_SECS",
+                30u64,
+                1,
+                3600,
+            )?),
+            http_max_uploads: r.num_or("HTTP_MAX_UPLOADS", 256usize, 1, 1_000_000)?,
+            http_max_uploads_per_user: r.num_or("HTTP_MAX_UPLOADS_PER_USER", 2usize, 1, 1000)?,
+            upload_min_rate: r.num_or("UPLOAD_MIN_RATE", 8192u64, 1025, 1 << 30)?,
+            http_max_connections_per_client: r.num_or(
+                "HTTP_MAX_CONNECTIONS_PER_CLIENT",
+                512usize,
+                0,
+                1_000_000,
+            )?,
             metrics_token: r.secret("METRICS_TOKEN")?,
             worker_http_port: r
                 .opt("WORKER_HTTP_PORT")

@@ -6,7 +6,7 @@ use entity::{
     Feature,
 };
 use poem::web::Data;
-use poem_openapi::{payload::Json, Object, OpenApi};
+use poem_openapi::{Object, OpenApi};
 
 use crate::routes::ApiTags;
 use crate::{
@@ -62,6 +62,19 @@ pub struct SignedUpload {
     pub signed_url: String,
 }
 
+/// Grants one user may ask for per [`GRANT_WINDOW`] (shared across api
+/// processes in Redis).
+pub const GRANTS_PER_WINDOW: u32 = 30;
+/// The window of [`GRANTS_PER_WINDOW`]: an hour.
+pub const GRANT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+
+crate::limited_ok!(
+    /// The answer of `POST /api/profile/avatar` (rate limited per user).
+    AvatarGrantResponse,
+    SignedUpload,
+    "The signed upload."
+);
+
 crate::problem_responses!(
     /// Errors of `POST /api/profile/avatar`.
     AvatarUploadErrorResponse {
@@ -88,7 +101,8 @@ impl AvatarApi {
     /// (`signedUrl`), then save `avatar_path` = `path` with `POST /api/profile`.
     /// Asked with a token of the built-in provider, the grant is bound to
     /// that session: once it has ended (signed out, or ended by a password
-    /// change) the upload answers 401 `session_not_found`.
+    /// change) the upload answers 401 `session_not_found`. Rate limited per
+    /// user: 30 grants per hour (429 with `Retry-After`).
     #[oai(
         path = "/profile/avatar",
         method = "post",
@@ -100,8 +114,8 @@ impl AvatarApi {
         state: Data<&AppState>,
         auth: BearerAuth,
         body: JsonBody<AvatarUploadRequest>,
-    ) -> Result<Json<SignedUpload>, AvatarUploadErrorResponse> {
-        Ok(Json(create_inner(&state, &auth, body.0).await?))
+    ) -> Result<AvatarGrantResponse, AvatarUploadErrorResponse> {
+        AvatarGrantResponse::from_result(create_inner(&state, &auth, body.0).await)
     }
 }
 
@@ -109,13 +123,22 @@ async fn create_inner(
     state: &AppState,
     auth: &BearerAuth,
     body: AvatarUploadRequest,
-) -> Result<SignedUpload, ApiError> {
+) -> Result<(SignedUpload, crate::problem::RateInfo), ApiError> {
     state.require(Feature::Auth)?;
     let key = state.upload_signing_key()?;
     let (user, session) = state
         .session_and_id(auth, crate::identity::bearer::Gate::ServerWrites)
         .await?;
     let request = UploadRequest::new(body.file_size, &body.file_type)?;
+    let rate = state
+        .limit_user(
+            "avatar_grant",
+            user.user_id,
+            GRANTS_PER_WINDOW,
+            GRANT_WINDOW,
+            std::time::Instant::now() + state.settings.dependency_timeout,
+        )
+        .await?;
     let grant = UploadGrant::new(user.user_id, request, Utc::now()).for_session(session);
     let token = grant.sign(key);
     let signed_url = format!(
@@ -123,10 +146,13 @@ async fn create_inner(
         state.settings.api_external_url.trim_end_matches('/'),
         avatar::object_key_of_path(&grant.path),
     );
-    Ok(SignedUpload {
-        bucket: grant.bucket,
-        path: grant.path,
-        token,
-        signed_url,
-    })
+    Ok((
+        SignedUpload {
+            bucket: grant.bucket,
+            path: grant.path,
+            token,
+            signed_url,
+        },
+        rate,
+    ))
 }

@@ -50,9 +50,11 @@ crate::problem_responses!(
         BadRequest = 400: "The body's type is not the granted one (`type_mismatch`), its bytes are not an image of that type (`invalid_image`), it is empty (`empty_body`), or it could not be read (`invalid_body`).",
         Unauthorized = 401: "No token (`missing_token`), a bad one (`invalid_token`), an expired one (`token_expired`), or one asked for by a session of the built-in provider that has ended since: signed out, or ended by a password change (`session_not_found`).",
         Forbidden = 403: "The token is for another object (`token_path_mismatch`), or its account no longer exists (`unknown_user`).",
+        RequestTimeout = 408: "The body arrived slower than `UPLOAD_MIN_RATE` bytes per second once `HTTP_BODY_RATE_GRACE_SECS` had passed (`body_timeout`); the connection is closed.",
         PayloadTooLarge = 413: "The body is larger than the granted size (declared by `Content-Length`, or counted).",
+        TooManyRequests = 429: "The user (the grant's subject) already has `HTTP_MAX_UPLOADS_PER_USER` uploads arriving on this server (`rate_limited`, with `Retry-After`); checked before the body is read.",
         InternalServerError = 500: "The object could not be stored.",
-        ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`), or the object store (`storage_unavailable`) or the database (`database_unavailable`) is unreachable or slow.",
+        ServiceUnavailable = 503: "Auth is switched off (`feature_disabled`) or server-side writes are not configured (`not_configured`), the object store (`storage_unavailable`) or the database (`database_unavailable`) is unreachable or slow, or the server is receiving `HTTP_MAX_UPLOADS` uploads already (`overloaded`, with `Retry-After`).",
     }
 );
 
@@ -232,7 +234,13 @@ impl StorageApi {
     /// size (declared `Content-Length` and counted bytes) and its leading
     /// bytes must be an image of the granted type. The file streams to the
     /// object store and replaces the previous avatar only once complete; on
-    /// any refusal nothing is written.
+    /// any refusal nothing is written. The body must average
+    /// `UPLOAD_MIN_RATE` bytes per second once `HTTP_BODY_RATE_GRACE_SECS`
+    /// have passed (its deadline is that grace plus its size over that rate),
+    /// else 408 `body_timeout`. While its body arrives an upload counts in
+    /// a pool of its own, not toward `HTTP_MAX_IN_FLIGHT`: at most
+    /// `HTTP_MAX_UPLOADS_PER_USER` per user (429) and `HTTP_MAX_UPLOADS`
+    /// per server (503 `overloaded`).
     #[oai(
         path = "/object/upload/sign/avatars/:user_id/avatar",
         method = "put",
@@ -264,6 +272,10 @@ impl StorageApi {
             token: token.0.as_deref(),
             content_type,
             declared,
+            admission: req
+                .extensions()
+                .get::<std::sync::Arc<crate::shed::UploadAdmission>>()
+                .cloned(),
         };
         Ok(Json(upload_inner(&state, upload, body.0).await?))
     }
@@ -296,6 +308,9 @@ struct Upload<'a> {
     token: Option<&'a str>,
     content_type: &'a str,
     declared: Option<u64>,
+    /// The load-shedding gate's admission (absent when the route is called
+    /// without the gate).
+    admission: Option<std::sync::Arc<crate::shed::UploadAdmission>>,
 }
 
 fn bad(code: &'static str, detail: impl Into<String>) -> ApiError {
@@ -343,6 +358,13 @@ async fn upload_inner(
                 .into(),
         ));
     }
+    // From here the server waits for the client's bytes: the in-flight
+    // slot goes back, the upload counts in its own pool and for its user.
+    let _uploading = match &upload.admission {
+        Some(a) => Some(a.begin(grant.sub).map_err(upload_refused)?),
+        None => None,
+    };
+    let finish = upload.admission.as_deref();
     let granted = grant.content_type;
     let max = grant.max_size;
 
@@ -381,7 +403,13 @@ async fn upload_inner(
                 return Err(type_mismatch(granted, t.essence_str()));
             }
         }
-        store(state, &grant, field.map_err(|e| multipart_error(e, max))).await?
+        store(
+            state,
+            &grant,
+            finish,
+            field.map_err(|e| multipart_error(e, max)),
+        )
+        .await?
     } else {
         if ImageType::from_mime(upload.content_type) != Some(granted) {
             return Err(type_mismatch(granted, upload.content_type));
@@ -389,10 +417,8 @@ async fn upload_inner(
         if upload.declared.is_some_and(|n| n > max) {
             return Err(too_large(max));
         }
-        let stream = body
-            .into_bytes_stream()
-            .map_err(|e| bad("invalid_body", format!("reading the body failed: {e}")));
-        store(state, &grant, stream).await?
+        let stream = body.into_bytes_stream().map_err(body_error);
+        store(state, &grant, finish, stream).await?
     };
     let object_key = avatar::object_key(grant.sub);
     tracing::info!(key = %object_key, bytes = written, "avatar uploaded");
@@ -401,6 +427,34 @@ async fn upload_inner(
         path: grant.path,
         size: written,
     })
+}
+
+/// An upload the upload pool did not admit: 429 past the user's bound
+/// (`HTTP_MAX_UPLOADS_PER_USER`), 503 `overloaded` past the process's
+/// (`HTTP_MAX_UPLOADS`); both with `Retry-After`.
+fn upload_refused(why: crate::shed::UploadRefused) -> ApiError {
+    match why {
+        crate::shed::UploadRefused::PerUser(max) => {
+            let now = chrono::Utc::now().timestamp().max(0) as u64;
+            ApiError::RateLimited(crate::problem::RateInfo {
+                limit: max as u64,
+                remaining: 0,
+                reset: now + crate::shed::RETRY_AFTER_SECS,
+                retry_after: crate::shed::RETRY_AFTER_SECS,
+            })
+        }
+        crate::shed::UploadRefused::Pool => {
+            if worker::metrics::enabled() {
+                metrics::counter!(worker::metrics::HTTP_SHED, "reason" => "uploads").increment(1);
+            }
+            ApiError::Unavailable {
+                code: "overloaded",
+                detail: "the server is receiving as many uploads as it can (HTTP_MAX_UPLOADS); \
+                         retry shortly"
+                    .into(),
+            }
+        }
+    }
 }
 
 fn type_mismatch(granted: ImageType, got: &str) -> ApiError {
@@ -414,11 +468,24 @@ fn type_mismatch(granted: ImageType, got: &str) -> ApiError {
     )
 }
 
+/// A body that could not be read: 408 `body_timeout` when it arrived too
+/// slowly (`UPLOAD_MIN_RATE`), else 400 `invalid_body`.
+fn body_error(e: std::io::Error) -> ApiError {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return ApiError::BodyTimeout(e.to_string());
+    }
+    bad("invalid_body", format!("reading the body failed: {e}"))
+}
+
 fn multipart_error(e: multer::Error, max: u64) -> ApiError {
     match e {
         multer::Error::StreamSizeExceeded { .. } | multer::Error::FieldSizeExceeded { .. } => {
             too_large(max)
         }
+        multer::Error::StreamReadFailed(e) => match e.downcast::<std::io::Error>() {
+            Ok(io) => body_error(*io),
+            Err(e) => bad("invalid_body", format!("multipart body: {e}")),
+        },
         e => bad("invalid_body", format!("multipart body: {e}")),
     }
 }
@@ -467,7 +534,12 @@ where
 /// deletes an upload that completed after the removal it acts on. On any
 /// failure before the object is in place nothing is written. Returns the
 /// bytes written.
-async fn store<S>(state: &AppState, grant: &UploadGrant, file: S) -> Result<u64, ApiError>
+async fn store<S>(
+    state: &AppState,
+    grant: &UploadGrant,
+    admission: Option<&crate::shed::UploadAdmission>,
+    file: S,
+) -> Result<u64, ApiError>
 where
     S: futures::Stream<Item = Result<bytes::Bytes, ApiError>> + Send,
 {
@@ -484,6 +556,8 @@ where
             UploadError::Body(e) => e,
             UploadError::Store(e) => store_error("storing the avatar", e),
         })?;
+    // Received: the server works for it again.
+    let _finishing = admission.map(crate::shed::UploadAdmission::finishing);
     let timeout = state.settings.dependency_timeout;
     let begun = tokio::time::timeout(timeout, avatar::begin_upload(&state.db, grant.sub)).await;
     let (txn, generation) = match begun {

@@ -91,7 +91,8 @@ impl AiApi {
     /// `useChat` with its default transport reads it directly. Accepts the
     /// AI SDK request body and the simple `{role, content}` messages. Usage
     /// is recorded by the worker when the answer ends (also when the client
-    /// goes away or the provider breaks off: marked aborted). A provider
+    /// goes away, stops reading for `AI_STREAM_STALL_SECS` (the answer is
+    /// then cancelled), or the provider breaks off: marked aborted). A provider
     /// failure before any text is a problem answer (502/503/429); after it,
     /// an `error` chunk ends the stream. The AI toggle
     /// (`NEXT_PUBLIC_ENABLE_AI`) only hides AI surfaces: this route still
