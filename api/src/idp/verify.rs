@@ -89,28 +89,22 @@ impl Idp {
         let grant = self.grant();
         let applied = async {
             if row.kind == MailKind::EmailChange.as_str() {
-                let other_half = self
-                    .bounded(otp::outstanding(
-                        &self.db,
-                        row.user_id,
-                        MailKind::EmailChange,
-                    ))
+                // Applies the address this token's request named, once both
+                // of its halves are verified.
+                self.bounded(account::apply_email_change(&self.db, &row))
                     .await??;
-                if !other_half {
-                    self.bounded(account::apply_email_change(&self.db, row.user_id))
-                        .await??;
-                }
             }
-            let signup_id = row
-                .signup_id
-                .filter(|_| row.kind == MailKind::Confirmation.as_str());
+            // The first proof of the address decides, once, what the
+            // account keeps (nothing at a later sign-in).
+            let proof = account::Proof {
+                request_id: row
+                    .signup_id
+                    .filter(|_| row.kind == MailKind::Confirmation.as_str()),
+                flow_state_id: row.flow_state_id,
+                identity_id: None,
+            };
             let confirmed = self
-                .bounded(account::confirm_email(
-                    &self.db,
-                    row.user_id,
-                    &grant,
-                    signup_id,
-                ))
+                .bounded(account::confirm_email(&self.db, row.user_id, &grant, proof))
                 .await??;
             Ok::<_, AuthApiError>(confirmed)
         }

@@ -128,11 +128,15 @@ impl AuthOAuthApi {
     /// and `AUTH_REDIRECT_ALLOW_LIST` becomes `APP_URL`. 400
     /// `validation_failed` for a missing or unknown `provider` or bad PKCE
     /// parameters; 400 `provider_disabled` when the provider is not
-    /// configured (`OAUTH_<P>_CLIENT_ID` / `_SECRET`).
+    /// configured (`OAUTH_<P>_CLIENT_ID` / `_SECRET`). Per-client (IP) limit
+    /// `AUTH_RATE_LIMIT_PER_5MIN` (429 `over_request_rate_limit` with
+    /// `Retry-After`); a started authorization expires after 10 minutes and
+    /// the scheduler deletes it.
     #[oai(path = "/authorize", method = "get", operation_id = "authAuthorize")]
     async fn authorize(
         &self,
         state: Data<&AppState>,
+        req: &poem::Request,
         /// `github` or `google`.
         provider: Query<Option<String>>,
         /// Where the browser goes after the callback.
@@ -147,6 +151,9 @@ impl AuthOAuthApi {
         AuthResult::from(
             async {
                 let idp = idp(&state)?;
+                let rate =
+                    super::auth::limit(&state, req, "auth_authorize", super::auth::general(&state))
+                        .await?;
                 let name = provider
                     .0
                     .as_deref()
@@ -190,7 +197,7 @@ impl AuthOAuthApi {
                     ),
                 )
                 .await?;
-                Ok((Found::Found(started.url), None))
+                Ok((Found::Found(started.url), Some(rate)))
             }
             .await,
         )

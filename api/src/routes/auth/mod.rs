@@ -286,7 +286,7 @@ fn request_id(req: &Request) -> Option<String> {
 }
 
 /// Per-IP limit `name` (`max` per 5 minutes); 429 `over_request_rate_limit`.
-async fn limit(
+pub(crate) async fn limit(
     state: &AppState,
     req: &Request,
     name: &'static str,
@@ -324,7 +324,7 @@ async fn limit_subject(
     }
 }
 
-fn general(state: &AppState) -> u32 {
+pub(crate) fn general(state: &AppState) -> u32 {
     state.settings.auth_rate_limit_per_5min
 }
 
@@ -342,9 +342,13 @@ impl AuthApi {
     /// quietly (200 all the same) within `AUTH_MAIL_INTERVAL_SECS` of the
     /// previous mail to the address or past `AUTH_CONFIRMATION_MAILS_PER_DAY`;
     /// a mail sent voids the address's earlier codes, not its links. A
-    /// confirmation keeps the pre-proof password only when its mail was issued
-    /// for the sign-up that set it and no later sign-up used another one.
-    /// Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// confirmation keeps the pre-proof password and `data` only when its mail
+    /// was issued for the sign-up that set them and no other request (another
+    /// sign-up with another password, a code sign-up, an OAuth sign-in)
+    /// touched the pending account, in either order; for an `ADMIN_EMAILS`
+    /// address none is kept. `data` larger than 4 KiB (as JSON): 422
+    /// `validation_failed` naming `data`, whether or not the address has an
+    /// account. Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/signup", method = "post", operation_id = "authSignUp")]
     async fn signup(
         &self,
@@ -465,9 +469,14 @@ impl AuthApi {
     /// `otp_expired` (its link still works). Code checks per address, known or
     /// not: `AUTH_CODE_FAILURES_PER_HOUR` per hour, then 429
     /// `over_request_rate_limit` with `Retry-After` until the hour is over or a
-    /// link of the address is used; links are never refused by it. A
-    /// confirmation that drops a password chosen before the mailbox was proven
-    /// signs in and mails a set-password notice. Per-IP limit
+    /// link of the address is used; links are never refused by it. The first
+    /// proof of an account's address decides, once, what it keeps: what the
+    /// consumed mail's own request chose (not for an `ADMIN_EMAILS` address),
+    /// nothing else; every other identity, mail token, PKCE flow and session
+    /// of the account is voided. A confirmation that drops a password chosen
+    /// before the mailbox was proven signs in and mails a set-password
+    /// notice. An `email_change` token applies the address its request named,
+    /// once both of that request's mails are verified. Per-IP limit
     /// `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/verify", method = "post", operation_id = "authVerify")]
     async fn verify_post(
@@ -561,8 +570,11 @@ impl AuthApi {
     /// Send a magic link / one-time code
     ///
     /// Queues a mail with a link and a 6-digit code (a confirmation mail for a
-    /// new or unconfirmed user; it drops a password chosen before the mailbox
-    /// was proven). `create_user: false` and an unknown email: 422
+    /// new or unconfirmed user; a code sign-up of an unconfirmed account
+    /// contests it, so its confirmation keeps no password or `data` chosen
+    /// before the mailbox was proven). `data` larger than 4 KiB (as JSON): 422
+    /// `validation_failed` naming `data`, whether or not the address has an
+    /// account. `create_user: false` and an unknown email: 422
     /// `otp_disabled` (the one answer that shows whether an address has an
     /// account, as on the platform). At most one mail of a kind per address per
     /// `AUTH_MAIL_INTERVAL_SECS` (60 s; 429 `over_email_send_rate_limit`).
@@ -682,9 +694,16 @@ impl AuthApi {
 
     /// Update the signed-in user
     ///
-    /// `password` (422 `weak_password` / `same_password`), `email` (a
-    /// confirmation mail to the new address and one to the current one;
-    /// applied when both are verified), `data` (merged into `user_metadata`).
+    /// `password` (422 `weak_password` / `same_password`; voids the account's
+    /// outstanding recovery, magic-link and email-change mails), `email` (a
+    /// confirmation mail to the new address and one to the current one, both
+    /// bound to this request and its address; the mail interval of both
+    /// addresses is claimed before anything is written, so a refused request,
+    /// 429 `over_email_send_rate_limit`, changes nothing; applied, to that
+    /// address only, when both are verified; applying voids the account's
+    /// outstanding recovery and magic-link mails), `data` (merged into
+    /// `user_metadata`; 422 `validation_failed` naming `data` when it would
+    /// grow it past 4 KiB as JSON, while an update that shrinks it is taken).
     /// A request carrying `password` or `email` is limited per IP and per user
     /// (`AUTH_RATE_LIMIT_PER_5MIN` each; 429 `over_request_rate_limit` with
     /// `Retry-After`); `data`-only updates are not.
