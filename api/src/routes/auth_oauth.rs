@@ -208,8 +208,11 @@ impl AuthOAuthApi {
     /// Takes the `state`'s record (single use; at most 10 minutes old by the
     /// database's clock), exchanges `code` at the provider (with the client
     /// secret and our PKCE verifier), reads the profile, creates or links the
-    /// user (an existing account with the same confirmed email is linked only
-    /// when the provider says the address is verified) and answers 302 to
+    /// user (an existing account with the same email is linked only when the
+    /// provider says the address is verified; an unconfirmed one is then
+    /// confirmed by that proof and keeps none of the credentials chosen
+    /// before it; a profile whose data is over 4 KiB as JSON is refused,
+    /// `validation_failed`) and answers 302 to
     /// `redirect_to`: the session in the fragment with `provider_token`
     /// (implicit flow) or `?code=` (PKCE flow). Failures redirect with
     /// `error_code` `bad_oauth_callback` (no state or no code),
