@@ -133,6 +133,9 @@ impl AuthOAuthApi {
     /// `Retry-After`); a started authorization expires after 10 minutes and
     /// the scheduler deletes it.
     #[oai(path = "/authorize", method = "get", operation_id = "authAuthorize")]
+    // One argument per query parameter (poem-openapi), and the request for
+    // the client's address.
+    #[allow(clippy::too_many_arguments)]
     async fn authorize(
         &self,
         state: Data<&AppState>,
