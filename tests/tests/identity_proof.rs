@@ -731,3 +731,60 @@ async fn authorize_is_limited_per_client_and_expired_states_are_purged() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+fn challenge(verifier: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(sha2::Sha256::digest(verifier.as_bytes()))
+}
+
+/// A PKCE flow's parked password is installed only while no password was
+/// set since: the owner who proved the mailbox and chose a password before
+/// the exchange keeps theirs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_pkce_password_never_replaces_one_set_after_the_proof() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let email = "kit@example.com";
+    let (verifier, other) = ("v".repeat(64), "a".repeat(64));
+    for (password, v) in [(PASSWORD, &verifier), (ATTACKER_PASSWORD, &other)] {
+        let r = idp
+            .post(
+                "/signup",
+                &json!({"email": email, "password": password,
+                        "code_challenge": challenge(v), "code_challenge_method": "s256"}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let (_, own) = idp.mail(1).await;
+    idp.mail(2).await;
+    // The owner's link: an auth code, the contested passwords dropped.
+    let r = Reply::send(client().get(format!(
+        "{}?token={}&type=signup&redirect_to=https%3A%2F%2Fapp.example.com%2Fwelcome",
+        idp.url("/verify"),
+        token_hash(&own)
+    )))
+    .await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    let location = r.header("location").unwrap().to_string();
+    let auth_code = location.split("code=").nth(1).expect("?code=").to_string();
+    // The set-password notice: the owner chooses a password now.
+    let (_, notice) = idp.mail(3).await;
+    let s = idp.verify_hash("recovery", &notice).await;
+    assert_eq!(s.status, 200, "{}", s.text);
+    let later = "the owner's later password";
+    let r = idp
+        .put_auth("/user", access(&s.json), &json!({"password": later}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // The exchange still signs in, and leaves that password alone.
+    let r = idp
+        .post(
+            "/token?grant_type=pkce",
+            &json!({"auth_code": auth_code, "code_verifier": verifier}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(idp.sign_in(email, later).await.status, 200);
+}

@@ -509,7 +509,8 @@ pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
 
 /// Installs the password parked on a PKCE flow (the sign-up that started it)
 /// once that flow's exchange presented its verifier; only on a confirmed
-/// account.
+/// account whose password is still the one the first proof left (none): a
+/// password the owner set since (a reset, `PUT /user`) is never replaced.
 pub async fn install_parked_password<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
@@ -521,6 +522,7 @@ pub async fn install_parked_password<C: ConnectionTrait>(
         .col_expr(acc::Column::UpdatedAt, Expr::value(now))
         .filter(acc::Column::UserId.eq(user_id))
         .filter(acc::Column::EmailConfirmedAt.is_not_null())
+        .filter(acc::Column::PasswordHash.is_null())
         .exec(db)
         .await?;
     Ok(())
