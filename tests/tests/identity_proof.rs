@@ -788,3 +788,51 @@ async fn a_parked_pkce_password_never_replaces_one_set_after_the_proof() {
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(idp.sign_in(email, later).await.status, 200);
 }
+
+/// A GitHub sign-in whose provider verified a pending address is that
+/// address's first proof: it links to the pending account (no second user)
+/// and drops what was chosen before it (GoTrue's
+/// `RemoveUnconfirmedIdentities`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_verified_oauth_sign_in_confirms_the_pending_account_and_drops_its_password() {
+    let owner = "lou@example.com";
+    let github = fake_github(owner, true).await;
+    let idp = Idp::start(&[
+        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
+        (
+            "OAUTH_GITHUB_CLIENT_SECRET",
+            "gh-client-secret-0123456789".into(),
+        ),
+        ("OAUTH_GITHUB_BASE_URL", github.uri()),
+        ("OAUTH_GITHUB_API_URL", github.uri()),
+        ("OAUTH_TIMEOUT_MS", "2000".into()),
+    ])
+    .await;
+    let r = idp.signup(owner, ATTACKER_PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mail(1).await;
+    let pending = idp
+        .text(
+            "SELECT user_id::text FROM auth_accounts WHERE email_norm = $1",
+            owner,
+        )
+        .await
+        .expect("the pending account");
+    let back = github_sign_in(&idp, 1).await;
+    let f = fragment_of(&back);
+    let r = idp.get_auth("/user", &f["access_token"]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["id"], pending.as_str(), "{}", r.text);
+    assert!(r.json["email_confirmed_at"].is_string(), "{}", r.text);
+    assert_error(
+        &idp.sign_in(owner, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_eq!(
+        idp.count("SELECT COUNT(*) FROM users WHERE email = $1", owner)
+            .await,
+        1,
+        "one user for the address"
+    );
+}
