@@ -836,3 +836,79 @@ async fn a_verified_oauth_sign_in_confirms_the_pending_account_and_drops_its_pas
         "one user for the address"
     );
 }
+
+/// The email change's one transaction (slots, pending address, tokens) on
+/// the embedded default (SQLite, in-process queue): applied through both
+/// halves; a request refused by the interval changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_email_change_on_sqlite_applies_and_a_refused_one_changes_nothing() {
+    let dir = tests::TempDir::new();
+    let sink = SmtpSink::start().await;
+    let env = tests::EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", tests::plans_file().display().to_string())
+        .with("AUTH_AUTOCONFIRM", "true")
+        .with("EMAIL_FROM", tests::EMAIL_FROM)
+        .with("SMTP_URL", sink.url())
+        .with("APP_URL", APP);
+    let api = tests::Proc::api(&env, &["--with-worker"], dir.path()).await;
+    let post = |path: &str, token: Option<&str>, body: Value| {
+        let mut rb = client()
+            .post(api.url(&format!("/auth/v1{path}")))
+            .header("x-supabase-api-version", "2024-01-01")
+            .json(&body);
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        Reply::send(rb)
+    };
+    let r = post(
+        "/signup",
+        None,
+        json!({"email": "max@example.com", "password": PASSWORD}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let token = r.json["access_token"].as_str().unwrap().to_string();
+    let put = |body: Value| {
+        Reply::send(
+            client()
+                .put(api.url("/auth/v1/user"))
+                .header("x-supabase-api-version", "2024-01-01")
+                .bearer_auth(&token)
+                .json(&body),
+        )
+    };
+    let r = put(json!({"email": "max@example.org"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["new_email"], "max@example.org", "{}", r.text);
+    let r = put(json!({"email": "max@example.net"})).await;
+    assert_error(&r, 429, "over_email_send_rate_limit");
+    let mails = sink.wait_for(2, Duration::from_secs(30)).await;
+    let texts: Vec<String> = mails
+        .iter()
+        .map(|m| {
+            m.data
+                .replace("=\r\n", "")
+                .replace("=\n", "")
+                .replace("=3D", "=")
+        })
+        .collect();
+    for text in &texts {
+        let r = post(
+            "/verify",
+            None,
+            json!({"type": "email_change", "token_hash": token_hash(text)}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let r = post(
+        "/token?grant_type=password",
+        None,
+        json!({"email": "max@example.org", "password": PASSWORD}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], "max@example.org", "{}", r.text);
+}
