@@ -271,13 +271,17 @@ async fn a_refused_email_change_changes_nothing_and_a_change_applies_its_own_add
     let r = idp.get_auth("/user", access(&s)).await;
     assert_eq!(r.json["new_email"], a2, "{}", r.text);
 
-    // Both halves of the A2 request: A2 applies, never V.
+    // Both halves of the A2 request: A2 applies, never V. The first half
+    // answers `{msg}` and signs no one in (GoTrue's secure email change).
     let to_a2 = idp.last_mail_to(5, a2).await;
     let to_a = idp.last_mail_to(5, a).await;
     let r = idp.verify_hash("email_change", &to_a2).await;
     assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.json["msg"].is_string(), "{}", r.text);
+    assert!(r.json.get("access_token").is_none(), "{}", r.text);
     let r = idp.verify_hash("email_change", &to_a).await;
     assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.json["access_token"].is_string(), "{}", r.text);
     let email = idp
         .text(
             "SELECT email FROM auth_accounts WHERE user_id::text = $1",

@@ -18,7 +18,7 @@ use super::ApiTags;
 use crate::{
     idp::{
         AuthApiError, Idp, LinkOutcome, OtpRequest, SessionGrant, SignUp, SignUpOutcome,
-        UpdateUser, UserJson,
+        UpdateUser, UserJson, Verified,
     },
     middleware::RequestId,
     payload::{Mailbox, OpenJsonBody},
@@ -158,6 +158,23 @@ pub struct UpdateUserBody {
 /// `{}`.
 #[derive(Debug, Clone, Object)]
 pub struct Empty {}
+
+/// `{msg}`: the first verified half of an email change (no session).
+#[derive(Debug, Clone, Object)]
+pub struct VerifyMessage {
+    /// `Confirmation link accepted. Please proceed to confirm link sent to
+    /// the other email`.
+    pub msg: String,
+}
+
+/// The verify answer: a session, or the first half of an email change.
+#[derive(Debug, Clone, Union)]
+pub enum VerifyAnswer {
+    /// Signed in.
+    Session(SessionGrant),
+    /// The first half of an email change was accepted; no session.
+    Message(VerifyMessage),
+}
 
 /// The sign-up answer: a session (autoconfirm) or the unconfirmed user.
 #[derive(Debug, Clone, Union)]
@@ -476,7 +493,8 @@ impl AuthApi {
     /// of the account is voided. A confirmation that drops a password chosen
     /// before the mailbox was proven signs in and mails a set-password
     /// notice. An `email_change` token applies the address its request named,
-    /// once both of that request's mails are verified. Per-IP limit
+    /// once both of that request's mails are verified; the first of the two
+    /// answers 200 `{msg}` and no session. Per-IP limit
     /// `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/verify", method = "post", operation_id = "authVerify")]
     async fn verify_post(
@@ -484,7 +502,7 @@ impl AuthApi {
         state: Data<&AppState>,
         req: &Request,
         body: OpenJsonBody<VerifyBody>,
-    ) -> AuthResult<Json<SessionGrant>> {
+    ) -> AuthResult<Json<VerifyAnswer>> {
         AuthResult::from(
             async {
                 let idp = idp(&state)?;
@@ -500,7 +518,11 @@ impl AuthApi {
                         ))
                     }
                 };
-                Ok((Json(s), Some(rate)))
+                let answer = match s {
+                    Verified::Session(s) => VerifyAnswer::Session(*s),
+                    Verified::Message(msg) => VerifyAnswer::Message(VerifyMessage { msg }),
+                };
+                Ok((Json(answer), Some(rate)))
             }
             .await,
         )
@@ -512,7 +534,8 @@ impl AuthApi {
     /// (checked against `APP_URL` and `AUTH_REDIRECT_ALLOW_LIST`, else
     /// `APP_URL`): `#access_token=…&expires_at=…&expires_in=…&refresh_token=…&token_type=bearer&type=…`
     /// (implicit flow) or `?code=…` (PKCE flow), or on failure
-    /// `#error=access_denied&error_code=…&error_description=…`.
+    /// `#error=access_denied&error_code=…&error_description=…`. The first
+    /// verified half of an email change: `#message=…` and no session.
     #[oai(path = "/verify", method = "get", operation_id = "authVerifyLink")]
     async fn verify_get(
         &self,
@@ -544,6 +567,11 @@ impl AuthApi {
                 let sep = if target.contains('?') { '&' } else { '?' };
                 format!("{}{sep}code={}", strip_fragment(&target), crate::idp::urlencode(&code))
             }
+            Ok(LinkOutcome::Message(m)) => format!(
+                "{}#message={}",
+                strip_fragment(&target),
+                crate::idp::urlencode(&m),
+            ),
             Ok(LinkOutcome::Session(s)) => format!(
                 "{}#access_token={}&expires_at={}&expires_in={}&refresh_token={}&token_type=bearer&type={}",
                 strip_fragment(&target),
