@@ -169,6 +169,7 @@ pub struct VerifyMessage {
 
 /// The verify answer: a session, or the first half of an email change.
 #[derive(Debug, Clone, Union)]
+#[allow(clippy::large_enum_variant)] // built once per answer, moved into the body
 pub enum VerifyAnswer {
     /// Signed in.
     Session(SessionGrant),
