@@ -28,7 +28,9 @@
 //!   `AUTH_UNCONFIRMED_TTL_SECS` after their last sign-up and confirmation
 //!   mail are deleted ([`entity::identity::account::delete_unconfirmed`]);
 //!   so are the per-address mail slots and code windows that no longer hold
-//!   anything back ([`entity::identity::otp::delete_stale_address_rows`]).
+//!   anything back ([`entity::identity::otp::delete_stale_address_rows`]),
+//!   and OAuth authorizations past their lifetime
+//!   ([`entity::identity::oauth::delete_expired_states`]).
 //!
 //! One run per tick across workers: on Redis a worker runs a tick only when it
 //! sets the lock `<QUEUE_PREFIX>:scheduler:lock` (`SET NX PX`, expiring just
@@ -66,6 +68,8 @@ pub struct TickReport {
     pub unconfirmed_deleted: u64,
     /// Stale per-address mail slots and code windows deleted.
     pub address_rows_deleted: u64,
+    /// Expired OAuth authorizations (`auth_oauth_states`) deleted.
+    pub oauth_states_deleted: u64,
 }
 
 /// Runs the scheduled jobs until `shutdown`.
@@ -102,6 +106,7 @@ pub async fn run(
                 payments_expired = r.payments_expired,
                 unconfirmed_deleted = r.unconfirmed_deleted,
                 address_rows_deleted = r.address_rows_deleted,
+                oauth_states_deleted = r.oauth_states_deleted,
                 "scheduler tick"
             ),
             Ok(_) => tracing::debug!("scheduler tick: nothing to do"),
@@ -157,6 +162,7 @@ pub async fn run_tick(
     )
     .await?;
     report.address_rows_deleted = entity::identity::otp::delete_stale_address_rows(db).await?;
+    report.oauth_states_deleted = entity::identity::oauth::delete_expired_states(db).await?;
     Ok(report)
 }
 

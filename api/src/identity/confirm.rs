@@ -185,7 +185,21 @@ impl Backend<'_> {
     /// Checks an email link's `token_hash` of `kind`.
     async fn verify(&self, kind: &str, token_hash: &str) -> Result<Session, ConfirmError> {
         match self {
-            Backend::BuiltIn(idp) => built_in(idp.verify_token_hash(kind, token_hash).await),
+            Backend::BuiltIn(idp) => built_in(
+                idp.verify_token_hash(kind, token_hash)
+                    .await
+                    .and_then(|v| match v {
+                        crate::identity::Verified::Session(s) => Ok(*s),
+                        // The first half of an email change signs no one in.
+                        crate::identity::Verified::Message(m) => {
+                            Err(crate::identity::AuthApiError::new(
+                                400,
+                                "email_change_confirmation_pending",
+                                m,
+                            ))
+                        }
+                    }),
+            ),
             Backend::External { url, key } => {
                 external(
                     &format!("{url}/auth/v1/verify"),

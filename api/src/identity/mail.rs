@@ -107,21 +107,27 @@ impl Idp {
             Some(serde_json::Value::Object(m)) => serde_json::Value::Object(m.clone()),
             _ => serde_json::json!({}),
         };
+        // Before anything depends on whether the address has an account.
+        account::check_metadata(&meta)?;
         let existing = self
             .bounded(account::find_by_email(&self.db, &norm))
             .await??;
+        let request = Uuid::new_v4();
         let (user_id, kind, slot) = match existing {
             Some(a) if a.email_confirmed_at.is_some() => {
                 (a.user_id, MailKind::Magiclink, Slot::Claim)
             }
             Some(a) => {
                 self.claim_slot(&norm, MailKind::Confirmation).await?;
-                // A code sign-up after a password sign-up contests the
-                // account: no later confirmation keeps a pre-proof password.
-                let pending = (a.password_hash.is_some() || a.signup_id.is_some())
-                    .then_some(account::CONTESTED);
+                // A code sign-up of a pending account is another request
+                // touching it: the account is contested, and no later
+                // confirmation keeps a pre-proof credential.
                 self.bounded(account::retake_pending(
-                    &self.db, a.user_id, None, meta, pending,
+                    &self.db,
+                    a.user_id,
+                    None,
+                    meta,
+                    Some(account::CONTESTED),
                 ))
                 .await??;
                 self.user_changed(a.user_id);
@@ -136,6 +142,8 @@ impl Idp {
             }
             None => {
                 let grant = self.grant();
+                // The code sign-up is the request that made the account: its
+                // mail is issued for it ([`account::confirm_email`]).
                 let created = self
                     .bounded(account::create(
                         &self.db,
@@ -145,7 +153,7 @@ impl Idp {
                             password_hash: None,
                             user_metadata: meta,
                             confirmed: false,
-                            signup_id: None,
+                            signup_id: Some(request),
                         },
                         &grant,
                     ))
@@ -156,11 +164,14 @@ impl Idp {
                 (a.user_id, MailKind::Confirmation, Slot::Claim)
             }
         };
-        let mail = Outgoing::new(user_id, kind, &email, &norm)
+        let mut mail = Outgoing::new(user_id, kind, &email, &norm)
             .redirect(req.redirect_to)
             .pkce(pkce.as_ref())
             .request(req.request_id)
             .slot(slot);
+        if kind == MailKind::Confirmation {
+            mail = mail.signup(request, None);
+        }
         self.send_mail(mail).await.map(|_| ())
     }
 
@@ -269,9 +280,15 @@ impl Idp {
         .map(|_| ())
     }
 
-    /// The two mails of an email change of `acc` to `new`: one to the new
-    /// address, one to the current one; the change applies when both are
-    /// verified (the platform's "double confirm changes").
+    /// The two mails of an email change of `acc` to `new` (GoTrue's secure
+    /// email change): one to the new address, one to the current one, both
+    /// bound to this one request (its id on both tokens) and the change
+    /// applies when both are verified, to the address this request named.
+    /// The mail slots of both addresses are claimed before anything is
+    /// written, in the transaction that writes the pending address, the
+    /// stamps, the PKCE flow and both tokens: a refused request (429,
+    /// 422 `email_exists`) changes nothing, and `new_email` shows only for a
+    /// request whose mails go out. The request voids the earlier one's tokens.
     pub(super) async fn send_email_change(
         &self,
         acc: &entity::entities::auth_accounts::Model,
@@ -280,39 +297,87 @@ impl Idp {
         pkce: Option<&(String, flow::ChallengeMethod)>,
         request_id: Option<String>,
     ) -> Result<(), AuthApiError> {
-        let new_norm = new.to_ascii_lowercase();
-        self.send_mail(
-            Outgoing::new(acc.user_id, MailKind::EmailChange, new, &new_norm)
-                .redirect(redirect_to)
-                .pkce(pkce)
-                .request(request_id.clone()),
-        )
-        .await?;
+        let from = self.mail_from()?;
+        let (new, new_norm) = account::normalize_email(new)?;
+        let change = Uuid::new_v4();
+        let txn = self.bounded(account::begin(&self.db)).await??;
+        let interval = self.settings.auth_mail_interval_secs;
+        // A read: 422 `email_exists` claims nothing.
+        if self
+            .bounded(account::find_by_email(&txn, &new_norm))
+            .await??
+            .is_some_and(|o| o.user_id != acc.user_id)
+        {
+            return Err(IdentityError::EmailExists.into());
+        }
+        for address in [new_norm.as_str(), acc.email_norm.as_str()] {
+            self.bounded(otp::claim_mail_slot(
+                &txn,
+                address,
+                MailKind::EmailChange,
+                interval,
+                None,
+            ))
+            .await??;
+        }
+        self.bounded(account::request_email_change(
+            &txn,
+            acc.user_id,
+            &new,
+            &new_norm,
+        ))
+        .await??;
         // The PKCE flow (if any) rides on the new address's link.
-        let mut current = Outgoing::new(
+        let to_new = Outgoing::new(acc.user_id, MailKind::EmailChange, &new, &new_norm)
+            .redirect(redirect_to)
+            .pkce(pkce)
+            .request(request_id.clone())
+            .slot(Slot::Claimed)
+            .signup(change, None);
+        let mut to_current = Outgoing::new(
             acc.user_id,
             MailKind::EmailChange,
             &acc.email,
             &acc.email_norm,
         )
         .redirect(redirect_to)
-        .request(request_id);
-        current.slot = Slot::Claimed;
-        current.replace = false;
-        self.send_mail(current).await.map(|_| ())
+        .request(request_id)
+        .slot(Slot::Claimed)
+        .signup(change, None);
+        to_current.replace = false;
+        let first = self.write_mail(&txn, &to_new, from.clone()).await?;
+        let second = self.write_mail(&txn, &to_current, from).await?;
+        self.bounded(txn.commit()).await??;
+        self.user_changed(acc.user_id);
+        self.push_mail(first).await?;
+        self.push_mail(second).await
+    }
+
+    fn mail_from(&self) -> Result<String, AuthApiError> {
+        self.settings.email_from.clone().ok_or_else(|| {
+            AuthApiError::new(
+                500,
+                "email_address_not_authorized",
+                "Error sending email: EMAIL_FROM is not configured",
+            )
+        })
+    }
+
+    async fn push_mail(&self, job: Job) -> Result<(), AuthApiError> {
+        self.queues
+            .push_within(job, self.settings.dependency_timeout)
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "auth: could not queue the mail");
+                AuthApiError::unavailable()
+            })
+            .map(|_| ())
     }
 
     /// Claims the interval slot (per [`Slot`]), issues the token and queues
     /// the mail. `Ok(false)`: held back quietly ([`Slot::Quiet`]), nothing sent.
     pub(super) async fn send_mail(&self, m: Outgoing<'_>) -> Result<bool, AuthApiError> {
-        let Some(from) = self.settings.email_from.clone() else {
-            return Err(AuthApiError::new(
-                500,
-                "email_address_not_authorized",
-                "Error sending email: EMAIL_FROM is not configured",
-            ));
-        };
-        let verify_type = m.kind.verify_type();
+        let from = self.mail_from()?;
         match m.slot {
             Slot::Claim => self.claim_slot(m.to_norm, m.kind).await?,
             Slot::Quiet => match self.claim_slot(m.to_norm, m.kind).await {
@@ -322,17 +387,31 @@ impl Idp {
             },
             Slot::Claimed => {}
         }
-        self.bounded(otp::stamp_mail_sent(&self.db, m.user_id, m.kind))
-            .await??;
+        let job = self.write_mail(&self.db, &m, from).await;
         self.user_changed(m.user_id);
-        let (signup_id, password_hash) = match m.signup {
-            Some((id, hash)) => (Some(id), hash),
+        self.push_mail(job?).await?;
+        Ok(true)
+    }
+
+    /// Writes what a mail needs (the account's stamp, the PKCE flow, the
+    /// token) on `db` and builds its job; the slot is the caller's.
+    async fn write_mail<C: sea_orm::ConnectionTrait>(
+        &self,
+        db: &C,
+        m: &Outgoing<'_>,
+        from: String,
+    ) -> Result<Job, AuthApiError> {
+        let verify_type = m.kind.verify_type();
+        self.bounded(otp::stamp_mail_sent(db, m.user_id, m.kind))
+            .await??;
+        let (signup_id, password_hash) = match &m.signup {
+            Some((id, hash)) => (Some(*id), hash.clone()),
             None => (None, None),
         };
         let flow_id = match m.pkce {
             Some((challenge, method)) => Some(
                 self.bounded(flow::create_flow_state(
-                    &self.db,
+                    db,
                     flow::FlowStart {
                         provider: "email".into(),
                         code_challenge: challenge.clone(),
@@ -354,9 +433,9 @@ impl Idp {
             signup_id,
         };
         let issued = if m.replace {
-            self.bounded(otp::issue(&self.db, issue)).await??
+            self.bounded(otp::issue(db, issue)).await??
         } else {
-            self.bounded(otp::issue_another(&self.db, issue)).await??
+            self.bounded(otp::issue_another(db, issue)).await??
         };
         let redirect = self.redirect_target(m.redirect_to);
         let link_token = if flow_id.is_some() {
@@ -371,7 +450,7 @@ impl Idp {
             verify_type,
             urlencode(&redirect)
         );
-        let job = Job::SendAuthEmail(SendAuthEmail {
+        Ok(Job::SendAuthEmail(SendAuthEmail {
             kind: m.kind,
             from,
             to: m.to.to_string(),
@@ -380,15 +459,7 @@ impl Idp {
             confirmation_url,
             redirect_to: redirect,
             site_url: self.settings.app_url.clone(),
-            request_id: m.request_id,
-        });
-        self.queues
-            .push_within(job, self.settings.dependency_timeout)
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "auth: could not queue the mail");
-                AuthApiError::unavailable()
-            })?;
-        Ok(true)
+            request_id: m.request_id.clone(),
+        }))
     }
 }

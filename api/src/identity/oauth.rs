@@ -128,11 +128,18 @@ impl AuthOAuthApi {
     /// and `AUTH_REDIRECT_ALLOW_LIST` becomes `APP_URL`. 400
     /// `validation_failed` for a missing or unknown `provider` or bad PKCE
     /// parameters; 400 `provider_disabled` when the provider is not
-    /// configured (`OAUTH_<P>_CLIENT_ID` / `_SECRET`).
+    /// configured (`OAUTH_<P>_CLIENT_ID` / `_SECRET`). Per-client (IP) limit
+    /// `AUTH_RATE_LIMIT_PER_5MIN` (429 `over_request_rate_limit` with
+    /// `Retry-After`); a started authorization expires after 10 minutes and
+    /// the scheduler deletes it.
     #[oai(path = "/authorize", method = "get", operation_id = "authAuthorize")]
+    // One argument per query parameter (poem-openapi), and the request for
+    // the client's address.
+    #[allow(clippy::too_many_arguments)]
     async fn authorize(
         &self,
         state: Data<&AppState>,
+        req: &poem::Request,
         /// `github` or `google`.
         provider: Query<Option<String>>,
         /// Where the browser goes after the callback.
@@ -147,6 +154,13 @@ impl AuthOAuthApi {
         AuthResult::from(
             async {
                 let idp = idp(&state)?;
+                let rate = super::routes::limit(
+                    &state,
+                    req,
+                    "auth_authorize",
+                    super::routes::general(&state),
+                )
+                .await?;
                 let name = provider
                     .0
                     .as_deref()
@@ -190,7 +204,7 @@ impl AuthOAuthApi {
                     ),
                 )
                 .await?;
-                Ok((Found::Found(started.url), None))
+                Ok((Found::Found(started.url), Some(rate)))
             }
             .await,
         )
@@ -201,8 +215,11 @@ impl AuthOAuthApi {
     /// Takes the `state`'s record (single use; at most 10 minutes old by the
     /// database's clock), exchanges `code` at the provider (with the client
     /// secret and our PKCE verifier), reads the profile, creates or links the
-    /// user (an existing account with the same confirmed email is linked only
-    /// when the provider says the address is verified) and answers 302 to
+    /// user (an existing account with the same email is linked only when the
+    /// provider says the address is verified; an unconfirmed one is then
+    /// confirmed by that proof and keeps none of the credentials chosen
+    /// before it; a profile whose data is over 4 KiB as JSON is refused,
+    /// `validation_failed`) and answers 302 to
     /// `redirect_to`: the session in the fragment with `provider_token`
     /// (implicit flow) or `?code=` (PKCE flow). Failures redirect with
     /// `error_code` `bad_oauth_callback` (no state or no code),

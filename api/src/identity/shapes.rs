@@ -269,7 +269,25 @@ pub enum LinkOutcome {
     Session(Box<SessionGrant>),
     /// PKCE flow: the auth code for `?code=`.
     Code(String),
+    /// The first half of an email change: accepted, no session (the
+    /// platform's `#message=`).
+    Message(String),
 }
+
+/// The result of a verified mail token (`POST /verify`).
+#[derive(Debug)]
+pub enum Verified {
+    /// Signed in.
+    Session(Box<SessionGrant>),
+    /// The first half of an email change: accepted, no session (the
+    /// platform's 200 `{msg}`).
+    Message(String),
+}
+
+/// What the first verified half of an email change answers, as the
+/// platform words it.
+pub const EMAIL_CHANGE_FIRST_HALF: &str =
+    "Confirmation link accepted. Please proceed to confirm link sent to the other email";
 
 /// What `POST /signup` answers.
 #[derive(Debug)]

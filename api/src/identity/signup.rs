@@ -37,6 +37,8 @@ impl Idp {
             None | Some(serde_json::Value::Null) => serde_json::json!({}),
             Some(_) => return Err(AuthApiError::validation("data must be an object")),
         };
+        // Before anything depends on whether the address has an account.
+        account::check_metadata(&meta)?;
         let (pw, cost) = (
             req.password.to_string(),
             self.settings.auth_password_hash_cost,
@@ -90,15 +92,28 @@ impl Idp {
                 self.issue_session(acc.user_id, "password", "email").await?,
             ))),
             Created::New(acc) => {
-                self.send_mail(
-                    Outgoing::new(acc.user_id, MailKind::Confirmation, &email, &norm)
-                        .redirect(req.redirect_to)
-                        .pkce(pkce.as_ref())
-                        .request(req.request_id.clone())
-                        .slot(Slot::Quiet)
-                        .signup(signup_id, Some(hash)),
-                )
-                .await?;
+                let sent = self
+                    .send_mail(
+                        Outgoing::new(acc.user_id, MailKind::Confirmation, &email, &norm)
+                            .redirect(req.redirect_to)
+                            .pkce(pkce.as_ref())
+                            .request(req.request_id.clone())
+                            .slot(Slot::Quiet)
+                            .signup(signup_id, Some(hash)),
+                    )
+                    .await?;
+                if !sent {
+                    // Held back by the address's interval (a `/resend` just
+                    // claimed it): answered as sent all the same, as a known
+                    // address's look-alike is, so the answer does not tell
+                    // a new address from a known one.
+                    self.bounded(entity::identity::otp::stamp_mail_sent(
+                        &self.db,
+                        acc.user_id,
+                        MailKind::Confirmation,
+                    ))
+                    .await??;
+                }
                 let view = self.bounded(account::load(&self.db, acc.user_id)).await??;
                 Ok(SignUpOutcome::User(Box::new(UserJson::from_view(&view))))
             }
@@ -125,14 +140,14 @@ impl Idp {
                     }
                 }
                 if acc.email_confirmed_at.is_none() {
-                    // Which sign-up the pending password now belongs to: this
-                    // one when none was pending (an account a code sign-up
-                    // made), the same one when its password is repeated, and
-                    // none at all once two sign-ups chose different
-                    // passwords: a contested account, whose confirmation
-                    // keeps no password, whichever mail proves the mailbox.
+                    // Which sign-up the pending password now belongs to: the
+                    // same one when its password is repeated, and none at
+                    // all once another request touched the pending account
+                    // (a sign-up with another password, or a code sign-up or
+                    // OAuth sign-in that made it, in either order): a
+                    // contested account, whose confirmation keeps no
+                    // pre-proof credential, whichever mail proves the mailbox.
                     let pending_id = match (acc.signup_id, acc.password_hash.is_some()) {
-                        (None, false) => signup_id,
                         (Some(previous), true)
                             if previous != account::CONTESTED && same_password =>
                         {

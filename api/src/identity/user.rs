@@ -38,8 +38,11 @@ impl Idp {
     /// ([`REAUTHENTICATION_AFTER_SECS`], database clock) it needs the nonce
     /// mailed by `GET /reauthenticate`: without it 400
     /// `reauthentication_needed`, a wrong or used one 422
-    /// `reauthentication_not_valid`. A new email gets a mail at the new and
-    /// at the current address; it applies when both are verified.
+    /// `reauthentication_not_valid`; it voids the account's outstanding
+    /// recovery, magic-link and email-change mails. A new email gets a mail
+    /// at the new and at the current address, both bound to this request and
+    /// its address ([`Idp::send_email_change`]); it applies when both are
+    /// verified.
     pub async fn update_user(
         &self,
         claims: &AccessClaims,
@@ -71,8 +74,18 @@ impl Idp {
                     Some(claims.session_id),
                 ))
                 .await;
+            // Whoever holds an earlier recovery, magic-link or email-change
+            // mail of the account may no longer use it.
+            let voided = self
+                .bounded(otp::void_kinds(
+                    &self.db,
+                    claims.sub,
+                    &otp::VOIDED_BY_CREDENTIAL_CHANGE,
+                ))
+                .await;
             self.user_changed(claims.sub);
             revoked??;
+            voided??;
         }
         if let Some(data) = req.data {
             match data {
@@ -89,11 +102,8 @@ impl Idp {
             let (new_email, new_norm) = account::normalize_email(new_email)?;
             if new_norm != acc.email_norm {
                 let pkce = flow::pkce_params(req.code_challenge, req.code_challenge_method)?;
-                self.bounded(account::request_email_change(
-                    &self.db, claims.sub, &new_email, &new_norm,
-                ))
-                .await??;
-                self.user_changed(claims.sub);
+                // Slots claimed, then the pending address and both tokens
+                // written, in one transaction: a refused request changes nothing.
                 self.send_email_change(
                     &acc,
                     &new_email,

@@ -9,15 +9,27 @@ use super::*;
 impl Idp {
     /// Verifies a mail's `token_hash` of `kind` (`signup`, `email`,
     /// `magiclink`, `recovery`, `invite`, `email_change`) and signs the user in.
+    /// The first verified half of an email change answers a message and no
+    /// session (GoTrue's secure email change): whoever holds one of the two
+    /// mailboxes is not signed in to the account by it.
     pub async fn verify_token_hash(
         &self,
         kind: &str,
         token_hash: &str,
-    ) -> Result<SessionGrant, AuthApiError> {
-        let (user_id, _) = self
+    ) -> Result<Verified, AuthApiError> {
+        let (user_id, _, first_half) = self
             .consume(kind, otp::Proof::TokenHash(token_hash))
             .await?;
-        self.issue_session(user_id, "otp", "email").await
+        self.verified(user_id, first_half).await
+    }
+
+    async fn verified(&self, user_id: Uuid, first_half: bool) -> Result<Verified, AuthApiError> {
+        if first_half {
+            return Ok(Verified::Message(EMAIL_CHANGE_FIRST_HALF.into()));
+        }
+        Ok(Verified::Session(Box::new(
+            self.issue_session(user_id, "otp", "email").await?,
+        )))
     }
 
     /// Verifies `email` + 6-digit `code` of `kind` and signs the user in.
@@ -26,9 +38,9 @@ impl Idp {
         kind: &str,
         email: &str,
         code: &str,
-    ) -> Result<SessionGrant, AuthApiError> {
+    ) -> Result<Verified, AuthApiError> {
         let (_, norm) = account::normalize_email(email)?;
-        let (user_id, _) = self
+        let (user_id, _, first_half) = self
             .consume(
                 kind,
                 otp::Proof::Code {
@@ -37,7 +49,7 @@ impl Idp {
                 },
             )
             .await?;
-        self.issue_session(user_id, "otp", "email").await
+        self.verified(user_id, first_half).await
     }
 
     /// Verifies a link for `GET /verify`: the user and, when the mail was
@@ -47,9 +59,12 @@ impl Idp {
         kind: &str,
         token_hash: &str,
     ) -> Result<LinkOutcome, AuthApiError> {
-        let (user_id, flow_id) = self
+        let (user_id, flow_id, first_half) = self
             .consume(kind, otp::Proof::TokenHash(token_hash))
             .await?;
+        if first_half {
+            return Ok(LinkOutcome::Message(EMAIL_CHANGE_FIRST_HALF.into()));
+        }
         match flow_id {
             Some(f) => {
                 let code = self
@@ -65,7 +80,8 @@ impl Idp {
 
     /// Consumes a one-time token and applies its effect (confirm the email;
     /// apply an email change once both of its mails are verified); returns
-    /// the user and the PKCE flow, if any. Code checks are bounded per
+    /// the user, the PKCE flow, if any, and whether this was the first half
+    /// of an email change (nothing applied yet). Code checks are bounded per
     /// address (`AUTH_CODE_FAILURES_PER_HOUR`, [`otp::consume`]). When the
     /// confirmation drops a password chosen before the mailbox was proven,
     /// the owner (signed in by the caller) is mailed a notice with a
@@ -74,7 +90,7 @@ impl Idp {
         &self,
         kind: &str,
         proof: otp::Proof<'_>,
-    ) -> Result<(Uuid, Option<Uuid>), AuthApiError> {
+    ) -> Result<(Uuid, Option<Uuid>, bool), AuthApiError> {
         let kinds = otp::kinds_for_type(kind)?;
         let expiry = self.settings.auth_otp_expiry.as_secs() as i64;
         let row = self
@@ -87,30 +103,26 @@ impl Idp {
             ))
             .await??;
         let grant = self.grant();
+        let mut first_half = false;
         let applied = async {
             if row.kind == MailKind::EmailChange.as_str() {
-                let other_half = self
-                    .bounded(otp::outstanding(
-                        &self.db,
-                        row.user_id,
-                        MailKind::EmailChange,
-                    ))
+                // Applies the address this token's request named, once both
+                // of its halves are verified.
+                first_half = !self
+                    .bounded(account::apply_email_change(&self.db, &row))
                     .await??;
-                if !other_half {
-                    self.bounded(account::apply_email_change(&self.db, row.user_id))
-                        .await??;
-                }
             }
-            let signup_id = row
-                .signup_id
-                .filter(|_| row.kind == MailKind::Confirmation.as_str());
+            // The first proof of the address decides, once, what the
+            // account keeps (nothing at a later sign-in).
+            let proof = account::Proof {
+                request_id: row
+                    .signup_id
+                    .filter(|_| row.kind == MailKind::Confirmation.as_str()),
+                flow_state_id: row.flow_state_id,
+                identity_id: None,
+            };
             let confirmed = self
-                .bounded(account::confirm_email(
-                    &self.db,
-                    row.user_id,
-                    &grant,
-                    signup_id,
-                ))
+                .bounded(account::confirm_email(&self.db, row.user_id, &grant, proof))
                 .await??;
             Ok::<_, AuthApiError>(confirmed)
         }
@@ -120,7 +132,7 @@ impl Idp {
         if applied?.password_dropped {
             self.send_password_notice(row.user_id).await;
         }
-        Ok((row.user_id, row.flow_state_id))
+        Ok((row.user_id, row.flow_state_id, first_half))
     }
 
     /// Mails the notice that the confirmation dropped the password chosen

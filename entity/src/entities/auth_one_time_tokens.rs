@@ -30,8 +30,9 @@ pub struct Model {
     /// Wrong codes tried for `relates_to` while this token was outstanding;
     /// at [`crate::identity::otp::MAX_FAILED_ATTEMPTS`] the token is void.
     pub failed_attempts: i32,
-    /// The sign-up this confirmation mail was issued for (or resent for);
-    /// `None` for other mails.
+    /// The request this mail was issued for: the sign-up of a confirmation
+    /// mail (or resent for), the email change both halves of an email change
+    /// belong to; `None` for other mails.
     pub signup_id: Option<Uuid>,
     /// Issued (database clock); expires `AUTH_OTP_EXPIRY_SECS` later.
     pub created_at: DateTimeUtc,

@@ -33,6 +33,24 @@ pub fn normalize_email(raw: &str) -> Result<(String, String), IdentityError> {
     Ok((email, norm))
 }
 
+/// The most `user_metadata` an account stores: 4 KiB of JSON. A larger one
+/// would make every access token of the account too large for the routes
+/// that read it (the metadata rides in the token).
+pub const MAX_USER_METADATA_BYTES: usize = 4096;
+
+/// Refuses `user_metadata` larger than [`MAX_USER_METADATA_BYTES`]: checked
+/// before anything depends on whether the address has an account (sign-up,
+/// code sign-up, OAuth profile), so the answer is the same either way.
+///
+/// # Errors
+/// [`IdentityError::MetadataTooLarge`] (422, naming `data`).
+pub fn check_metadata(meta: &serde_json::Value) -> Result<(), IdentityError> {
+    if meta.to_string().len() > MAX_USER_METADATA_BYTES {
+        return Err(IdentityError::MetadataTooLarge);
+    }
+    Ok(())
+}
+
 /// A user as the provider shows it: the account (absent for users that
 /// never had a built-in account, e.g. seen only through an external token),
 /// the user row, the role and the linked identities.
@@ -259,9 +277,10 @@ async fn insert_identity<C: ConnectionTrait>(
     email: Option<&str>,
     data: serde_json::Value,
     now: chrono::DateTime<chrono::Utc>,
-) -> Result<(), sea_orm::DbErr> {
+) -> Result<Uuid, sea_orm::DbErr> {
+    let id = Uuid::new_v4();
     ident::ActiveModel {
-        id: Set(Uuid::new_v4()),
+        id: Set(id),
         user_id: Set(user_id),
         provider: Set(provider.into()),
         provider_id: Set(provider_id.into()),
@@ -273,7 +292,7 @@ async fn insert_identity<C: ConnectionTrait>(
     }
     .insert(db)
     .await
-    .map(|_| ())
+    .map(|_| id)
 }
 
 /// The `signup_id` of an account whose pending password is contested: two
@@ -293,24 +312,44 @@ pub struct Confirmed {
     pub password_dropped: bool,
 }
 
-/// Marks the email of `user_id` confirmed by a mail issued for the sign-up
-/// `signup_id` (`None`: a magic link, code sign-up, recovery or email-change
-/// mail). First time only; later calls keep the first time and change nothing.
+/// What proved the mailbox at a first confirmation ([`confirm_email`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Proof {
+    /// The request the consumed mail was issued for (a confirmation mail's
+    /// sign-up or code sign-up; `None` for other mails).
+    pub request_id: Option<Uuid>,
+    /// The consumed mail's PKCE flow: kept (its auth code is issued next).
+    pub flow_state_id: Option<Uuid>,
+    /// The identity of an OAuth sign-in whose provider verified the address:
+    /// kept.
+    pub identity_id: Option<Uuid>,
+}
+
+/// The one function that decides, once, what an account keeps when the
+/// owner of its mailbox first proves it (a link or code of `/verify`, or an
+/// OAuth provider that verified the address): from then on the account is
+/// theirs alone. Later calls (the address is confirmed) change nothing.
 ///
-/// At the first confirmation a password chosen before the mailbox was proven
-/// survives only when the mail was issued for the sign-up that set it and no
-/// later sign-up used another password (`signup_id` equals the account's;
-/// every sign-up with another password, sent or held back, renews the
-/// account's). Otherwise it is dropped (one conditional UPDATE each way, so
-/// exactly one wins). The confirmation links left are voided, and `admin`
-/// is granted when the email is in `grant` (`ADMIN_EMAILS`) and no linked
-/// identity but `email` remains (no credential chosen by someone else), with a
-/// `role.grant` audit row. Admins stay admins.
+/// A credential chosen before the proof (password, `user_metadata`)
+/// survives only when the consumed mail was issued for the request that
+/// created it and no other request touched the pending account since
+/// (`proof.request_id` equals the account's `signup_id`, which every other
+/// sign-up, code sign-up or OAuth sign-in turns into [`CONTESTED`]); as in
+/// GoTrue, whoever consumes the mail of a sole request adopts its
+/// credentials. For an `ADMIN_EMAILS` address none survives. Every identity
+/// but `email` (and the proving OAuth identity) is removed (GoTrue's
+/// `RemoveUnconfirmedIdentities`); the account's other mail tokens, PKCE flow
+/// states (but the consumed mail's) and sessions are voided, so the acting
+/// session, made after this, is the only one. One conditional UPDATE
+/// confirms, on the credentials as read, so a concurrent sign-up cannot slip
+/// a credential in (it is retried, then everything pre-proof is dropped).
+/// `admin` is granted when the email is in `grant` (`ADMIN_EMAILS`), with a
+/// `role.grant` audit row; admins stay admins.
 pub async fn confirm_email<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
     grant: &AdminGrant<'_>,
-    signup_id: Option<Uuid>,
+    proof: Proof,
 ) -> Result<Confirmed, IdentityError> {
     let now = crate::base::db::now(db).await?;
     let confirm = || {
@@ -321,33 +360,53 @@ pub async fn confirm_email<C: ConnectionTrait>(
             .filter(acc::Column::UserId.eq(user_id))
             .filter(acc::Column::EmailConfirmedAt.is_null())
     };
+    let drop_all = |q: sea_orm::UpdateMany<acc::Entity>| {
+        q.col_expr(
+            acc::Column::PasswordHash,
+            Expr::value(Option::<String>::None),
+        )
+        .col_expr(acc::Column::UserMetadata, Expr::value("{}"))
+    };
     let mut outcome = Confirmed::default();
-    if let Some(s) = signup_id.filter(|s| *s != CONTESTED) {
-        outcome.first = confirm()
-            .filter(acc::Column::SignupId.eq(s))
-            .exec(db)
-            .await?
-            .rows_affected
-            == 1;
+    for _ in 0..3 {
+        let Some(a) = acc::Entity::find_by_id(user_id).one(db).await? else {
+            return Ok(outcome);
+        };
+        if a.email_confirmed_at.is_some() {
+            return Ok(outcome);
+        }
+        let admin_address = crate::accounts::users::is_admin_email(Some(&a.email), grant.emails);
+        let covered = !admin_address
+            && matches!(
+                (proof.request_id, a.signup_id),
+                (Some(mail), Some(pending)) if mail == pending && pending != CONTESTED
+            );
+        let mut q = confirm()
+            .filter(match a.signup_id {
+                Some(s) => acc::Column::SignupId.eq(s),
+                None => acc::Column::SignupId.is_null(),
+            })
+            .filter(match &a.password_hash {
+                Some(h) => acc::Column::PasswordHash.eq(h.as_str()),
+                None => acc::Column::PasswordHash.is_null(),
+            })
+            .filter(acc::Column::UserMetadata.eq(a.user_metadata.as_str()));
+        if !covered {
+            q = drop_all(q);
+        }
+        if q.exec(db).await?.rows_affected == 1 {
+            outcome.first = true;
+            outcome.password_dropped = !covered && a.password_hash.is_some();
+            break;
+        }
     }
     if !outcome.first {
-        outcome.first = confirm()
-            .col_expr(
-                acc::Column::PasswordHash,
-                Expr::value(Option::<String>::None),
-            )
-            .filter(acc::Column::PasswordHash.is_not_null())
-            .exec(db)
-            .await?
-            .rows_affected
-            == 1;
+        // Still changing under us: nothing pre-proof survives.
+        outcome.first = drop_all(confirm()).exec(db).await?.rows_affected == 1;
         outcome.password_dropped = outcome.first;
     }
-    if !outcome.first {
-        outcome.first = confirm().exec(db).await?.rows_affected == 1;
-    }
     if outcome.first {
-        super::otp::void_kind(db, user_id, super::otp::MailKind::Confirmation).await?;
+        first_proof_voids(db, user_id, proof).await?;
         let account = acc::Entity::find_by_id(user_id).one(db).await?;
         if let Some(a) = &account {
             // The mailbox is proven: its owner may ask for a magic link at
@@ -355,14 +414,8 @@ pub async fn confirm_email<C: ConnectionTrait>(
             super::otp::release_confirmation_slot(db, &a.email_norm).await?;
         }
         let email = account.map(|a| a.email);
-        let others = ident::Entity::find()
-            .filter(ident::Column::UserId.eq(user_id))
-            .filter(ident::Column::Provider.ne("email"))
-            .one(db)
-            .await?
-            .is_some();
         let id = Identity { user_id, email };
-        if let Some(by) = grant.grant_reason(&id).filter(|_| !others) {
+        if let Some(by) = grant.grant_reason(&id) {
             let promoted = user_roles::Entity::update_many()
                 .col_expr(user_roles::Column::Role, Expr::value(Role::Admin.as_str()))
                 .col_expr(user_roles::Column::UpdatedAt, Expr::value(now))
@@ -377,6 +430,31 @@ pub async fn confirm_email<C: ConnectionTrait>(
         }
     }
     Ok(outcome)
+}
+
+/// What the first proof voids ([`confirm_email`]): identities but `email`
+/// and the proving one, every other mail token, PKCE flow state (but the
+/// consumed mail's) and session of the account.
+async fn first_proof_voids<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    proof: Proof,
+) -> Result<(), IdentityError> {
+    use crate::entities::auth_flow_states as fs;
+    let mut identities = ident::Entity::delete_many()
+        .filter(ident::Column::UserId.eq(user_id))
+        .filter(ident::Column::Provider.ne("email"));
+    if let Some(keep) = proof.identity_id {
+        identities = identities.filter(ident::Column::Id.ne(keep));
+    }
+    identities.exec(db).await?;
+    super::otp::void_all(db, user_id).await?;
+    let mut flows = fs::Entity::delete_many().filter(fs::Column::UserId.eq(user_id));
+    if let Some(keep) = proof.flow_state_id {
+        flows = flows.filter(fs::Column::Id.ne(keep));
+    }
+    flows.exec(db).await?;
+    super::sessions::revoke_others(db, user_id, None).await
 }
 
 /// A later sign-up (or code sign-up) of an account whose email is not
@@ -431,7 +509,8 @@ pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
 
 /// Installs the password parked on a PKCE flow (the sign-up that started it)
 /// once that flow's exchange presented its verifier; only on a confirmed
-/// account.
+/// account whose password is still the one the first proof left (none): a
+/// password the owner set since (a reset, `PUT /user`) is never replaced.
 pub async fn install_parked_password<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
@@ -443,6 +522,7 @@ pub async fn install_parked_password<C: ConnectionTrait>(
         .col_expr(acc::Column::UpdatedAt, Expr::value(now))
         .filter(acc::Column::UserId.eq(user_id))
         .filter(acc::Column::EmailConfirmedAt.is_not_null())
+        .filter(acc::Column::PasswordHash.is_null())
         .exec(db)
         .await?;
     Ok(())
@@ -528,6 +608,9 @@ pub async fn set_password<C: ConnectionTrait>(
 }
 
 /// Merges `data` into `user_metadata` (top-level keys; `null` removes a key).
+/// Refused ([`IdentityError::MetadataTooLarge`]) only when the result is
+/// larger than [`MAX_USER_METADATA_BYTES`] and larger than before, so an
+/// account already over the cap can always shrink it.
 pub async fn merge_metadata<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
@@ -545,12 +628,13 @@ pub async fn merge_metadata<C: ConnectionTrait>(
             meta.insert(k.clone(), v.clone());
         }
     }
+    let merged = serde_json::Value::Object(meta).to_string();
+    if merged.len() > MAX_USER_METADATA_BYTES && merged.len() > a.user_metadata.len() {
+        return Err(IdentityError::MetadataTooLarge);
+    }
     let now = crate::base::db::now(db).await?;
     acc::Entity::update_many()
-        .col_expr(
-            acc::Column::UserMetadata,
-            Expr::value(serde_json::Value::Object(meta).to_string()),
-        )
+        .col_expr(acc::Column::UserMetadata, Expr::value(merged))
         .col_expr(acc::Column::UpdatedAt, Expr::value(now))
         .filter(acc::Column::UserId.eq(user_id))
         .exec(db)
@@ -581,23 +665,57 @@ pub async fn request_email_change<C: ConnectionTrait>(
     Ok(())
 }
 
-/// Applies the pending email change of `user_id` (the new address was
-/// proven by its mail): email, `users.email` and the `email` identity.
+/// A write transaction (SQLite: `BEGIN IMMEDIATE`), for the email change
+/// that claims its mail slots and writes its tokens together.
+pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, IdentityError> {
+    Ok(crate::base::db::begin_write(db).await?)
+}
+
+/// After the email-change token `consumed` was consumed: applies the change
+/// once both halves of its request are (returns `true`), else nothing
+/// (`false`, the first half). Only the address that request named is
+/// applied: the new address's half must have been mailed to the pending
+/// address (`email_change`, written in the transaction that issued both
+/// halves), and the change applies in one conditional UPDATE only while no
+/// email-change token of the account is outstanding (a later request's
+/// would be). Applying voids the account's outstanding recovery, magic-link
+/// and email-change tokens (mailed to the old address).
 ///
 /// # Errors
-/// [`IdentityError::OtpExpired`] without a pending change;
-/// [`IdentityError::EmailExists`] when the address was taken meanwhile.
+/// [`IdentityError::OtpExpired`] when the token does not belong to the
+/// pending change; [`IdentityError::EmailExists`] when the address was taken
+/// meanwhile.
 pub async fn apply_email_change<C: ConnectionTrait>(
     db: &C,
-    user_id: Uuid,
-) -> Result<(), IdentityError> {
+    consumed: &crate::entities::auth_one_time_tokens::Model,
+) -> Result<bool, IdentityError> {
+    use crate::entities::auth_one_time_tokens as ott;
+    use sea_orm::sea_query::{ExprTrait, Query};
+    let user_id = consumed.user_id;
     let Some(a) = acc::Entity::find_by_id(user_id).one(db).await? else {
         return Err(IdentityError::UserNotFound);
     };
-    let Some(new_email) = a.email_change else {
+    let Some(new_email) = a.email_change.clone() else {
         return Err(IdentityError::OtpExpired);
     };
     let norm = new_email.to_ascii_lowercase();
+    // Each half was mailed either to the current or to the pending address.
+    match consumed.relates_to.as_deref() {
+        Some(to) if to == norm || to == a.email_norm => {}
+        _ => return Err(IdentityError::OtpExpired),
+    }
+    if super::otp::other_half_outstanding(db, user_id, consumed.signup_id).await? {
+        return Ok(false);
+    }
+    let outstanding = Query::select()
+        .expr(Expr::val(1))
+        .from(ott::Entity)
+        .and_where(Expr::col((ott::Entity, ott::Column::UserId)).eq(user_id))
+        .and_where(
+            Expr::col((ott::Entity, ott::Column::Kind))
+                .eq(super::otp::MailKind::EmailChange.as_str()),
+        )
+        .to_owned();
     let now = crate::base::db::now(db).await?;
     let res = acc::Entity::update_many()
         .col_expr(acc::Column::Email, Expr::value(new_email.clone()))
@@ -608,10 +726,13 @@ pub async fn apply_email_change<C: ConnectionTrait>(
         )
         .col_expr(acc::Column::UpdatedAt, Expr::value(now))
         .filter(acc::Column::UserId.eq(user_id))
+        .filter(acc::Column::EmailChange.eq(new_email.as_str()))
+        .filter(Expr::exists(outstanding).not())
         .exec(db)
         .await;
     match res {
-        Ok(_) => {}
+        Ok(r) if r.rows_affected == 1 => {}
+        Ok(_) => return Err(IdentityError::OtpExpired),
         Err(e) if is_unique_violation(&e) => return Err(IdentityError::EmailExists),
         Err(e) => return Err(e.into()),
     }
@@ -626,7 +747,8 @@ pub async fn apply_email_change<C: ConnectionTrait>(
         .filter(ident::Column::Provider.eq("email"))
         .exec(db)
         .await?;
-    Ok(())
+    super::otp::void_kinds(db, user_id, &super::otp::VOIDED_BY_CREDENTIAL_CHANGE).await?;
+    Ok(true)
 }
 
 /// A profile from an OAuth provider.
@@ -659,6 +781,7 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
             "provider and provider_id are required".into(),
         ));
     }
+    check_metadata(&profile.user_metadata)?;
     let linked = ident::Entity::find()
         .filter(ident::Column::Provider.eq(profile.provider.as_str()))
         .filter(ident::Column::ProviderId.eq(profile.provider_id.as_str()))
@@ -684,24 +807,40 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
     let verified = profile.email_verified && email.is_some();
     if let (true, Some((_, norm))) = (verified, &email) {
         if let Some(a) = find_by_email(db, norm).await? {
-            if a.email_confirmed_at.is_some() {
-                let res = insert_identity(
-                    db,
-                    a.user_id,
-                    &profile.provider,
-                    &profile.provider_id,
-                    Some(&a.email),
-                    profile.user_metadata.clone(),
-                    now,
-                )
-                .await;
-                return match res {
-                    Ok(()) => Ok(a.user_id),
-                    // A concurrent callback linked it first.
-                    Err(e) if is_unique_violation(&e) => linked_user(db, profile).await,
-                    Err(e) => Err(e.into()),
-                };
+            // A confirmed account is linked; a pending one too, and the
+            // provider's proof of the address is its first proof: what was
+            // chosen before it is dropped (GoTrue's
+            // `RemoveUnconfirmedIdentities`), see [`confirm_email`].
+            let res = insert_identity(
+                db,
+                a.user_id,
+                &profile.provider,
+                &profile.provider_id,
+                Some(&a.email),
+                profile.user_metadata.clone(),
+                now,
+            )
+            .await;
+            if a.email_confirmed_at.is_none() {
+                if let Ok(identity_id) = res {
+                    confirm_email(
+                        db,
+                        a.user_id,
+                        grant,
+                        Proof {
+                            identity_id: Some(identity_id),
+                            ..Proof::default()
+                        },
+                    )
+                    .await?;
+                }
             }
+            return match res {
+                Ok(_) => Ok(a.user_id),
+                // A concurrent callback linked it first.
+                Err(e) if is_unique_violation(&e) => linked_user(db, profile).await,
+                Err(e) => Err(e.into()),
+            };
         }
     }
     // New account. Without a verified email, an email already used by a
@@ -727,7 +866,9 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
                     email_norm: Set(norm.clone()),
                     password_hash: Set(None),
                     email_confirmed_at: Set(verified.then_some(now)),
-                    signup_id: Set(None),
+                    // An unverified sign-in touched the address before its
+                    // owner proved it: nothing it chose survives the proof.
+                    signup_id: Set((!verified).then_some(CONTESTED)),
                     email_change: Set(None),
                     confirmation_sent_at: Set(None),
                     recovery_sent_at: Set(None),
@@ -753,6 +894,7 @@ pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
             now,
         )
         .await
+        .map(|_| ())
     }
     .await;
     match result {

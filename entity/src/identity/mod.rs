@@ -92,6 +92,10 @@ pub enum IdentityError {
     /// A field is missing or malformed (the message names it).
     #[error("{0}")]
     Validation(String),
+    /// `data` would make the stored `user_metadata` larger than
+    /// [`account::MAX_USER_METADATA_BYTES`].
+    #[error("data: user_metadata may be at most 4096 bytes (JSON) stored")]
+    MetadataTooLarge,
     /// The database failed.
     #[error("database: {0}")]
     Db(#[from] DbErr),
@@ -119,7 +123,7 @@ impl IdentityError {
             Self::RefreshTokenNotFound => "refresh_token_not_found",
             Self::RefreshTokenAlreadyUsed { .. } => "refresh_token_already_used",
             Self::UserNotFound => "user_not_found",
-            Self::Validation(_) => "validation_failed",
+            Self::Validation(_) | Self::MetadataTooLarge => "validation_failed",
             Self::Db(_) => "unexpected_failure",
         }
     }
@@ -141,7 +145,8 @@ impl IdentityError {
             | Self::WeakPassword { .. }
             | Self::SamePassword
             | Self::FlowStateExpired
-            | Self::ReauthenticationNotValid => 422,
+            | Self::ReauthenticationNotValid
+            | Self::MetadataTooLarge => 422,
             Self::OverEmailSendRateLimit(_) | Self::OverRequestRateLimit(_) => 429,
             Self::Db(_) => 500,
         }

@@ -242,6 +242,22 @@ pub async fn save_state<C: ConnectionTrait>(db: &C, new: &NewState<'_>) -> Resul
     Ok(())
 }
 
+/// Deletes the started authorizations older than [`STATE_TTL`] (database
+/// clock): the scheduler's purge, so abandoned ones do not pile up while no
+/// new authorization comes. Returns how many.
+///
+/// # Errors
+/// Database errors.
+pub async fn delete_expired_states<C: ConnectionTrait>(db: &C) -> Result<u64, DbErr> {
+    let now = crate::base::db::now(db).await?;
+    let cutoff = now - chrono::Duration::from_std(STATE_TTL).unwrap_or_default();
+    Ok(state_row::Entity::delete_many()
+        .filter(state_row::Column::CreatedAt.lt(cutoff))
+        .exec(db)
+        .await?
+        .rows_affected)
+}
+
 /// The outcome of [`take_state`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TakenState {

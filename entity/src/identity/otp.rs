@@ -368,7 +368,9 @@ pub struct Issue<'a> {
     pub email_norm: &'a str,
     /// The PKCE flow, if any.
     pub flow_state_id: Option<Uuid>,
-    /// The sign-up a confirmation mail is issued for.
+    /// The request the mail is issued for: the sign-up of a confirmation
+    /// mail, the email change (`PUT /user`, `/resend`) both halves of an
+    /// email change belong to.
     pub signup_id: Option<Uuid>,
 }
 
@@ -449,13 +451,55 @@ pub async fn void_kind<C: ConnectionTrait>(
     Ok(())
 }
 
-/// Voids every outstanding token of `user_id` (all kinds).
+/// Voids every outstanding token of `user_id` (all kinds): what the first
+/// proof of the account's address leaves ([`super::account::confirm_email`]).
 pub async fn void_all<C: ConnectionTrait>(db: &C, user_id: Uuid) -> Result<(), IdentityError> {
     ott::Entity::delete_many()
         .filter(ott::Column::UserId.eq(user_id))
         .exec(db)
         .await?;
     Ok(())
+}
+
+/// The kinds a password change, a reset or an applied email change voids:
+/// whoever held a recovery, magic-link or email-change mail of the account
+/// before it may no longer use it.
+pub const VOIDED_BY_CREDENTIAL_CHANGE: [MailKind; 3] = [
+    MailKind::Recovery,
+    MailKind::Magiclink,
+    MailKind::EmailChange,
+];
+
+/// Voids the outstanding tokens of `user_id` of the `kinds`.
+pub async fn void_kinds<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    kinds: &[MailKind],
+) -> Result<(), IdentityError> {
+    let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+    ott::Entity::delete_many()
+        .filter(ott::Column::UserId.eq(user_id))
+        .filter(ott::Column::Kind.is_in(kinds))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// Whether `user_id` still has an outstanding email-change token of the
+/// request `request_id` (the other half of that change).
+pub async fn other_half_outstanding<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    request_id: Option<Uuid>,
+) -> Result<bool, IdentityError> {
+    let mut q = ott::Entity::find()
+        .filter(ott::Column::UserId.eq(user_id))
+        .filter(ott::Column::Kind.eq(MailKind::EmailChange.as_str()));
+    q = match request_id {
+        Some(r) => q.filter(ott::Column::SignupId.eq(r)),
+        None => q.filter(ott::Column::SignupId.is_null()),
+    };
+    Ok(q.one(db).await?.is_some())
 }
 
 /// Whether `user_id` still has an outstanding `kind` token (the other half

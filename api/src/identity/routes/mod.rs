@@ -18,7 +18,7 @@ use crate::routes::ApiTags;
 use crate::{
     identity::{
         AuthApiError, Idp, LinkOutcome, OtpRequest, SessionGrant, SignUp, SignUpOutcome,
-        UpdateUser, UserJson,
+        UpdateUser, UserJson, Verified,
     },
     middleware::RequestId,
     payload::{Mailbox, OpenJsonBody},
@@ -159,6 +159,24 @@ pub struct UpdateUserBody {
 #[derive(Debug, Clone, Object)]
 pub struct Empty {}
 
+/// `{msg}`: the first verified half of an email change (no session).
+#[derive(Debug, Clone, Object)]
+pub struct VerifyMessage {
+    /// `Confirmation link accepted. Please proceed to confirm link sent to
+    /// the other email`.
+    pub msg: String,
+}
+
+/// The verify answer: a session, or the first half of an email change.
+#[derive(Debug, Clone, Union)]
+#[allow(clippy::large_enum_variant)] // built once per answer, moved into the body
+pub enum VerifyAnswer {
+    /// Signed in.
+    Session(SessionGrant),
+    /// The first half of an email change was accepted; no session.
+    Message(VerifyMessage),
+}
+
 /// The sign-up answer: a session (autoconfirm) or the unconfirmed user.
 #[derive(Debug, Clone, Union)]
 pub enum SignUpAnswer {
@@ -286,7 +304,7 @@ fn request_id(req: &Request) -> Option<String> {
 }
 
 /// Per-IP limit `name` (`max` per 5 minutes); 429 `over_request_rate_limit`.
-async fn limit(
+pub(crate) async fn limit(
     state: &AppState,
     req: &Request,
     name: &'static str,
@@ -324,7 +342,7 @@ async fn limit_subject(
     }
 }
 
-fn general(state: &AppState) -> u32 {
+pub(crate) fn general(state: &AppState) -> u32 {
     state.settings.auth_rate_limit_per_5min
 }
 
@@ -342,9 +360,13 @@ impl AuthApi {
     /// quietly (200 all the same) within `AUTH_MAIL_INTERVAL_SECS` of the
     /// previous mail to the address or past `AUTH_CONFIRMATION_MAILS_PER_DAY`;
     /// a mail sent voids the address's earlier codes, not its links. A
-    /// confirmation keeps the pre-proof password only when its mail was issued
-    /// for the sign-up that set it and no later sign-up used another one.
-    /// Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// confirmation keeps the pre-proof password and `data` only when its mail
+    /// was issued for the sign-up that set them and no other request (another
+    /// sign-up with another password, a code sign-up, an OAuth sign-in)
+    /// touched the pending account, in either order; for an `ADMIN_EMAILS`
+    /// address none is kept. `data` larger than 4 KiB (as JSON): 422
+    /// `validation_failed` naming `data`, whether or not the address has an
+    /// account. Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/signup", method = "post", operation_id = "authSignUp")]
     async fn signup(
         &self,
@@ -465,9 +487,15 @@ impl AuthApi {
     /// `otp_expired` (its link still works). Code checks per address, known or
     /// not: `AUTH_CODE_FAILURES_PER_HOUR` per hour, then 429
     /// `over_request_rate_limit` with `Retry-After` until the hour is over or a
-    /// link of the address is used; links are never refused by it. A
-    /// confirmation that drops a password chosen before the mailbox was proven
-    /// signs in and mails a set-password notice. Per-IP limit
+    /// link of the address is used; links are never refused by it. The first
+    /// proof of an account's address decides, once, what it keeps: what the
+    /// consumed mail's own request chose (not for an `ADMIN_EMAILS` address),
+    /// nothing else; every other identity, mail token, PKCE flow and session
+    /// of the account is voided. A confirmation that drops a password chosen
+    /// before the mailbox was proven signs in and mails a set-password
+    /// notice. An `email_change` token applies the address its request named,
+    /// once both of that request's mails are verified; the first of the two
+    /// answers 200 `{msg}` and no session. Per-IP limit
     /// `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/verify", method = "post", operation_id = "authVerify")]
     async fn verify_post(
@@ -475,7 +503,7 @@ impl AuthApi {
         state: Data<&AppState>,
         req: &Request,
         body: OpenJsonBody<VerifyBody>,
-    ) -> AuthResult<Json<SessionGrant>> {
+    ) -> AuthResult<Json<VerifyAnswer>> {
         AuthResult::from(
             async {
                 let idp = idp(&state)?;
@@ -491,7 +519,11 @@ impl AuthApi {
                         ))
                     }
                 };
-                Ok((Json(s), Some(rate)))
+                let answer = match s {
+                    Verified::Session(s) => VerifyAnswer::Session(*s),
+                    Verified::Message(msg) => VerifyAnswer::Message(VerifyMessage { msg }),
+                };
+                Ok((Json(answer), Some(rate)))
             }
             .await,
         )
@@ -503,7 +535,8 @@ impl AuthApi {
     /// (checked against `APP_URL` and `AUTH_REDIRECT_ALLOW_LIST`, else
     /// `APP_URL`): `#access_token=…&expires_at=…&expires_in=…&refresh_token=…&token_type=bearer&type=…`
     /// (implicit flow) or `?code=…` (PKCE flow), or on failure
-    /// `#error=access_denied&error_code=…&error_description=…`.
+    /// `#error=access_denied&error_code=…&error_description=…`. The first
+    /// verified half of an email change: `#message=…` and no session.
     #[oai(path = "/verify", method = "get", operation_id = "authVerifyLink")]
     async fn verify_get(
         &self,
@@ -535,6 +568,11 @@ impl AuthApi {
                 let sep = if target.contains('?') { '&' } else { '?' };
                 format!("{}{sep}code={}", strip_fragment(&target), crate::identity::urlencode(&code))
             }
+            Ok(LinkOutcome::Message(m)) => format!(
+                "{}#message={}",
+                strip_fragment(&target),
+                crate::identity::urlencode(&m),
+            ),
             Ok(LinkOutcome::Session(s)) => format!(
                 "{}#access_token={}&expires_at={}&expires_in={}&refresh_token={}&token_type=bearer&type={}",
                 strip_fragment(&target),
@@ -561,8 +599,11 @@ impl AuthApi {
     /// Send a magic link / one-time code
     ///
     /// Queues a mail with a link and a 6-digit code (a confirmation mail for a
-    /// new or unconfirmed user; it drops a password chosen before the mailbox
-    /// was proven). `create_user: false` and an unknown email: 422
+    /// new or unconfirmed user; a code sign-up of an unconfirmed account
+    /// contests it, so its confirmation keeps no password or `data` chosen
+    /// before the mailbox was proven). `data` larger than 4 KiB (as JSON): 422
+    /// `validation_failed` naming `data`, whether or not the address has an
+    /// account. `create_user: false` and an unknown email: 422
     /// `otp_disabled` (the one answer that shows whether an address has an
     /// account, as on the platform). At most one mail of a kind per address per
     /// `AUTH_MAIL_INTERVAL_SECS` (60 s; 429 `over_email_send_rate_limit`).
@@ -682,9 +723,16 @@ impl AuthApi {
 
     /// Update the signed-in user
     ///
-    /// `password` (422 `weak_password` / `same_password`), `email` (a
-    /// confirmation mail to the new address and one to the current one;
-    /// applied when both are verified), `data` (merged into `user_metadata`).
+    /// `password` (422 `weak_password` / `same_password`; voids the account's
+    /// outstanding recovery, magic-link and email-change mails), `email` (a
+    /// confirmation mail to the new address and one to the current one, both
+    /// bound to this request and its address; the mail interval of both
+    /// addresses is claimed before anything is written, so a refused request,
+    /// 429 `over_email_send_rate_limit`, changes nothing; applied, to that
+    /// address only, when both are verified; applying voids the account's
+    /// outstanding recovery and magic-link mails), `data` (merged into
+    /// `user_metadata`; 422 `validation_failed` naming `data` when it would
+    /// grow it past 4 KiB as JSON, while an update that shrinks it is taken).
     /// A request carrying `password` or `email` is limited per IP and per user
     /// (`AUTH_RATE_LIMIT_PER_5MIN` each; 429 `over_request_rate_limit` with
     /// `Retry-After`); `data`-only updates are not.

@@ -1,0 +1,918 @@
+//! The identity invariant against an attacker (issue 43): when the owner of
+//! a mailbox first proves it, the account is theirs alone. Email changes
+//! bound to their request and address, contested code sign-ups, unverified
+//! OAuth identities, metadata that locks an account out, and the mails a
+//! credential change voids. The real api and worker on PostgreSQL + Redis,
+//! mails read from the SMTP sink, GitHub faked over HTTP.
+
+use std::{collections::HashMap, time::Duration};
+
+use serde_json::{json, Value};
+use tests::{random_ip, reqwest, Reply, SmtpSink, Stack};
+use wiremock::{
+    matchers::{method, path},
+    Mock, MockServer, ResponseTemplate,
+};
+
+const PASSWORD: &str = "correct horse battery";
+const ATTACKER_PASSWORD: &str = "attacker's own password";
+const APP: &str = "https://app.example.com";
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A running provider: api + worker + SMTP sink, and a pool on its database.
+struct Idp {
+    api: tests::Proc,
+    _worker: tests::Proc,
+    sink: SmtpSink,
+    pool: sea_orm::sqlx::PgPool,
+    _stack: Stack,
+}
+
+impl Idp {
+    async fn start(extra: &[(&str, String)]) -> Idp {
+        let stack = Stack::new().await;
+        let sink = SmtpSink::start().await;
+        let mut env = stack
+            .env()
+            .with("SMTP_URL", sink.url())
+            .with("APP_URL", APP)
+            .with("JOB_RETRY_BASE_SECS", "1")
+            .with("AUTH_RATE_LIMIT_PER_5MIN", "100000")
+            .with("AUTH_RATE_LIMIT_REFRESH_PER_5MIN", "100000");
+        for (k, v) in extra {
+            env = env.with(k, v.as_str());
+        }
+        let api = stack.api(&env).await;
+        let worker = stack.worker(&env).await;
+        let pool = stack.db.pool().await;
+        Idp {
+            api,
+            _worker: worker,
+            sink,
+            pool,
+            _stack: stack,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        self.api.url(&format!("/auth/v1{path}"))
+    }
+
+    /// `POST /auth/v1{path}` from a fresh client IP each time.
+    async fn post(&self, path: &str, body: &Value) -> Reply {
+        Reply::send(
+            client()
+                .post(self.url(path))
+                .header("x-forwarded-for", random_ip())
+                .header("x-supabase-api-version", "2024-01-01")
+                .json(body),
+        )
+        .await
+    }
+
+    async fn get_auth(&self, path: &str, token: &str) -> Reply {
+        Reply::send(
+            client()
+                .get(self.url(path))
+                .header("x-supabase-api-version", "2024-01-01")
+                .bearer_auth(token),
+        )
+        .await
+    }
+
+    async fn put_auth(&self, path: &str, token: &str, body: &Value) -> Reply {
+        Reply::send(
+            client()
+                .put(self.url(path))
+                .header("x-supabase-api-version", "2024-01-01")
+                .bearer_auth(token)
+                .json(body),
+        )
+        .await
+    }
+
+    /// Waits for `n` mails; all of them as (to, text with the
+    /// quoted-printable soft breaks undone).
+    async fn mails(&self, n: usize) -> Vec<(String, String)> {
+        self.sink
+            .wait_for(n, Duration::from_secs(30))
+            .await
+            .iter()
+            .map(|m| {
+                (
+                    m.envelope_to.join(","),
+                    m.data
+                        .replace("=\r\n", "")
+                        .replace("=\n", "")
+                        .replace("=3D", "="),
+                )
+            })
+            .collect()
+    }
+
+    /// Mail number `n` (1-based).
+    async fn mail(&self, n: usize) -> (String, String) {
+        self.mails(n).await.swap_remove(n - 1)
+    }
+
+    /// The text of the last of the first `n` mails that went to `to`.
+    async fn last_mail_to(&self, n: usize, to: &str) -> String {
+        self.mails(n)
+            .await
+            .into_iter()
+            .rev()
+            .find(|(t, _)| t.contains(to))
+            .unwrap_or_else(|| panic!("a mail to {to} among the first {n}"))
+            .1
+    }
+
+    async fn signup(&self, email: &str, password: &str) -> Reply {
+        self.post("/signup", &json!({"email": email, "password": password}))
+            .await
+    }
+
+    async fn sign_in(&self, email: &str, password: &str) -> Reply {
+        self.post(
+            "/token?grant_type=password",
+            &json!({"email": email, "password": password}),
+        )
+        .await
+    }
+
+    async fn verify_hash(&self, kind: &str, text: &str) -> Reply {
+        self.post(
+            "/verify",
+            &json!({"type": kind, "token_hash": token_hash(text)}),
+        )
+        .await
+    }
+
+    async fn verify_code(&self, kind: &str, email: &str, code: &str) -> Reply {
+        self.post(
+            "/verify",
+            &json!({"type": kind, "email": email, "token": code}),
+        )
+        .await
+    }
+
+    /// Sign-up + confirmation by link (mail `mail_no`): the session.
+    async fn confirmed_user(&self, email: &str, mail_no: usize) -> Value {
+        let r = self.signup(email, PASSWORD).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let (_, text) = self.mail(mail_no).await;
+        let r = self.verify_hash("signup", &text).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        r.json
+    }
+
+    async fn text(&self, query: &str, bind: &str) -> Option<String> {
+        sea_orm::sqlx::query_scalar::<_, Option<String>>(sea_orm::sqlx::AssertSqlSafe(
+            query.to_string(),
+        ))
+        .bind(bind)
+        .fetch_optional(&self.pool)
+        .await
+        .expect(query)
+        .flatten()
+    }
+
+    async fn count(&self, query: &str, bind: &str) -> i64 {
+        sea_orm::sqlx::query_scalar::<_, i64>(sea_orm::sqlx::AssertSqlSafe(query.to_string()))
+            .bind(bind)
+            .fetch_one(&self.pool)
+            .await
+            .expect(query)
+    }
+
+    async fn sql(&self, statement: &str, bind: &str) -> u64 {
+        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(statement.to_string()))
+            .bind(bind)
+            .execute(&self.pool)
+            .await
+            .expect(statement)
+            .rows_affected()
+    }
+
+    async fn role_of(&self, user: &str) -> String {
+        self.text("SELECT role FROM user_roles WHERE user_id::text = $1", user)
+            .await
+            .expect("role row")
+    }
+}
+
+fn token_hash(text: &str) -> String {
+    let i = text.find("token=").expect("a link with token= in the mail");
+    let rest = &text[i + 6..];
+    let end = rest.find(['&', '"', '\r', '\n', ' ']).unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+fn code(text: &str) -> String {
+    let i = text.find("code: ").expect("a code in the mail");
+    text[i + 6..i + 12].to_string()
+}
+
+fn assert_error(r: &Reply, status: u16, code: &str) {
+    assert_eq!(r.status, status, "{}", r.text);
+    assert_eq!(r.json["code"], code, "{}", r.text);
+}
+
+fn access(s: &Value) -> &str {
+    s["access_token"].as_str().expect("access_token")
+}
+
+/// Attack 1: `PUT {email: V}`, `PUT {email: A2}`, `PUT {email: V}` refused
+/// by V's mail interval. The refused request must change nothing, and
+/// verifying both halves of A2's mails must apply A2, never V.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_email_change_changes_nothing_and_a_change_applies_its_own_address() {
+    let idp = Idp::start(&[]).await;
+    let (a, v, a2) = ("ann@example.com", "victim@example.net", "ann2@example.org");
+    let s = idp.confirmed_user(a, 1).await;
+    let user = s["user"]["id"].as_str().unwrap().to_string();
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"email": v}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mails(3).await;
+    // The current address's interval over (it is the attacker's own).
+    idp.sql(
+        "UPDATE auth_mail_slots SET last_sent_at = now() - interval '2 hours' \
+         WHERE email_norm = $1",
+        a,
+    )
+    .await;
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"email": a2}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["new_email"], a2, "{}", r.text);
+    idp.mails(5).await;
+    // V again, within V's interval: refused, and nothing changes.
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"email": v}))
+        .await;
+    assert_error(&r, 429, "over_email_send_rate_limit");
+    let pending = idp
+        .text(
+            "SELECT email_change FROM auth_accounts WHERE user_id::text = $1",
+            &user,
+        )
+        .await;
+    assert_eq!(pending.as_deref(), Some(a2), "the refused request wrote");
+    let r = idp.get_auth("/user", access(&s)).await;
+    assert_eq!(r.json["new_email"], a2, "{}", r.text);
+
+    // Both halves of the A2 request: A2 applies, never V. The first half
+    // answers `{msg}` and signs no one in (GoTrue's secure email change).
+    let to_a2 = idp.last_mail_to(5, a2).await;
+    let to_a = idp.last_mail_to(5, a).await;
+    let r = idp.verify_hash("email_change", &to_a2).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.json["msg"].is_string(), "{}", r.text);
+    assert!(r.json.get("access_token").is_none(), "{}", r.text);
+    let r = idp.verify_hash("email_change", &to_a).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.json["access_token"].is_string(), "{}", r.text);
+    let email = idp
+        .text(
+            "SELECT email FROM auth_accounts WHERE user_id::text = $1",
+            &user,
+        )
+        .await;
+    assert_eq!(email.as_deref(), Some(a2));
+    assert_eq!(
+        idp.count(
+            "SELECT COUNT(*) FROM auth_accounts WHERE email_norm = $1",
+            v
+        )
+        .await,
+        0,
+        "nobody holds the victim's address"
+    );
+    assert_error(&idp.sign_in(v, PASSWORD).await, 400, "invalid_credentials");
+    assert_eq!(idp.sign_in(a2, PASSWORD).await.status, 200);
+}
+
+/// The earlier request's mails are void once a later one went out: its two
+/// halves apply nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_earlier_email_change_request_applies_nothing() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let (a, first, second) = ("bea@example.com", "bea@example.net", "bea@example.org");
+    let s = idp.confirmed_user(a, 1).await;
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"email": first}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let to_first = idp.last_mail_to(3, first).await;
+    let to_a_first = idp.last_mail_to(3, a).await;
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"email": second}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mails(5).await;
+    for text in [&to_first, &to_a_first] {
+        let r = idp.verify_hash("email_change", text).await;
+        assert_error(&r, 403, "otp_expired");
+    }
+    let r = idp.get_auth("/user", access(&s)).await;
+    assert_eq!(r.json["email"], a, "{}", r.text);
+    assert_eq!(r.json["new_email"], second, "{}", r.text);
+}
+
+/// `void_all` was never called: a password change (or reset) left the
+/// account's recovery and magic links usable.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_change_voids_outstanding_recovery_and_magic_links() {
+    let idp = Idp::start(&[]).await;
+    let email = "cal@example.com";
+    let s = idp.confirmed_user(email, 1).await;
+    let r = idp.post("/recover", &json!({"email": email})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, recovery) = idp.mail(2).await;
+    let r = idp.post("/otp", &json!({"email": email})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, magic) = idp.mail(3).await;
+    let r = idp
+        .put_auth(
+            "/user",
+            access(&s),
+            &json!({"password": "a brand new password"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_error(
+        &idp.verify_hash("recovery", &recovery).await,
+        403,
+        "otp_expired",
+    );
+    assert_error(
+        &idp.verify_hash("magiclink", &magic).await,
+        403,
+        "otp_expired",
+    );
+}
+
+/// Attack 2: the victim's code sign-up, then the attacker's password
+/// sign-up (and its `/resend`); the victim enters the newest code. The
+/// attacker's password must not sign in, on an `ADMIN_EMAILS` address least
+/// of all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_code_sign_up_then_a_password_sign_up_keeps_no_password() {
+    let victim = "root@example.com";
+    let idp = Idp::start(&[
+        ("AUTH_MAIL_INTERVAL_SECS", "0".into()),
+        ("ADMIN_EMAILS", victim.into()),
+    ])
+    .await;
+    let r = idp.post("/otp", &json!({"email": victim})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mail(1).await;
+    let r = idp.signup(victim, ATTACKER_PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mail(2).await;
+    let r = idp
+        .post("/resend", &json!({"type": "signup", "email": victim}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, newest) = idp.mail(3).await;
+    let r = idp.verify_code("email", victim, &code(&newest)).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let user = r.json["user"]["id"].as_str().unwrap().to_string();
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    // The owner proved the mailbox: admin is theirs, and only theirs.
+    assert_eq!(idp.role_of(&user).await, "admin");
+}
+
+/// The same on an address that is not an admin's: contested, no password.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_sign_up_after_a_code_sign_up_contests_the_account() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let victim = "dora@example.com";
+    let r = idp.post("/otp", &json!({"email": victim})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mail(1).await;
+    let r = idp.signup(victim, ATTACKER_PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, attackers) = idp.mail(2).await;
+    // Whichever mail the owner opens, the attacker's password is gone.
+    let r = idp.verify_hash("signup", &attackers).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_error(
+        &idp.sign_in(victim, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+}
+
+/// For an `ADMIN_EMAILS` address no pre-proof password survives, not even
+/// the one of a sole sign-up: the owner, signed in by the link, sets one.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_address_keeps_no_pre_proof_password() {
+    let boss = "boss@example.com";
+    let idp = Idp::start(&[("ADMIN_EMAILS", boss.into())]).await;
+    let r = idp.signup(boss, ATTACKER_PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, text) = idp.mail(1).await;
+    let r = idp.verify_hash("signup", &text).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let user = r.json["user"]["id"].as_str().unwrap().to_string();
+    assert_eq!(idp.role_of(&user).await, "admin");
+    assert_error(
+        &idp.sign_in(boss, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    // The owner is told, with a set-password link.
+    let (to, _) = idp.mail(2).await;
+    assert!(to.contains(boss), "{to}");
+}
+
+/// The first proof voids every other mail of the pending account (a
+/// recovery link someone asked for before it, too).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_proof_voids_the_other_mails_of_the_account() {
+    let idp = Idp::start(&[]).await;
+    let email = "eli@example.com";
+    let r = idp.signup(email, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, confirmation) = idp.mail(1).await;
+    let r = idp.post("/recover", &json!({"email": email})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, recovery) = idp.mail(2).await;
+    let r = idp.verify_hash("signup", &confirmation).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_error(
+        &idp.verify_hash("recovery", &recovery).await,
+        403,
+        "otp_expired",
+    );
+    // The sole sign-up's own mail: its password is the owner's (GoTrue).
+    assert_eq!(idp.sign_in(email, PASSWORD).await.status, 200);
+}
+
+/// Attack 4: 60 KB of `data` on a pending address made the owner's tokens
+/// too large for every route. At most 4 KiB is stored; 422 naming `data`,
+/// alike for a new and a known address; `PUT /user` refuses only growth.
+#[tokio::test(flavor = "multi_thread")]
+async fn user_metadata_is_capped_and_refused_alike() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let big = json!({"bio": "x".repeat(5000)});
+    let known = "fay@example.com";
+    let r = idp.signup(known, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for email in [known, "nobody@example.com"] {
+        let r = idp
+            .post(
+                "/signup",
+                &json!({"email": email, "password": ATTACKER_PASSWORD, "data": big}),
+            )
+            .await;
+        assert_error(&r, 422, "validation_failed");
+        assert!(
+            r.json["message"].as_str().unwrap().contains("data"),
+            "{}",
+            r.text
+        );
+        let r = idp
+            .post("/otp", &json!({"email": email, "data": big}))
+            .await;
+        assert_error(&r, 422, "validation_failed");
+        assert!(
+            r.json["message"].as_str().unwrap().contains("data"),
+            "{}",
+            r.text
+        );
+    }
+    let (_, text) = idp.mail(1).await;
+    let s = idp.verify_hash("signup", &text).await;
+    assert_eq!(s.status, 200, "{}", s.text);
+    let s = s.json;
+    let user = s["user"]["id"].as_str().unwrap().to_string();
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"data": big}))
+        .await;
+    assert_error(&r, 422, "validation_failed");
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"data": {"name": "Fay"}}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // An account over the cap (stored before it) can always shrink.
+    idp.sql(
+        &format!(
+            "UPDATE auth_accounts SET user_metadata = '{{\"bio\": \"{}\"}}' \
+             WHERE user_id::text = $1",
+            "y".repeat(6000)
+        ),
+        &user,
+    )
+    .await;
+    let r = idp
+        .put_auth("/user", access(&s), &json!({"data": {"bio": null}}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
+const GH_TOKEN: &str = "gho_16C7e42F292c6912E7710c838347Ae178B4a";
+
+/// A fake GitHub whose account reports `email` as its primary address,
+/// verified or not.
+async fn fake_github(email: &str, verified: bool) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/login/oauth/access_token"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "access_token": GH_TOKEN,
+            "scope": "read:user,user:email",
+            "token_type": "bearer"
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/user"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "login": "mallory", "id": 666, "node_id": "MDQ6VXNlcjY2Ng==",
+            "avatar_url": "https://avatars.githubusercontent.com/u/666?v=4",
+            "type": "User", "site_admin": false, "name": "Mallory",
+            "email": null
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/user/emails"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+            {"email": email, "verified": verified, "primary": true, "visibility": "public"}
+        ])))
+        .mount(&server)
+        .await;
+    server
+}
+
+fn query_of(url: &str) -> HashMap<String, String> {
+    let u = reqwest::Url::parse(url).unwrap_or_else(|e| panic!("{url:?}: {e}"));
+    u.query_pairs().into_owned().collect()
+}
+
+/// A GitHub sign-in through the api: the callback's redirect.
+async fn github_sign_in(idp: &Idp, n: usize) -> String {
+    let r = Reply::send(client().get(idp.url("/authorize?provider=github"))).await;
+    assert_eq!(r.status, 302, "{}", r.text);
+    let state = query_of(r.header("location").unwrap())["state"].clone();
+    let url = reqwest::Url::parse_with_params(
+        &idp.url("/callback"),
+        &[("code", format!("gh-code-{n}")), ("state", state)],
+    )
+    .unwrap();
+    let r = Reply::send(client().get(url)).await;
+    assert_eq!(r.status, 302, "{}", r.text);
+    r.header("location").unwrap().to_string()
+}
+
+fn fragment_of(url: &str) -> HashMap<String, String> {
+    let frag = reqwest::Url::parse(url)
+        .unwrap()
+        .fragment()
+        .unwrap_or_default()
+        .to_owned();
+    query_of(&format!("http://x/?{frag}"))
+}
+
+/// Attack 3: the attacker's GitHub account reports V unverified; V proves
+/// the mailbox; the attacker's next GitHub sign-in must not land in V's
+/// account (GoTrue's `RemoveUnconfirmedIdentities` at the first proof).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unverified_oauth_identity_does_not_survive_the_first_proof() {
+    let victim = "gil@example.com";
+    let github = fake_github(victim, false).await;
+    let idp = Idp::start(&[
+        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
+        (
+            "OAUTH_GITHUB_CLIENT_SECRET",
+            "gh-client-secret-0123456789".into(),
+        ),
+        ("OAUTH_GITHUB_BASE_URL", github.uri()),
+        ("OAUTH_GITHUB_API_URL", github.uri()),
+        ("OAUTH_TIMEOUT_MS", "2000".into()),
+    ])
+    .await;
+    github_sign_in(&idp, 1).await;
+    let user = idp
+        .text(
+            "SELECT user_id::text FROM auth_accounts WHERE email_norm = $1",
+            victim,
+        )
+        .await;
+    // The owner proves the mailbox (a recovery mail of the pending account)
+    // and sets a password.
+    let r = idp.post("/recover", &json!({"email": victim})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, text) = idp.mail(1).await;
+    let s = idp.verify_hash("recovery", &text).await;
+    assert_eq!(s.status, 200, "{}", s.text);
+    let owner = s.json["user"]["id"].as_str().unwrap().to_string();
+    if let Some(u) = &user {
+        assert_eq!(u, &owner);
+    }
+    let r = idp
+        .put_auth("/user", access(&s.json), &json!({"password": PASSWORD}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        idp.count(
+            "SELECT COUNT(*) FROM auth_identities WHERE user_id::text = $1 \
+             AND provider <> 'email'",
+            &owner
+        )
+        .await,
+        0,
+        "the unverified identity was dropped"
+    );
+    // The attacker signs in with GitHub again: not into the owner's account.
+    let back = github_sign_in(&idp, 2).await;
+    let f = fragment_of(&back);
+    if let Some(token) = f.get("access_token") {
+        let r = idp.get_auth("/user", token).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_ne!(r.json["id"], owner.as_str(), "{}", r.text);
+    }
+}
+
+/// Attack 7: `/resend {type: signup}` then `/signup` answered without
+/// `confirmation_sent_at` for an unknown address and with it for a known
+/// one. The answers must be alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn resend_then_sign_up_answers_alike_for_known_and_unknown_addresses() {
+    let idp = Idp::start(&[]).await;
+    let known = "hal@example.com";
+    let r = idp.signup(known, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mail(1).await;
+    // Its mail is long past (the interval over).
+    idp.sql(
+        "UPDATE auth_mail_slots SET last_sent_at = now() - interval '2 hours' \
+         WHERE email_norm = $1",
+        known,
+    )
+    .await;
+    let mut answers = Vec::new();
+    for email in [known, "ivy@example.com"] {
+        let r = idp
+            .post("/resend", &json!({"type": "signup", "email": email}))
+            .await;
+        answers.push((r.status, r.json["code"].clone()));
+        let r = idp.signup(email, ATTACKER_PASSWORD).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert!(
+            r.json["confirmation_sent_at"].is_string(),
+            "{email}: {}",
+            r.text
+        );
+        let mut keys: Vec<String> = r.json.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        answers.push((r.status, json!(keys)));
+    }
+    assert_eq!(answers[0], answers[2]);
+    assert_eq!(answers[1], answers[3]);
+}
+
+/// Attack 8: `/authorize` was unlimited and its states piled up. It is
+/// limited per client, and expired states are purged by the scheduler.
+#[tokio::test(flavor = "multi_thread")]
+async fn authorize_is_limited_per_client_and_expired_states_are_purged() {
+    let github = fake_github("jo@example.com", true).await;
+    let idp = Idp::start(&[
+        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
+        (
+            "OAUTH_GITHUB_CLIENT_SECRET",
+            "gh-client-secret-0123456789".into(),
+        ),
+        ("OAUTH_GITHUB_BASE_URL", github.uri()),
+        ("OAUTH_GITHUB_API_URL", github.uri()),
+        ("AUTH_RATE_LIMIT_PER_5MIN", "5".into()),
+        ("SCHEDULER_TICK_SECS", "1".into()),
+    ])
+    .await;
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        let r = Reply::send(client().get(idp.url("/authorize?provider=github"))).await;
+        statuses.push(r.status.as_u16());
+    }
+    assert_eq!(&statuses[..5], &[302; 5], "{statuses:?}");
+    assert_eq!(statuses[6], 429, "{statuses:?}");
+    idp.sql(
+        "INSERT INTO auth_oauth_states (state_hash, provider, pkce_verifier, redirect_to, \
+         created_at) VALUES ($1, 'github', 'v', 'https://app.example.com', \
+         now() - interval '1 hour')",
+        "stale-state-hash",
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while idp
+        .count(
+            "SELECT COUNT(*) FROM auth_oauth_states WHERE state_hash = $1",
+            "stale-state-hash",
+        )
+        .await
+        > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the expired state was not purged"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn challenge(verifier: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(sha2::Sha256::digest(verifier.as_bytes()))
+}
+
+/// A PKCE flow's parked password is installed only while no password was
+/// set since: the owner who proved the mailbox and chose a password before
+/// the exchange keeps theirs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_pkce_password_never_replaces_one_set_after_the_proof() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let email = "kit@example.com";
+    let (verifier, other) = ("v".repeat(64), "a".repeat(64));
+    for (password, v) in [(PASSWORD, &verifier), (ATTACKER_PASSWORD, &other)] {
+        let r = idp
+            .post(
+                "/signup",
+                &json!({"email": email, "password": password,
+                        "code_challenge": challenge(v), "code_challenge_method": "s256"}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let (_, own) = idp.mail(1).await;
+    idp.mail(2).await;
+    // The owner's link: an auth code, the contested passwords dropped.
+    let r = Reply::send(client().get(format!(
+        "{}?token={}&type=signup&redirect_to=https%3A%2F%2Fapp.example.com%2Fwelcome",
+        idp.url("/verify"),
+        token_hash(&own)
+    )))
+    .await;
+    assert_eq!(r.status, 303, "{}", r.text);
+    let location = r.header("location").unwrap().to_string();
+    let auth_code = location.split("code=").nth(1).expect("?code=").to_string();
+    // The set-password notice: the owner chooses a password now.
+    let (_, notice) = idp.mail(3).await;
+    let s = idp.verify_hash("recovery", &notice).await;
+    assert_eq!(s.status, 200, "{}", s.text);
+    let later = "the owner's later password";
+    let r = idp
+        .put_auth("/user", access(&s.json), &json!({"password": later}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // The exchange still signs in, and leaves that password alone.
+    let r = idp
+        .post(
+            "/token?grant_type=pkce",
+            &json!({"auth_code": auth_code, "code_verifier": verifier}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(idp.sign_in(email, later).await.status, 200);
+}
+
+/// A GitHub sign-in whose provider verified a pending address is that
+/// address's first proof: it links to the pending account (no second user)
+/// and drops what was chosen before it (GoTrue's
+/// `RemoveUnconfirmedIdentities`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_verified_oauth_sign_in_confirms_the_pending_account_and_drops_its_password() {
+    let owner = "lou@example.com";
+    let github = fake_github(owner, true).await;
+    let idp = Idp::start(&[
+        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
+        (
+            "OAUTH_GITHUB_CLIENT_SECRET",
+            "gh-client-secret-0123456789".into(),
+        ),
+        ("OAUTH_GITHUB_BASE_URL", github.uri()),
+        ("OAUTH_GITHUB_API_URL", github.uri()),
+        ("OAUTH_TIMEOUT_MS", "2000".into()),
+    ])
+    .await;
+    let r = idp.signup(owner, ATTACKER_PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    idp.mail(1).await;
+    let pending = idp
+        .text(
+            "SELECT user_id::text FROM auth_accounts WHERE email_norm = $1",
+            owner,
+        )
+        .await
+        .expect("the pending account");
+    let back = github_sign_in(&idp, 1).await;
+    let f = fragment_of(&back);
+    let r = idp.get_auth("/user", &f["access_token"]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["id"], pending.as_str(), "{}", r.text);
+    assert!(r.json["email_confirmed_at"].is_string(), "{}", r.text);
+    assert_error(
+        &idp.sign_in(owner, ATTACKER_PASSWORD).await,
+        400,
+        "invalid_credentials",
+    );
+    assert_eq!(
+        idp.count("SELECT COUNT(*) FROM users WHERE email = $1", owner)
+            .await,
+        1,
+        "one user for the address"
+    );
+}
+
+/// The email change's one transaction (slots, pending address, tokens) on
+/// the embedded default (SQLite, in-process queue): applied through both
+/// halves; a request refused by the interval changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_email_change_on_sqlite_applies_and_a_refused_one_changes_nothing() {
+    let dir = tests::TempDir::new();
+    let sink = SmtpSink::start().await;
+    let env = tests::EnvMap::default()
+        .with("PORT", "0")
+        .with("PLANS_FILE", tests::plans_file().display().to_string())
+        .with("AUTH_AUTOCONFIRM", "true")
+        .with("EMAIL_FROM", tests::EMAIL_FROM)
+        .with("SMTP_URL", sink.url())
+        .with("APP_URL", APP);
+    let api = tests::Proc::api(&env, &["--with-worker"], dir.path()).await;
+    let post = |path: &str, token: Option<&str>, body: Value| {
+        let mut rb = client()
+            .post(api.url(&format!("/auth/v1{path}")))
+            .header("x-supabase-api-version", "2024-01-01")
+            .json(&body);
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        Reply::send(rb)
+    };
+    let r = post(
+        "/signup",
+        None,
+        json!({"email": "max@example.com", "password": PASSWORD}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let token = r.json["access_token"].as_str().unwrap().to_string();
+    let put = |body: Value| {
+        Reply::send(
+            client()
+                .put(api.url("/auth/v1/user"))
+                .header("x-supabase-api-version", "2024-01-01")
+                .bearer_auth(&token)
+                .json(&body),
+        )
+    };
+    let r = put(json!({"email": "max@example.org"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["new_email"], "max@example.org", "{}", r.text);
+    let r = put(json!({"email": "max@example.net"})).await;
+    assert_error(&r, 429, "over_email_send_rate_limit");
+    let mails = sink.wait_for(2, Duration::from_secs(30)).await;
+    let texts: Vec<String> = mails
+        .iter()
+        .map(|m| {
+            m.data
+                .replace("=\r\n", "")
+                .replace("=\n", "")
+                .replace("=3D", "=")
+        })
+        .collect();
+    for text in &texts {
+        let r = post(
+            "/verify",
+            None,
+            json!({"type": "email_change", "token_hash": token_hash(text)}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let r = post(
+        "/token?grant_type=password",
+        None,
+        json!({"email": "max@example.org", "password": PASSWORD}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["user"]["email"], "max@example.org", "{}", r.text);
+}
