@@ -4,10 +4,31 @@
 //! that is present but malformed is an error naming the variable, so the process
 //! stops at start instead of misbehaving later. A *missing* optional credential is
 //! not an error: it makes a feature "not ready" (see [`crate::base::features`]).
+//!
+//! Why this file is long: [`Settings`] is one flat struct read in one pass
+//! ([`Settings::from_source`]), so that every variable is read once and the
+//! rules that tie variables together (a credential and its URL, TLS and its
+//! CA, a default taken from another variable) stand side by side. Reading
+//! ([`source`]), the checks of single values ([`checks`]), OAuth ([`oauth`])
+//! and the mail transport ([`mail`]) are files of their own.
 
-use std::{collections::HashMap, fmt, path::PathBuf, time::Duration};
+use std::{fmt, path::PathBuf, time::Duration};
+mod checks;
+mod mail;
+mod oauth;
+mod source;
+#[cfg(test)]
+mod tests;
 
-use crate::base::secrets::SECRET_MIN_BYTES;
+pub use checks::is_mailbox_spec;
+use checks::{
+    absolute, check_redis_tls, check_smtp_credentials, is_https_or_loopback, read_app_name,
+    read_time_zone,
+};
+pub use mail::{EmailTransport, OUTBOX_DEFAULT_FROM};
+pub use oauth::{OAuthClientSettings, OAuthSettings};
+use source::{err, Reader};
+pub use source::{parse_bool, parse_origins, parse_reminder_days, Env, Source};
 
 /// A setting that is present but cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -18,7 +39,6 @@ pub struct SettingsError {
     /// What is wrong with its value.
     pub message: String,
 }
-
 /// Output format of the structured logs (`LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -27,7 +47,6 @@ pub enum LogFormat {
     /// Human-readable, coloured lines for a terminal.
     Pretty,
 }
-
 /// The payment provider selected by `PAYMENT_PROVIDER`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PaymentProvider {
@@ -36,7 +55,6 @@ pub enum PaymentProvider {
     /// Redirect checkout (`provider_b`, the default).
     ProviderB,
 }
-
 impl PaymentProvider {
     /// The wire name: `provider_a` or `provider_b`.
     pub fn as_str(self) -> &'static str {
@@ -46,122 +64,6 @@ impl PaymentProvider {
         }
     }
 }
-
-/// One OAuth provider's client registration and endpoints (`OAUTH_<P>_*`).
-/// The provider is enabled when both its client id and secret are set.
-#[derive(Clone, PartialEq, Eq)]
-pub struct OAuthClientSettings {
-    /// `OAUTH_<P>_CLIENT_ID`.
-    pub client_id: String,
-    /// `OAUTH_<P>_CLIENT_SECRET` (never printed).
-    pub client_secret: String,
-    /// The authorization endpoint the browser is sent to.
-    pub auth_url: String,
-    /// The token endpoint the code is exchanged at.
-    pub token_url: String,
-    /// GitHub: the REST API base (`/user`, `/user/emails` under it); Google:
-    /// the OpenID Connect userinfo endpoint.
-    pub profile_url: String,
-}
-
-impl fmt::Debug for OAuthClientSettings {
-    /// The secret is never printed.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OAuthClientSettings")
-            .field("client_id", &self.client_id)
-            .field("client_secret", &"<redacted>")
-            .field("auth_url", &self.auth_url)
-            .field("token_url", &self.token_url)
-            .field("profile_url", &self.profile_url)
-            .finish()
-    }
-}
-
-/// OAuth sign-in settings (`OAUTH_*`): the enabled providers and the callback
-/// URL registered with them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OAuthSettings {
-    /// GitHub: `OAUTH_GITHUB_CLIENT_ID` + `OAUTH_GITHUB_CLIENT_SECRET`;
-    /// `OAUTH_GITHUB_BASE_URL` (default `https://github.com`: authorize at
-    /// `/login/oauth/authorize`, token at `/login/oauth/access_token`),
-    /// `OAUTH_GITHUB_API_URL` (default `https://api.github.com`).
-    pub github: Option<OAuthClientSettings>,
-    /// Google: `OAUTH_GOOGLE_CLIENT_ID` + `OAUTH_GOOGLE_CLIENT_SECRET`;
-    /// `OAUTH_GOOGLE_AUTH_URL` (default
-    /// `https://accounts.google.com/o/oauth2/v2/auth`), `OAUTH_GOOGLE_TOKEN_URL`
-    /// (default `https://oauth2.googleapis.com/token`),
-    /// `OAUTH_GOOGLE_USERINFO_URL` (default
-    /// `https://openidconnect.googleapis.com/v1/userinfo`).
-    pub google: Option<OAuthClientSettings>,
-    /// `OAUTH_REDIRECT_URI`: the callback URL registered with the providers
-    /// (default `{API_EXTERNAL_URL}/auth/v1/callback`: the API serves it).
-    pub redirect_uri: String,
-    /// `OAUTH_TIMEOUT_MS`: bound on one whole call to a provider (token
-    /// exchange, profile), connect included (default 10000, 100–120000);
-    /// connecting alone is bounded by the smaller of this and 3 s.
-    pub timeout: Duration,
-}
-
-impl OAuthSettings {
-    fn read<S: Source + ?Sized>(r: &Reader<'_, S>, api_url: &str) -> Result<Self, SettingsError> {
-        let web = ["https", "http"];
-        let pair = |id_var: &'static str,
-                    secret_var: &'static str|
-         -> Result<Option<(String, String)>, SettingsError> {
-            match (r.opt(id_var), r.opt(secret_var)) {
-                (None, None) => Ok(None),
-                (Some(_), None) => Err(err(secret_var, format!("must be set with {id_var}"))),
-                (None, Some(_)) => Err(err(id_var, format!("must be set with {secret_var}"))),
-                (Some(id), Some(secret)) => Ok(Some((id, secret))),
-            }
-        };
-        let github = match pair("OAUTH_GITHUB_CLIENT_ID", "OAUTH_GITHUB_CLIENT_SECRET")? {
-            None => None,
-            Some((client_id, client_secret)) => {
-                let base = r
-                    .url("OAUTH_GITHUB_BASE_URL", &web)?
-                    .unwrap_or_else(|| "https://github.com".into());
-                Some(OAuthClientSettings {
-                    client_id,
-                    client_secret,
-                    auth_url: format!("{base}/login/oauth/authorize"),
-                    token_url: format!("{base}/login/oauth/access_token"),
-                    profile_url: r
-                        .url("OAUTH_GITHUB_API_URL", &web)?
-                        .unwrap_or_else(|| "https://api.github.com".into()),
-                })
-            }
-        };
-        let google = match pair("OAUTH_GOOGLE_CLIENT_ID", "OAUTH_GOOGLE_CLIENT_SECRET")? {
-            None => None,
-            Some((client_id, client_secret)) => Some(OAuthClientSettings {
-                client_id,
-                client_secret,
-                auth_url: r
-                    .url("OAUTH_GOOGLE_AUTH_URL", &web)?
-                    .unwrap_or_else(|| "https://accounts.google.com/o/oauth2/v2/auth".into()),
-                token_url: r
-                    .url("OAUTH_GOOGLE_TOKEN_URL", &web)?
-                    .unwrap_or_else(|| "https://oauth2.googleapis.com/token".into()),
-                profile_url: r
-                    .url("OAUTH_GOOGLE_USERINFO_URL", &web)?
-                    .unwrap_or_else(|| "https://openidconnect.googleapis.com/v1/userinfo".into()),
-            }),
-        };
-        let redirect_uri = r
-            .url("OAUTH_REDIRECT_URI", &web)?
-            .unwrap_or_else(|| format!("{}/auth/v1/callback", api_url.trim_end_matches('/')));
-        let timeout =
-            Duration::from_millis(r.num_or("OAUTH_TIMEOUT_MS", 10_000u64, 100, 120_000)?);
-        Ok(OAuthSettings {
-            github,
-            google,
-            redirect_uri,
-            timeout,
-        })
-    }
-}
-
 /// The six feature toggles (`NEXT_PUBLIC_ENABLE_*`). `true` means enabled.
 ///
 /// Unset, `true`, `1`, `yes`, `on` (any case) enable; `false`, `0`, `no`, `off`
@@ -181,13 +83,11 @@ pub struct Toggles {
     /// `NEXT_PUBLIC_ENABLE_AI`
     pub ai: bool,
 }
-
 /// Default of `HTTP_MAX_IN_FLIGHT`, sized from the waitlist figures of
 /// BENCHMARKS.md by Little's law (metrics and load shedding): enough requests
 /// in flight to keep both cores of the reference host busy, few enough that
 /// an admitted request does not wait behind hundreds of others.
 pub const HTTP_MAX_IN_FLIGHT_DEFAULT: usize = 64;
-
 /// Everything the api and worker processes are configured with.
 #[derive(Clone)]
 pub struct Settings {
@@ -535,7 +435,6 @@ pub struct Settings {
     /// code sign-up) to one address per 24 h (default 10, 1–1000).
     pub auth_confirmation_mails_per_day: u32,
 }
-
 /// Who issues sessions (`AUTH_PROVIDER`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthProvider {
@@ -544,7 +443,6 @@ pub enum AuthProvider {
     /// An external auth platform (`NEXT_PUBLIC_BACKEND_URL`, `BACKEND_JWT_SECRET`).
     External,
 }
-
 impl AuthProvider {
     /// `builtin` or `external`.
     pub fn as_str(self) -> &'static str {
@@ -554,7 +452,6 @@ impl AuthProvider {
         }
     }
 }
-
 impl fmt::Debug for Settings {
     /// Secrets are never printed.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -569,299 +466,6 @@ impl fmt::Debug for Settings {
             .finish_non_exhaustive()
     }
 }
-
-/// Reads variables by name; lets tests supply a map instead of the process environment.
-pub trait Source {
-    /// The value of `name`, or `None` when unset. Empty values count as unset.
-    fn get(&self, name: &str) -> Option<String>;
-}
-
-/// The process environment (after an optional `.env` was loaded).
-pub struct Env;
-
-impl Source for Env {
-    fn get(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-    }
-}
-
-impl Source for HashMap<String, String> {
-    fn get(&self, name: &str) -> Option<String> {
-        HashMap::get(self, name)
-            .cloned()
-            .filter(|v| !v.trim().is_empty())
-    }
-}
-
-impl Source for HashMap<&str, &str> {
-    fn get(&self, name: &str) -> Option<String> {
-        HashMap::get(self, name)
-            .map(|v| v.to_string())
-            .filter(|v| !v.trim().is_empty())
-    }
-}
-
-/// `APP_NAME`: 1–100 characters without control characters (it goes into
-/// mail subjects); default `App`.
-fn read_app_name<S: Source + ?Sized>(r: &Reader<'_, S>) -> Result<String, SettingsError> {
-    let Some(name) = r.opt("APP_NAME") else {
-        return Ok("App".to_string());
-    };
-    let name = name.trim().to_string();
-    if name.is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
-        return Err(err(
-            "APP_NAME",
-            "expected 1–100 characters without line breaks or control characters",
-        ));
-    }
-    Ok(name)
-}
-
-/// An IANA time zone name (`Asia/Jakarta`, `UTC`), else `default`.
-fn read_time_zone<S: Source + ?Sized>(
-    r: &Reader<'_, S>,
-    var: &'static str,
-    default: chrono_tz::Tz,
-) -> Result<chrono_tz::Tz, SettingsError> {
-    match r.opt(var) {
-        None => Ok(default),
-        Some(v) => v.trim().parse::<chrono_tz::Tz>().map_err(|_| {
-            err(
-                var,
-                format!("expected an IANA time zone name such as Asia/Jakarta, got {v:?}"),
-            )
-        }),
-    }
-}
-
-fn err(var: &'static str, message: impl Into<String>) -> SettingsError {
-    SettingsError {
-        var,
-        message: message.into(),
-    }
-}
-
-/// Parses a boolean the way the toggles do: `true/1/yes/on`, `false/0/no/off`, any case.
-pub fn parse_bool(var: &'static str, value: &str) -> Result<bool, SettingsError> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        other => Err(err(
-            var,
-            format!("expected true/false/1/0/yes/no/on/off, got {other:?}"),
-        )),
-    }
-}
-
-struct Reader<'a, S: Source + ?Sized>(&'a S);
-
-impl<S: Source + ?Sized> Reader<'_, S> {
-    fn opt(&self, var: &'static str) -> Option<String> {
-        self.0.get(var).map(|v| v.trim().to_string())
-    }
-
-    fn bool_or(&self, var: &'static str, default: bool) -> Result<bool, SettingsError> {
-        self.opt(var).map_or(Ok(default), |v| parse_bool(var, &v))
-    }
-
-    fn num_or<T>(&self, var: &'static str, default: T, min: T, max: T) -> Result<T, SettingsError>
-    where
-        T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
-    {
-        let Some(raw) = self.opt(var) else {
-            return Ok(default);
-        };
-        let v: T = raw
-            .parse()
-            .map_err(|_| err(var, format!("expected a whole number, got {raw:?}")))?;
-        if v < min || v > max {
-            return Err(err(
-                var,
-                format!("must be between {min} and {max}, got {v}"),
-            ));
-        }
-        Ok(v)
-    }
-
-    fn url(&self, var: &'static str, schemes: &[&str]) -> Result<Option<String>, SettingsError> {
-        let Some(v) = self.opt(var) else {
-            return Ok(None);
-        };
-        let scheme_ok = schemes.iter().any(|s| {
-            v.len() > s.len() + 1
-                && v[..s.len()].eq_ignore_ascii_case(s)
-                && v[s.len()..].starts_with(':')
-        });
-        if !scheme_ok {
-            return Err(err(
-                var,
-                format!("expected a URL starting with one of {schemes:?}"),
-            ));
-        }
-        Ok(Some(v.trim_end_matches('/').to_string()))
-    }
-
-    /// A secret of at least [`SECRET_MIN_BYTES`] bytes.
-    fn secret(&self, var: &'static str) -> Result<Option<String>, SettingsError> {
-        match self.opt(var) {
-            Some(v) if v.len() < SECRET_MIN_BYTES => Err(err(
-                var,
-                format!("must be at least {SECRET_MIN_BYTES} bytes, got {}", v.len()),
-            )),
-            v => Ok(v),
-        }
-    }
-
-    fn email(&self, var: &'static str) -> Result<Option<String>, SettingsError> {
-        let Some(v) = self.opt(var) else {
-            return Ok(None);
-        };
-        if !is_mailbox_spec(&v) {
-            return Err(err(
-                var,
-                "expected an email address (`addr@example.com`) or an RFC 5322 mailbox \
-                 (`Name <addr@example.com>`)",
-            ));
-        }
-        Ok(Some(v))
-    }
-}
-
-/// An RFC 5322 mailbox as a sender or recipient setting: a bare address
-/// (`addr@example.com`) or `display-name <addr@example.com>`, where the display
-/// name is a quoted string or words without the RFC 5322 specials
-/// (`()<>[]:;@\,"`). The worker parses it again with lettre's `Mailbox`.
-pub fn is_mailbox_spec(value: &str) -> bool {
-    let value = value.trim();
-    if value.chars().any(char::is_control) {
-        return false;
-    }
-    let Some(open) = value.rfind('<') else {
-        return crate::base::validate::is_mailbox(value);
-    };
-    let Some(addr) = value[open + 1..].strip_suffix('>') else {
-        return false;
-    };
-    if !crate::base::validate::is_mailbox(addr) {
-        return false;
-    }
-    let name = value[..open].trim();
-    if let Some(inner) = name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
-        // quoted-string: no bare quote or backslash inside.
-        let mut chars = inner.chars();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' if chars.next().is_none() => return false,
-                '"' => return false,
-                _ => {}
-            }
-        }
-        true
-    } else {
-        !name.contains(['(', ')', '<', '>', '[', ']', ':', ';', '@', '\\', ',', '"'])
-    }
-}
-
-/// Which transport delivers mail (health's `email_transport`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EmailTransport {
-    /// The HTTP email API (`EMAIL_PROVIDER_API_KEY` + `EMAIL_PROVIDER_BASE_URL`).
-    Api,
-    /// SMTP (`SMTP_URL`).
-    Smtp,
-    /// Embedded default with nothing configured: one `.eml` file per message in
-    /// `$DATA_DIR/outbox`.
-    Outbox,
-    /// None: production (PostgreSQL or Redis configured) without a transport.
-    None,
-}
-
-impl EmailTransport {
-    /// `api`, `smtp`, `outbox` or `none`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EmailTransport::Api => "api",
-            EmailTransport::Smtp => "smtp",
-            EmailTransport::Outbox => "outbox",
-            EmailTransport::None => "none",
-        }
-    }
-}
-
-/// Sender used by the outbox transport when `EMAIL_FROM` is unset.
-pub const OUTBOX_DEFAULT_FROM: &str = "noreply@localhost";
-
-/// Refuses SMTP credentials sent in clear: `SMTP_URL` with a user or password,
-/// scheme `smtp` and no `tls=required`, to a host other than loopback.
-fn check_smtp_credentials(url: &str) -> Result<(), SettingsError> {
-    let parsed = url::Url::parse(url).map_err(|e| err("SMTP_URL", format!("not a URL: {e}")))?;
-    let has_credentials = !parsed.username().is_empty() || parsed.password().is_some();
-    if !has_credentials || parsed.scheme().eq_ignore_ascii_case("smtps") {
-        return Ok(());
-    }
-    let tls_required = parsed
-        .query_pairs()
-        .any(|(k, v)| k == "tls" && v.eq_ignore_ascii_case("required"));
-    if tls_required {
-        return Ok(());
-    }
-    let loopback = match parsed.host() {
-        // `smtp` is not a special scheme: an IPv4 host stays a domain string.
-        Some(url::Host::Domain(d)) => {
-            d.eq_ignore_ascii_case("localhost")
-                || d.parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback())
-        }
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
-    if loopback {
-        return Ok(());
-    }
-    Err(err(
-        "SMTP_URL",
-        "credentials would be sent in clear to a remote host: use smtps:// or add ?tls=required",
-    ))
-}
-
-/// Checks the TLS side of `REDIS_URL` and reads `REDIS_CA_FILE`:
-/// - `#insecure` (a `rediss://` URL that skips the certificate check) is
-///   refused: give the server's CA in `REDIS_CA_FILE` instead;
-/// - `REDIS_CA_FILE` needs a `rediss://` `REDIS_URL`, and must be a readable
-///   PEM file holding at least one `CERTIFICATE` block (whether the blocks
-///   parse is checked when the client is built).
-fn check_redis_tls(
-    url: Option<&str>,
-    ca_file: Option<String>,
-) -> Result<Option<PathBuf>, SettingsError> {
-    let tls = url.is_some_and(|u| u.len() > 7 && u[..7].eq_ignore_ascii_case("rediss:"));
-    if tls && url.is_some_and(|u| u.contains("#insecure")) {
-        return Err(err(
-            "REDIS_URL",
-            "`#insecure` (no certificate check) is not supported: put the server's CA certificate in REDIS_CA_FILE",
-        ));
-    }
-    let Some(path) = ca_file else {
-        return Ok(None);
-    };
-    if !tls {
-        return Err(err(
-            "REDIS_CA_FILE",
-            "is set but REDIS_URL is not a rediss:// (TLS) URL",
-        ));
-    }
-    let pem = std::fs::read_to_string(&path)
-        .map_err(|e| err("REDIS_CA_FILE", format!("cannot read {path:?}: {e}")))?;
-    if !pem.contains("-----BEGIN CERTIFICATE-----") {
-        return Err(err(
-            "REDIS_CA_FILE",
-            format!("{path:?} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`)"),
-        ));
-    }
-    Ok(Some(PathBuf::from(path)))
-}
-
 impl Settings {
     /// Loads `.env` (when present, without overriding the environment) and reads the environment.
     ///
@@ -1427,479 +1031,10 @@ impl Settings {
         self.contact_email.as_deref().or(self.email_from.as_deref())
     }
 }
-
-/// Parses `RENEWAL_REMINDER_DAYS`: a comma list of whole days, each 1–365;
-/// answers them largest first without repeats. Empty (or only commas and
-/// spaces) → none.
-pub fn parse_reminder_days(var: &'static str, value: &str) -> Result<Vec<u32>, SettingsError> {
-    let mut out = Vec::new();
-    for raw in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
-        let d: u32 = raw
-            .parse()
-            .ok()
-            .filter(|d| (1..=365).contains(d))
-            .ok_or_else(|| err(var, format!("{raw:?} is not a whole number of days 1–365")))?;
-        if !out.contains(&d) {
-            out.push(d);
-        }
-    }
-    out.sort_unstable_by(|a, b| b.cmp(a));
-    Ok(out)
-}
-
-/// Parses a comma list of exact web origins (`CORS_ALLOWED_ORIGINS`): each
-/// `http(s)://host[:port]`, no path, query or user; kept in the form browsers
-/// send in `Origin` (lower-case host, default port dropped). Empty → none.
-pub fn parse_origins(var: &'static str, value: &str) -> Result<Vec<String>, SettingsError> {
-    let mut out = Vec::new();
-    for raw in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
-        let bad = || {
-            err(
-                var,
-                format!(
-                    "{raw:?} is not an origin: expected scheme://host[:port] such as \
-                     https://app.example.com (no path, no trailing slash, no wildcard)"
-                ),
-            )
-        };
-        let url = url::Url::parse(raw).map_err(|_| bad())?;
-        if !matches!(url.scheme(), "http" | "https")
-            || url.path() != "/"
-            || raw.ends_with('/')
-            || url.query().is_some()
-            || url.fragment().is_some()
-            || !url.username().is_empty()
-            || raw.contains('*')
-        {
-            return Err(bad());
-        }
-        let origin = url.origin().ascii_serialization();
-        if !out.contains(&origin) {
-            out.push(origin);
-        }
-    }
-    Ok(out)
-}
-
-/// Whether `url` is `https://…`, or `http://` to a loopback host
-/// (`localhost`, `127.0.0.0/8`, `[::1]`).
-fn is_https_or_loopback(url: &str) -> bool {
-    let lower = url.to_ascii_lowercase();
-    if lower.starts_with("https://") {
-        return true;
-    }
-    let Some(rest) = lower.strip_prefix("http://") else {
-        return false;
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit('@').next().unwrap_or("");
-    let host = if let Some(v6) = host_port.strip_prefix('[') {
-        v6.split(']').next().unwrap_or("")
-    } else {
-        host_port.split(':').next().unwrap_or("")
-    };
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
-fn absolute(p: &std::path::Path) -> PathBuf {
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(p))
-            .unwrap_or_else(|_| p.to_path_buf())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with(pairs: &[(&'static str, &'static str)]) -> Result<Settings, SettingsError> {
-        let map: HashMap<&str, &str> = pairs.iter().copied().collect();
-        Settings::from_source(&map)
-    }
-
-    #[test]
-    fn defaults_are_embedded_and_everything_enabled() {
-        let s = with(&[]).unwrap();
-        assert!(s.database_embedded);
-        assert!(s.database_url.starts_with("sqlite://"));
-        assert!(s.redis_url.is_none());
-        assert_eq!(s.port, 8080);
-        let t = s.toggles;
-        assert!(t.auth && t.waitlist && t.contact && t.payments && t.admin && t.ai);
-        assert_eq!(s.payment_provider, PaymentProvider::ProviderB);
-    }
-
-    #[test]
-    fn toggles_accept_the_documented_spellings() {
-        for off in ["false", "0", "no", "off", "OFF", "False", " No "] {
-            let map: HashMap<&str, &str> = [("NEXT_PUBLIC_ENABLE_CONTACT", off)].into();
-            assert!(
-                !Settings::from_source(&map).unwrap().toggles.contact,
-                "{off}"
-            );
-        }
-        for on in ["true", "1", "yes", "on", "TRUE", "Yes"] {
-            let map: HashMap<&str, &str> = [("NEXT_PUBLIC_ENABLE_CONTACT", on)].into();
-            assert!(Settings::from_source(&map).unwrap().toggles.contact, "{on}");
-        }
-    }
-
-    #[test]
-    fn malformed_values_name_the_variable() {
-        assert_eq!(with(&[("PORT", "eighty")]).unwrap_err().var, "PORT");
-        assert_eq!(
-            with(&[("NEXT_PUBLIC_ENABLE_AI", "maybe")]).unwrap_err().var,
-            "NEXT_PUBLIC_ENABLE_AI"
-        );
-        assert_eq!(
-            with(&[("DATABASE_URL", "mysql://x")]).unwrap_err().var,
-            "DATABASE_URL"
-        );
-        assert_eq!(
-            with(&[("PAYMENT_PROVIDER", "paypal")]).unwrap_err().var,
-            "PAYMENT_PROVIDER"
-        );
-        assert_eq!(
-            with(&[("EMAIL_FROM", "not-an-email")]).unwrap_err().var,
-            "EMAIL_FROM"
-        );
-        assert_eq!(
-            with(&[("WORKER_CONCURRENCY", "0")]).unwrap_err().var,
-            "WORKER_CONCURRENCY"
-        );
-    }
-
-    #[test]
-    fn mail_interval_defaults_to_60_s_and_may_be_off() {
-        assert_eq!(with(&[]).unwrap().auth_mail_interval_secs, 60);
-        assert_eq!(
-            with(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
-                .unwrap()
-                .auth_mail_interval_secs,
-            0
-        );
-        for bad in ["-1", "86401", "soon"] {
-            assert_eq!(
-                with(&[("AUTH_MAIL_INTERVAL_SECS", bad)]).unwrap_err().var,
-                "AUTH_MAIL_INTERVAL_SECS"
-            );
-        }
-    }
-
-    #[test]
-    fn billing_mails_name_the_product_and_a_real_time_zone() {
-        let s = with(&[]).unwrap();
-        assert_eq!(s.app_name, "App");
-        assert_eq!(s.billing_time_zone, chrono_tz::Asia::Jakarta);
-        let s = with(&[
-            ("APP_NAME", " Acme Cloud "),
-            ("BILLING_TIME_ZONE", "Europe/Berlin"),
-        ])
-        .unwrap();
-        assert_eq!(s.app_name, "Acme Cloud");
-        assert_eq!(s.billing_time_zone, chrono_tz::Europe::Berlin);
-        for bad in ["Mars/Olympus", "Asia/Nowhere", "+07:00"] {
-            assert_eq!(
-                with(&[("BILLING_TIME_ZONE", bad)]).unwrap_err().var,
-                "BILLING_TIME_ZONE"
-            );
-        }
-        assert_eq!(
-            with(&[("APP_NAME", "Acme\nCloud")]).unwrap_err().var,
-            "APP_NAME"
-        );
-        let long: &'static str = Box::leak("x".repeat(101).into_boxed_str());
-        assert_eq!(with(&[("APP_NAME", long)]).unwrap_err().var, "APP_NAME");
-    }
-
-    #[test]
-    fn secrets_have_a_minimum_length() {
-        let short = "0123456789abcdef0123456789abcde"; // 31 bytes
-        let long = "0123456789abcdef0123456789abcdef"; // 32 bytes
-        for var in ["BACKEND_JWT_SECRET", "BACKEND_SERVICE_ROLE_KEY"] {
-            assert_eq!(with(&[(var, short)]).unwrap_err().var, var);
-            assert!(with(&[(var, long)]).is_ok(), "{var}");
-        }
-    }
-
-    #[test]
-    fn backend_url_is_https_or_loopback() {
-        for ok in [
-            "https://auth.example.com",
-            "http://127.0.0.1:9",
-            "http://localhost:54321",
-            "http://[::1]:8000/x",
-        ] {
-            assert!(with(&[("NEXT_PUBLIC_BACKEND_URL", ok)]).is_ok(), "{ok}");
-        }
-        for bad in [
-            "http://auth.example.com",
-            "http://127.0.0.1.evil.com",
-            "http://localhost.evil.com",
-            "http://10.0.0.1",
-        ] {
-            assert_eq!(
-                with(&[("NEXT_PUBLIC_BACKEND_URL", bad)]).unwrap_err().var,
-                "NEXT_PUBLIC_BACKEND_URL",
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn cors_origins_are_exact_origins() {
-        assert!(with(&[]).unwrap().cors_allowed_origins.is_empty());
-        let s = with(&[(
-            "CORS_ALLOWED_ORIGINS",
-            " https://App.Example.com , http://127.0.0.1:5173,https://app.example.com:443",
-        )])
-        .unwrap();
-        assert_eq!(
-            s.cors_allowed_origins,
-            vec!["https://app.example.com", "http://127.0.0.1:5173"]
-        );
-        for bad in [
-            "https://app.example.com/",
-            "https://app.example.com/x",
-            "*",
-            "https://*.example.com",
-            "ftp://x.example.com",
-            "app.example.com",
-        ] {
-            assert_eq!(
-                with(&[("CORS_ALLOWED_ORIGINS", bad)]).unwrap_err().var,
-                "CORS_ALLOWED_ORIGINS",
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn proxy_hops_and_admin_ids() {
-        assert_eq!(with(&[]).unwrap().trust_proxy_hops, 0);
-        assert_eq!(
-            with(&[("TRUST_PROXY", "true")]).unwrap().trust_proxy_hops,
-            1
-        );
-        let s = with(&[("TRUST_PROXY", "true"), ("TRUST_PROXY_HOPS", "2")]).unwrap();
-        assert_eq!(s.trust_proxy_hops, 2);
-        let id = "7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11";
-        let s = with(&[("ADMIN_USER_IDS", " 7f6c2c6e-1f0a-4c39-9d55-2a8f0f1b9a11 ,")]).unwrap();
-        assert_eq!(s.admin_user_ids, vec![uuid::Uuid::parse_str(id).unwrap()]);
-        assert_eq!(
-            with(&[("ADMIN_USER_IDS", "boss")]).unwrap_err().var,
-            "ADMIN_USER_IDS"
-        );
-        assert!(!with(&[]).unwrap().auth_trust_email_claim);
-    }
-
-    #[test]
-    fn contact_inbox_falls_back_to_sender() {
-        let s = with(&[("EMAIL_FROM", "team@example.com")]).unwrap();
-        assert_eq!(s.contact_inbox(), Some("team@example.com"));
-        let s = with(&[
-            ("EMAIL_FROM", "team@example.com"),
-            ("CONTACT_EMAIL", "in@example.com"),
-        ])
-        .unwrap();
-        assert_eq!(s.contact_inbox(), Some("in@example.com"));
-    }
-
-    #[test]
-    fn sender_and_inbox_accept_an_rfc5322_mailbox() {
-        for v in [
-            "noreply@example.com",
-            "Site <noreply@example.com>",
-            "\"Site, Inc.\" <noreply@example.com>",
-            "<noreply@example.com>",
-            "Jane Q. Public <jane@example.org>",
-        ] {
-            let s = with(&[("EMAIL_FROM", v), ("CONTACT_EMAIL", v)])
-                .unwrap_or_else(|e| panic!("{v:?}: {e}"));
-            assert_eq!(s.email_from.as_deref(), Some(v), "kept as-is");
-        }
-        for v in [
-            "Site <noreply@example.com",
-            "Site <not-an-email>",
-            "Site, Inc. <noreply@example.com>",
-            "\"Site <noreply@example.com>",
-            "Site <noreply@localhost>",
-        ] {
-            assert_eq!(
-                with(&[("EMAIL_FROM", v)]).unwrap_err().var,
-                "EMAIL_FROM",
-                "{v:?}"
-            );
-            assert_eq!(
-                with(&[("CONTACT_EMAIL", v)]).unwrap_err().var,
-                "CONTACT_EMAIL",
-                "{v:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn smtp_credentials_need_tls_off_loopback() {
-        let e = with(&[("SMTP_URL", "smtp://user:pass@mail.example.com:25")]).unwrap_err();
-        assert_eq!(e.var, "SMTP_URL");
-        assert!(e.message.contains("tls=required"), "{}", e.message);
-        assert_eq!(
-            with(&[(
-                "SMTP_URL",
-                "smtp://user@mail.example.com:587?tls=opportunistic"
-            )])
-            .unwrap_err()
-            .var,
-            "SMTP_URL"
-        );
-        for ok in [
-            "smtp://user:pass@mail.example.com:587?tls=required",
-            "smtps://user:pass@mail.example.com:465",
-            "smtp://user:pass@localhost:25",
-            "smtp://user:pass@127.0.0.1:2525",
-            "smtp://user:pass@[::1]:2525",
-            "smtp://mail.example.com:25",
-        ] {
-            assert!(with(&[("SMTP_URL", ok)]).is_ok(), "{ok}");
-        }
-    }
-
-    #[test]
-    fn the_transport_follows_the_configuration() {
-        let t = |pairs: &[(&'static str, &'static str)]| with(pairs).unwrap().email_transport();
-        assert_eq!(t(&[]), EmailTransport::Outbox);
-        assert_eq!(
-            t(&[("REDIS_URL", "redis://127.0.0.1:6379")]),
-            EmailTransport::None
-        );
-        assert_eq!(
-            t(&[("DATABASE_URL", "postgres://localhost/app")]),
-            EmailTransport::None
-        );
-        assert_eq!(
-            t(&[("SMTP_URL", "smtp://localhost:2525")]),
-            EmailTransport::Smtp
-        );
-        assert_eq!(
-            t(&[
-                ("EMAIL_PROVIDER_API_KEY", "k"),
-                ("EMAIL_PROVIDER_BASE_URL", "https://api.example.com")
-            ]),
-            EmailTransport::Api
-        );
-        // A key without its base URL is a broken configuration, not the outbox.
-        assert_eq!(t(&[("EMAIL_PROVIDER_API_KEY", "k")]), EmailTransport::None);
-    }
-
-    #[test]
-    fn the_outbox_has_a_default_sender() {
-        let s = with(&[]).unwrap();
-        assert_eq!(s.email_from.as_deref(), Some(OUTBOX_DEFAULT_FROM));
-        let s = with(&[("REDIS_URL", "redis://127.0.0.1:6379")]).unwrap();
-        assert_eq!(s.email_from, None, "production has no default sender");
-    }
-
-    #[test]
-    fn redis_tls_settings_are_checked() {
-        let dir = std::env::temp_dir().join(format!("redis-ca-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ca = dir.join("ca.pem");
-        std::fs::write(
-            &ca,
-            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
-        )
-        .unwrap();
-        let not_pem = dir.join("key.txt");
-        std::fs::write(&not_pem, "hello").unwrap();
-        let ca_s: &'static str = ca.display().to_string().leak();
-        let s = with(&[
-            ("REDIS_URL", "rediss://cache.example.com:6380"),
-            ("REDIS_CA_FILE", ca_s),
-        ])
-        .unwrap();
-        assert_eq!(s.redis_ca_file.as_deref(), Some(ca.as_path()));
-        assert_eq!(
-            with(&[("REDIS_URL", "rediss://h:6380")])
-                .unwrap()
-                .redis_ca_file,
-            None
-        );
-        for (pairs, var) in [
-            (
-                vec![("REDIS_URL", "redis://h:6379"), ("REDIS_CA_FILE", ca_s)],
-                "REDIS_CA_FILE",
-            ),
-            (vec![("REDIS_CA_FILE", ca_s)], "REDIS_CA_FILE"),
-            (
-                vec![
-                    ("REDIS_URL", "rediss://h:6380"),
-                    ("REDIS_CA_FILE", "/nonexistent/ca.pem"),
-                ],
-                "REDIS_CA_FILE",
-            ),
-            (
-                vec![("REDIS_URL", "rediss://h:6380/#insecure")],
-                "REDIS_URL",
-            ),
-        ] {
-            assert_eq!(with(&pairs).unwrap_err().var, var, "{pairs:?}");
-        }
-        let not_pem_s: &'static str = not_pem.display().to_string().leak();
-        let e = with(&[
-            ("REDIS_URL", "rediss://h:6380"),
-            ("REDIS_CA_FILE", not_pem_s),
-        ])
-        .unwrap_err();
-        assert!(e.message.contains("no PEM certificate"), "{}", e.message);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn retry_settings_have_defaults_and_bounds() {
-        let s = with(&[]).unwrap();
-        assert_eq!(s.job_retry_base, Duration::from_secs(10));
-        assert_eq!(s.job_retry_max_delay, Duration::from_secs(3600));
-        assert_eq!(s.job_retry_horizon, Duration::from_secs(86_400));
-        assert_eq!(s.dead_letter_retention, Duration::from_secs(1_209_600));
-        assert_eq!(s.worker_heartbeat, Duration::from_millis(5000));
-        assert_eq!(s.job_timeout, Duration::from_secs(300));
-        assert_eq!(s.worker_shutdown_timeout, Duration::from_secs(25));
-        assert_eq!(s.worker_test_panic_marker, None);
-        assert_eq!(
-            with(&[("WORKER_SHUTDOWN_TIMEOUT_SECS", "0")])
-                .unwrap()
-                .worker_shutdown_timeout,
-            Duration::ZERO
-        );
-        assert_eq!(
-            with(&[("WORKER_SHUTDOWN_TIMEOUT_SECS", "3601")])
-                .unwrap_err()
-                .var,
-            "WORKER_SHUTDOWN_TIMEOUT_SECS"
-        );
-        for var in [
-            "JOB_RETRY_BASE_SECS",
-            "JOB_RETRY_MAX_DELAY_SECS",
-            "WORKER_HEARTBEAT_MS",
-            "JOB_TIMEOUT_SECS",
-        ] {
-            assert_eq!(with(&[(var, "0")]).unwrap_err().var, var);
-        }
-    }
-}
-
 /// Default seconds between two mails of one kind to one user
 /// (`AUTH_MAIL_INTERVAL_SECS`).
 pub const DEFAULT_MAIL_INTERVAL_SECS: i64 = 60;
-
 /// Default `AUTH_CODE_FAILURES_PER_HOUR`.
 pub const DEFAULT_CODE_FAILURES_PER_HOUR: u32 = 10;
-
 /// Default `AUTH_CONFIRMATION_MAILS_PER_DAY`.
 pub const DEFAULT_CONFIRMATION_MAILS_PER_DAY: u32 = 10;
