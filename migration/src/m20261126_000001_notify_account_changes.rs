@@ -1,7 +1,7 @@
 //! PostgreSQL only: row triggers on `users`, `user_roles` and `subscriptions`
 //! that send `NOTIFY account_changed, '<user id>'` on every insert, update or
 //! delete, so api processes can keep accounts and plans in memory and drop
-//! them the moment they change (`api::account_cache`). PostgreSQL delivers a
+//! them the moment they change (`api::identity::account_cache`). PostgreSQL delivers a
 //! notification only when its transaction commits, and folds duplicates
 //! within one transaction. On SQLite this migration does nothing.
 

@@ -1,5 +1,5 @@
 //! PostgreSQL only: the rest of the row triggers the api's cache of accounts
-//! (`api::account_cache`) listens to, beside those of
+//! (`api::identity::account_cache`) listens to, beside those of
 //! `m20261126_000001_notify_account_changes` (`users`, `user_roles`,
 //! `subscriptions`):
 //! - `profiles`, `auth_accounts`, `auth_identities` on every insert, update

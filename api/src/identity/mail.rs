@@ -263,7 +263,9 @@ impl Idp {
     /// (`PUT /user {password, nonce}`). One mail per
     /// `AUTH_MAIL_INTERVAL_SECS` (60 s).
     pub async fn reauthenticate(&self, claims: &AccessClaims) -> Result<(), AuthApiError> {
-        let view = self.bounded(account::load(&self.db, claims.sub)).await??;
+        let view = self
+            .bounded(entity::identity::view::load(&self.db, claims.sub))
+            .await??;
         let Some(acc) = view.account else {
             return Err(IdentityError::UserNotFound.into());
         };

@@ -1,7 +1,7 @@
 //! The platform's JSON shapes (users, identities, sessions, access-token
 //! claims) and the inputs of the provider's operations.
 
-use entity::identity::account::UserView;
+use entity::identity::view::UserView;
 use poem_openapi::Object;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

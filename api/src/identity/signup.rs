@@ -114,7 +114,9 @@ impl Idp {
                     ))
                     .await??;
                 }
-                let view = self.bounded(account::load(&self.db, acc.user_id)).await??;
+                let view = self
+                    .bounded(entity::identity::view::load(&self.db, acc.user_id))
+                    .await??;
                 Ok(SignUpOutcome::User(Box::new(UserJson::from_view(&view))))
             }
             Created::Existing(_) if autoconfirm => Err(AuthApiError::new(

@@ -119,8 +119,11 @@ impl Idp {
         let view = match issued.view {
             Some(view) => view,
             None => {
-                self.bounded(account::load(&self.db, issued.session.user_id))
-                    .await??
+                self.bounded(entity::identity::view::load(
+                    &self.db,
+                    issued.session.user_id,
+                ))
+                .await??
             }
         };
         let user = UserJson::from_view(&view);

@@ -10,7 +10,7 @@ pub const REAUTHENTICATION_AFTER_SECS: i64 = 24 * 3600;
 
 impl Idp {
     /// `GET /user`: verifies the bearer token and answers its user while the
-    /// session still exists, in one query ([`account::load_for_session`]).
+    /// session still exists, in one query ([`entity::identity::view::load_for_session`]).
     pub async fn current_user(&self, bearer: Option<&str>) -> Result<UserJson, AuthApiError> {
         let token = bearer.ok_or_else(AuthApiError::no_authorization)?;
         let claims = self.verify_access(token)?;
@@ -19,7 +19,7 @@ impl Idp {
         }
         let ticket = self.accounts.ticket();
         let view = self
-            .bounded(account::load_for_session(
+            .bounded(entity::identity::view::load_for_session(
                 &self.db,
                 claims.sub,
                 claims.session_id,
@@ -48,7 +48,9 @@ impl Idp {
         claims: &AccessClaims,
         req: UpdateUser<'_>,
     ) -> Result<UserJson, AuthApiError> {
-        let view = self.bounded(account::load(&self.db, claims.sub)).await??;
+        let view = self
+            .bounded(entity::identity::view::load(&self.db, claims.sub))
+            .await??;
         let Some(acc) = view.account.clone() else {
             return Err(IdentityError::UserNotFound.into());
         };
@@ -114,7 +116,9 @@ impl Idp {
                 .await?;
             }
         }
-        let view = self.bounded(account::load(&self.db, claims.sub)).await??;
+        let view = self
+            .bounded(entity::identity::view::load(&self.db, claims.sub))
+            .await??;
         Ok(UserJson::from_view(&view))
     }
 

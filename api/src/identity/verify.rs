@@ -140,7 +140,10 @@ impl Idp {
     /// Not held to the interval (it answers the confirmation just made); a
     /// failure is logged, the sign-in goes on.
     async fn send_password_notice(&self, user_id: Uuid) {
-        let acc = match self.bounded(account::load(&self.db, user_id)).await {
+        let acc = match self
+            .bounded(entity::identity::view::load(&self.db, user_id))
+            .await
+        {
             Ok(Ok(view)) => view.account,
             _ => None,
         };

@@ -27,7 +27,7 @@ pub struct Model {
     /// How many avatar uploads of this user have completed (starts at 0;
     /// bumped by each upload, under the row lock, as the object is put in
     /// place). The avatar cleanup compares it with the value a profile save
-    /// recorded, so a later upload is never deleted (`entity::avatar`).
+    /// recorded, so a later upload is never deleted (`entity::accounts::avatar`).
     pub avatar_generation: i64,
 }
 

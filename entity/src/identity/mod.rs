@@ -16,6 +16,7 @@ pub mod password;
 pub mod redirect;
 pub mod sessions;
 pub mod tokens;
+pub mod view;
 
 use sea_orm::DbErr;
 

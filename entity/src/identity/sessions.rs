@@ -41,8 +41,8 @@ pub struct IssuedSession {
     pub refresh_token: String,
     /// The session user's view, when the statement that issued the session
     /// read it too (a rotation on PostgreSQL); `None`: load it with
-    /// [`super::account::load`].
-    pub view: Option<super::account::UserView>,
+    /// [`super::view::load`].
+    pub view: Option<super::view::UserView>,
 }
 
 /// Creates a session for `user_id` established by `amr_method` (`password`,
@@ -144,7 +144,7 @@ async fn rotate_active<C: ConnectionTrait + TransactionTrait>(
         return Ok(Some(IssuedSession {
             session,
             refresh_token,
-            view: super::account::view_of(view_rows),
+            view: super::view::view_of(view_rows),
         }));
     }
     let txn = crate::base::db::begin_write(db).await?;
@@ -199,7 +199,7 @@ fn prefixed<E: EntityTrait>(table: &str, pre: &str) -> String {
 /// [`rotate_active`] on PostgreSQL. `$1`: the presented token's hash; `$2`,
 /// `$3`: the child's id and hash. Answers, when `$1` was an active token, the
 /// touched session (columns `S_*`) joined with the user's view as
-/// [`super::account::load`] reads it (`A_*` users ⟕ `B_*` auth_accounts ⟕
+/// [`super::view::load`] reads it (`A_*` users ⟕ `B_*` auth_accounts ⟕
 /// `C_*` auth_identities, one row per identity, oldest first), so a refresh
 /// makes one round trip to the database; no row otherwise. The view is read
 /// from the statement's snapshot, which the CTEs (tokens and sessions only)
