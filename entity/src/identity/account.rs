@@ -375,9 +375,14 @@ pub async fn retake_pending<C: ConnectionTrait + TransactionTrait>(
     use crate::entities::auth_sessions as sess;
     let txn = crate::base::db::begin_write(db).await?;
     let now = crate::base::db::now(&txn).await?;
+    // Once contested, an account stays contested until it is confirmed: a
+    // sign-up that read the account before another request contested it
+    // (two sign-ups racing) must not write its stale sign-up id back.
+    let keep_contested = Expr::case(acc::Column::SignupId.eq(CONTESTED), Expr::value(CONTESTED))
+        .finally(Expr::value(signup_id));
     let taken = acc::Entity::update_many()
         .col_expr(acc::Column::PasswordHash, Expr::value(password_hash))
-        .col_expr(acc::Column::SignupId, Expr::value(signup_id))
+        .col_expr(acc::Column::SignupId, keep_contested.into())
         .col_expr(
             acc::Column::UserMetadata,
             Expr::value(user_metadata.to_string()),
