@@ -23,6 +23,11 @@
 //!   cursor between ticks. Dead-lettered jobs are kept: they are the dead-letter
 //!   queue, purged after `DEAD_LETTER_RETENTION_SECS` by
 //!   [`Queues::purge_dead_letters_step`] and redriven by [`Queues::redrive`].
+//!
+//! Why this file is long: it is the one place that reads and writes
+//! apalis-redis's keys and apalis-sqlite's tables directly (dead letters,
+//! vacuum, purge, promotion, redrive), the layout the workspace pins apalis
+//! for (Cargo.toml); `tests/tests/queue_layout.rs` checks that layout.
 
 use std::{collections::HashMap, sync::LazyLock, time::Duration};
 

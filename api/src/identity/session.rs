@@ -31,6 +31,11 @@
 //! current key set is remembered (bounded map keyed by the whole token, re-checking
 //! `exp` on every hit; dropped with the key set on every JWKS fetch): a repeated
 //! RS256/ES256 token then costs a hash lookup, like HS256.
+//!
+//! Why this file is long: the three kinds of session token (the built-in
+//! provider's ES256, an external platform's JWKS-signed, HS256) are verified
+//! by one function so that every logged-in route applies the same checks in
+//! the same order; its key sets and caches stay beside it.
 
 use std::{
     fmt,

@@ -4,6 +4,13 @@
 //!
 //! Emails are unique among built-in accounts case-insensitively: the
 //! `email_norm` column (trimmed, ASCII-lowercased) carries a unique index.
+//!
+//! Why this file is long: every write to a pending account (create, a later
+//! sign-up, the first proof in [`confirm_email`], OAuth sign-ins, email and
+//! password changes) is conditional on what the others write, and the first
+//! proof must see them all; they stay side by side until the identity pass
+//! splits them by flow around that one function (the read of an account is
+//! already apart, in [`super::view`]).
 
 use sea_orm::{
     sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set,

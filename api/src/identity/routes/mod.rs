@@ -4,6 +4,11 @@
 //!
 //! Not problem details: these routes answer the platform's own error bodies
 //! ([`AuthApiError`]), documented per route.
+//!
+//! Why this file is long: poem-openapi takes an API object's operations from
+//! one `#[OpenApi]` impl, and `/auth/v1` is one object (its own error bodies,
+//! its own tag); each handler is a few lines, the flows' work is in
+//! [`crate::identity`]'s `signup`, `token`, `user`, `verify` and `mail`.
 
 mod reply;
 
