@@ -30,7 +30,7 @@
 //! nothing the attacker wrote, and it has no identity but `email`; and no
 //! account with a live attacker session or an attacker's password is admin.
 //!
-//! Cases: `PROPTEST_CASES` (default 64), seed `PROPTEST_RNG_SEED` (default
+//! Cases: `PROPTEST_CASES` (default 128, ~20 s here), seed `PROPTEST_RNG_SEED` (default
 //! fixed, 43). Failing cases shrink and are kept in
 //! `api/proptest-regressions/identity_interleavings.txt`.
 //! Run: `TEST_DATABASE_ADMIN_URL=postgres://postgres@127.0.0.1:5432/postgres
@@ -77,7 +77,7 @@ fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
+        .unwrap_or(128)
 }
 
 fn seed() -> u64 {
