@@ -1002,6 +1002,7 @@ fn identity_interleavings() {
                 .await;
         }
     });
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("prop-{}", env.name)));
     if let Err(e) = result {
         panic!("{e}");
     }
