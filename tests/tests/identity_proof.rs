@@ -608,7 +608,11 @@ async fn an_unverified_oauth_identity_does_not_survive_the_first_proof() {
         ("OAUTH_TIMEOUT_MS", "2000".into()),
     ])
     .await;
-    github_sign_in(&idp, 1).await;
+    // No session for an address GitHub did not verify: only the
+    // confirmation mail, which goes to the address's owner.
+    let back = github_sign_in(&idp, 1).await;
+    assert_needs_verification(&back);
+    idp.mail(1).await;
     let user = idp
         .text(
             "SELECT user_id::text FROM auth_accounts WHERE email_norm = $1",
@@ -619,7 +623,7 @@ async fn an_unverified_oauth_identity_does_not_survive_the_first_proof() {
     // and sets a password.
     let r = idp.post("/recover", &json!({"email": victim})).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let (_, text) = idp.mail(1).await;
+    let (_, text) = idp.mail(2).await;
     let s = idp.verify_hash("recovery", &text).await;
     assert_eq!(s.status, 200, "{}", s.text);
     let owner = s.json["user"]["id"].as_str().unwrap().to_string();
@@ -640,14 +644,125 @@ async fn an_unverified_oauth_identity_does_not_survive_the_first_proof() {
         0,
         "the unverified identity was dropped"
     );
-    // The attacker signs in with GitHub again: not into the owner's account.
+    // The attacker signs in with GitHub again: refused, nothing made.
     let back = github_sign_in(&idp, 2).await;
+    assert_needs_verification(&back);
+    assert_eq!(
+        idp.count("SELECT COUNT(*) FROM users WHERE email = $1", victim)
+            .await,
+        1,
+        "no second user for the address"
+    );
+}
+
+/// The callback refused the sign-in with GoTrue's
+/// `provider_email_needs_verification`, and issued no session.
+fn assert_needs_verification(back: &str) {
+    let f = fragment_of(back);
+    assert!(!f.contains_key("access_token"), "{back}");
+    assert_eq!(
+        f.get("error_code").map(String::as_str),
+        Some("provider_email_needs_verification"),
+        "{back}"
+    );
+}
+
+fn github_env(github: &MockServer) -> Vec<(&'static str, String)> {
+    vec![
+        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
+        (
+            "OAUTH_GITHUB_CLIENT_SECRET",
+            "gh-client-secret-0123456789".into(),
+        ),
+        ("OAUTH_GITHUB_BASE_URL", github.uri()),
+        ("OAUTH_GITHUB_API_URL", github.uri()),
+        ("OAUTH_TIMEOUT_MS", "2000".into()),
+    ]
+}
+
+/// GoTrue's `external.go`: an address GitHub did not verify gets no
+/// session, only a confirmation mail issued for that sign-in; its link
+/// signs in to the account the sign-in made and keeps the identity, so the
+/// next GitHub sign-in has a session in the same account.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unverified_oauth_sign_in_has_a_session_only_after_its_mail_is_followed() {
+    let email = "ida@example.com";
+    let github = fake_github(email, false).await;
+    let idp = Idp::start(&github_env(&github)).await;
+    let back = github_sign_in(&idp, 1).await;
+    assert_needs_verification(&back);
+    assert_eq!(
+        idp.count(
+            "SELECT COUNT(*) FROM auth_sessions s JOIN auth_accounts a USING (user_id) \
+             WHERE a.email_norm = $1",
+            email
+        )
+        .await,
+        0,
+        "no session before the proof"
+    );
+    // Again inside the mail interval: refused alike.
+    assert_needs_verification(&github_sign_in(&idp, 2).await);
+    let (to, text) = idp.mail(1).await;
+    assert_eq!(to, email);
+    let s = idp.verify_hash("signup", &text).await;
+    assert_eq!(s.status, 200, "{}", s.text);
+    let user = s.json["user"]["id"].as_str().unwrap().to_string();
+    assert!(
+        s.json["user"]["email_confirmed_at"].is_string(),
+        "{}",
+        s.text
+    );
+    let back = github_sign_in(&idp, 3).await;
     let f = fragment_of(&back);
-    if let Some(token) = f.get("access_token") {
-        let r = idp.get_auth("/user", token).await;
-        assert_eq!(r.status, 200, "{}", r.text);
-        assert_ne!(r.json["id"], owner.as_str(), "{}", r.text);
+    let token = f
+        .get("access_token")
+        .unwrap_or_else(|| panic!("a session once confirmed: {back}"));
+    let r = idp.get_auth("/user", token).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json["id"], user.as_str(), "{}", r.text);
+}
+
+/// Finding B of the red team: GitHub sign-ins (an identity the owner's
+/// proof does not keep) racing the owner's first proof of the address.
+/// Whatever the interleaving, after the proof the account has the owner's
+/// session only and no GitHub identity, and no sign-in got a session.
+#[tokio::test(flavor = "multi_thread")]
+async fn oauth_sign_ins_racing_the_first_proof_keep_no_session() {
+    let victim = "jon@example.com";
+    let github = fake_github(victim, false).await;
+    let idp = Idp::start(&github_env(&github)).await;
+    assert_needs_verification(&github_sign_in(&idp, 1).await);
+    idp.mail(1).await;
+    // The owner proves the mailbox by a recovery mail (not the sign-in's).
+    let r = idp.post("/recover", &json!({"email": victim})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let (_, recovery) = idp.mail(2).await;
+    let racers = futures::future::join_all((0..12).map(|n| github_sign_in(&idp, 10 + n)));
+    let (backs, s) = tokio::join!(racers, idp.verify_hash("recovery", &recovery));
+    assert_eq!(s.status, 200, "{}", s.text);
+    let owner = s.json["user"]["id"].as_str().unwrap().to_string();
+    for back in backs {
+        assert!(!fragment_of(&back).contains_key("access_token"), "{back}");
     }
+    assert_eq!(
+        idp.count(
+            "SELECT COUNT(*) FROM auth_sessions WHERE user_id::text = $1",
+            &owner
+        )
+        .await,
+        1,
+        "the owner's session only"
+    );
+    assert_eq!(
+        idp.count(
+            "SELECT COUNT(*) FROM auth_identities WHERE user_id::text = $1 \
+             AND provider <> 'email'",
+            &owner
+        )
+        .await,
+        0
+    );
 }
 
 /// Attack 7: `/resend {type: signup}` then `/signup` answered without

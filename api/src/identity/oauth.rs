@@ -9,9 +9,11 @@
 //!    302 to the provider.
 //! 2. `GET /callback?code=…&state=…` takes that record (single use,
 //!    expiring), exchanges the code, reads the profile, creates or links the
-//!    user (`entity::identity::account::upsert_oauth_user`), and answers 302
+//!    user (`entity::identity::external::sign_in`), and answers 302
 //!    to `redirect_to` with the session in the fragment (implicit flow) or
-//!    `?code=` for `POST /token?grant_type=pkce` (PKCE flow). Failures
+//!    `?code=` for `POST /token?grant_type=pkce` (PKCE flow). An address
+//!    the provider did not verify gets no session: a confirmation mail and
+//!    `provider_email_needs_verification` (GoTrue's `external.go`). Failures
 //!    redirect too, with `error`, `error_code` and `error_description`.
 
 use std::future::Future;
@@ -19,7 +21,11 @@ use std::future::Future;
 use entity::{
     accounts::users::AdminGrant,
     identity::oauth::{self, OAuthProvider, TakenState},
-    identity::{account, flow},
+    identity::{
+        external::{self, External},
+        flow,
+        otp::MailKind,
+    },
 };
 use poem::web::Data;
 use poem_openapi::{param::Query, ApiResponse, OpenApi};
@@ -27,7 +33,10 @@ use worker::oauth::OAuthError;
 
 use crate::{identity::routes::AuthResult, routes::ApiTags};
 use crate::{
-    identity::{urlencode, AuthApiError, Idp},
+    identity::{
+        mail::{Outgoing, Slot},
+        urlencode, AuthApiError, Idp,
+    },
     state::AppState,
 };
 
@@ -221,7 +230,13 @@ impl AuthOAuthApi {
     /// before it; a profile whose data is over 4 KiB as JSON is refused,
     /// `validation_failed`) and answers 302 to
     /// `redirect_to`: the session in the fragment with `provider_token`
-    /// (implicit flow) or `?code=` (PKCE flow). Failures redirect with
+    /// (implicit flow) or `?code=` (PKCE flow). An address the provider did
+    /// not verify gets no session until it is confirmed (as GoTrue's
+    /// `external.go`): a new or still pending account is mailed a
+    /// confirmation issued for this sign-in (whose link signs in, and keeps
+    /// the identity), and the redirect carries `error_code`
+    /// `provider_email_needs_verification`; the same code, with nothing
+    /// made, when another account holds the address. Failures redirect with
     /// `error_code` `bad_oauth_callback` (no state or no code),
     /// `bad_oauth_state` (unknown or used state), `flow_state_expired`, the
     /// provider's own error (e.g. `access_denied`), `unexpected_failure`
@@ -360,20 +375,15 @@ async fn sign_in(
                 ),
             }
         })?;
-    let no_emails: [String; 0] = [];
     let grant = AdminGrant {
         user_ids: &state.settings.admin_user_ids,
-        emails: if profile.email_verified {
-            &state.settings.admin_emails
-        } else {
-            &no_emails
-        },
+        emails: &state.settings.admin_emails,
     };
-    let user_id = bounded(
+    let outcome = bounded(
         state,
-        account::upsert_oauth_user(
+        external::sign_in(
             &state.db,
-            &account::OAuthProfile {
+            &external::OAuthProfile {
                 provider: provider.as_str().to_owned(),
                 provider_id: profile.provider_id.clone(),
                 email: Some(profile.email.clone()),
@@ -384,13 +394,58 @@ async fn sign_in(
         ),
     )
     .await?;
+    let refused = |sent: bool| {
+        let p = provider.as_str();
+        AuthApiError::new(
+            422,
+            "provider_email_needs_verification",
+            if sent {
+                format!("Unverified email with {p}. A confirmation email has been sent to your {p} email")
+            } else {
+                format!("Unverified email with {p}. Verify the email with {p} in order to sign in")
+            },
+        )
+    };
+    let (user_id, identity_id) = match outcome {
+        External::SignedIn {
+            user_id,
+            identity_id,
+        } => (user_id, identity_id),
+        External::Refused => return Err(refused(false)),
+        External::NeedsConfirmation {
+            user_id,
+            email,
+            email_norm,
+            request_id,
+        } => {
+            // GoTrue's `external.go`: no session for an unverified address,
+            // only the confirmation mail issued for this sign-in (held back
+            // quietly inside the address's interval).
+            idp.user_changed(user_id);
+            let pkce = record
+                .client_pkce
+                .as_ref()
+                .map(|p| (p.challenge.clone(), p.method));
+            let mut mail = Outgoing::new(user_id, MailKind::Confirmation, &email, &email_norm)
+                .redirect(Some(&record.redirect_to))
+                .pkce(pkce.as_ref())
+                .slot(Slot::Quiet);
+            if let Some(r) = request_id {
+                mail = mail.signup(r, None);
+            }
+            idp.send_mail(mail).await?;
+            return Err(refused(true));
+        }
+    };
     idp.user_changed(user_id);
     match &record.client_pkce {
         Some(pkce) => {
-            let flow_id = bounded(
+            let auth_code = bounded(
                 state,
-                flow::create_flow_state(
+                external::grant_flow(
                     &state.db,
+                    user_id,
+                    identity_id,
                     flow::FlowStart {
                         provider: provider.as_str().to_owned(),
                         code_challenge: pkce.challenge.clone(),
@@ -401,9 +456,8 @@ async fn sign_in(
                     },
                 ),
             )
-            .await?;
-            let auth_code =
-                bounded(state, flow::issue_auth_code(&state.db, flow_id, user_id)).await?;
+            .await?
+            .ok_or_else(|| refused(false))?;
             Ok(with_params(
                 &record.redirect_to,
                 &format!("code={}", urlencode(&auth_code)),
@@ -412,8 +466,9 @@ async fn sign_in(
         }
         None => {
             let s = idp
-                .issue_session(user_id, "oauth", provider.as_str())
-                .await?;
+                .issue_oauth_session(user_id, identity_id)
+                .await?
+                .ok_or_else(|| refused(false))?;
             let mut params = format!(
                 "access_token={}&expires_at={}&expires_in={}&provider_token={}&refresh_token={}&token_type=bearer",
                 s.access_token,

@@ -163,9 +163,8 @@ impl Idp {
     }
 
     /// A new session for `user_id`, established by `amr_method` (`password`,
-    /// `otp`, `oauth`, …) through `provider` (informational: an OAuth
-    /// identity's last sign-in is recorded by `upsert_oauth_user`). Used by the
-    /// OAuth callback.
+    /// `otp`, …) through `provider` (informational). OAuth sign-ins use
+    /// [`Idp::issue_oauth_session`].
     pub async fn issue_session(
         &self,
         user_id: Uuid,
@@ -185,6 +184,31 @@ impl Idp {
             .await??;
         self.user_changed(user_id);
         self.grant_for(issued).await
+    }
+
+    /// The session of an OAuth sign-in, issued while its identity is held
+    /// ([`entity::identity::external::grant_session`]); `None` when the
+    /// owner's first proof removed the identity meanwhile (refused).
+    pub async fn issue_oauth_session(
+        &self,
+        user_id: Uuid,
+        identity_id: Uuid,
+    ) -> Result<Option<SessionGrant>, AuthApiError> {
+        let issued = self
+            .bounded(entity::identity::external::grant_session(
+                &self.db,
+                &self.refresh_secret,
+                user_id,
+                identity_id,
+            ))
+            .await??;
+        let Some(issued) = issued else {
+            return Ok(None);
+        };
+        self.bounded(account::record_sign_in(&self.db, user_id))
+            .await??;
+        self.user_changed(user_id);
+        self.grant_for(issued).await.map(Some)
     }
 
     /// `grant_type=password`.

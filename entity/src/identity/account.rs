@@ -1,6 +1,7 @@
 //! Accounts of the built-in provider: creation (with the default rows every
 //! user gets, in the same transaction), lookup by email, confirmation,
-//! password and metadata changes, email change, and OAuth sign-ins.
+//! password and metadata changes and email change (OAuth sign-ins are in
+//! [`super::external`]).
 //!
 //! Emails are unique among built-in accounts case-insensitively: the
 //! `email_norm` column (trimmed, ASCII-lowercased) carries a unique index.
@@ -16,7 +17,6 @@ use sea_orm::{
     sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, Set,
     TransactionSession, TransactionTrait,
 };
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{is_unique_violation, IdentityError};
@@ -175,7 +175,7 @@ pub async fn create<C: ConnectionTrait + TransactionTrait>(
     }
 }
 
-async fn insert_identity<C: ConnectionTrait>(
+pub(super) async fn insert_identity<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
     provider: &str,
@@ -244,14 +244,33 @@ pub struct Proof {
 /// GoTrue, whoever consumes the mail of a sole request adopts its
 /// credentials. For an `ADMIN_EMAILS` address none survives. Every identity
 /// but `email` (and the proving OAuth identity) is removed (GoTrue's
-/// `RemoveUnconfirmedIdentities`); the account's other mail tokens, PKCE flow
+/// `RemoveUnconfirmedIdentities`), unless the proof is the mail of the sole
+/// request that made the account (an unverified OAuth sign-in's own
+/// confirmation keeps its identity); the account's other mail tokens, PKCE flow
 /// states (but the consumed mail's) and sessions are voided, so the acting
 /// session, made after this, is the only one. One conditional UPDATE
 /// confirms, on the credentials as read, so a concurrent sign-up cannot slip
 /// a credential in (it is retried, then everything pre-proof is dropped).
 /// `admin` is granted when the email is in `grant` (`ADMIN_EMAILS`), with a
 /// `role.grant` audit row; admins stay admins.
-pub async fn confirm_email<C: ConnectionTrait>(
+///
+/// All of it is one transaction, so no sign-in sees the account confirmed
+/// with what the proof voids still in place: an OAuth sign-in holds its
+/// identity's row while it issues ([`super::external::grant_session`]), and
+/// the voids here wait for it, then delete what it issued.
+pub async fn confirm_email<C: ConnectionTrait + TransactionTrait>(
+    db: &C,
+    user_id: Uuid,
+    grant: &AdminGrant<'_>,
+    proof: Proof,
+) -> Result<Confirmed, IdentityError> {
+    let txn = crate::base::db::begin_write(db).await?;
+    let outcome = confirm_in(&txn, user_id, grant, proof).await?;
+    txn.commit().await?;
+    Ok(outcome)
+}
+
+async fn confirm_in<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
     grant: &AdminGrant<'_>,
@@ -274,6 +293,9 @@ pub async fn confirm_email<C: ConnectionTrait>(
         .col_expr(acc::Column::UserMetadata, Expr::value("{}"))
     };
     let mut outcome = Confirmed::default();
+    // The proof was the mail of the sole request that made the pending
+    // account: what that request made (an OAuth identity) stays too.
+    let mut sole_request = false;
     for _ in 0..3 {
         let Some(a) = acc::Entity::find_by_id(user_id).one(db).await? else {
             return Ok(outcome);
@@ -303,6 +325,7 @@ pub async fn confirm_email<C: ConnectionTrait>(
         if q.exec(db).await?.rows_affected == 1 {
             outcome.first = true;
             outcome.password_dropped = !covered && a.password_hash.is_some();
+            sole_request = covered;
             break;
         }
     }
@@ -312,7 +335,7 @@ pub async fn confirm_email<C: ConnectionTrait>(
         outcome.password_dropped = outcome.first;
     }
     if outcome.first {
-        first_proof_voids(db, user_id, proof).await?;
+        first_proof_voids(db, user_id, proof, sole_request).await?;
         let account = acc::Entity::find_by_id(user_id).one(db).await?;
         if let Some(a) = &account {
             // The mailbox is proven: its owner may ask for a magic link at
@@ -339,21 +362,19 @@ pub async fn confirm_email<C: ConnectionTrait>(
 }
 
 /// What the first proof voids ([`confirm_email`]): identities but `email`
-/// and the proving one, every other mail token, PKCE flow state (but the
+/// and the proving one (all kept when the proof was the mail of the sole
+/// request that made the account), every other mail token, PKCE flow state (but the
 /// consumed mail's) and session of the account.
 async fn first_proof_voids<C: ConnectionTrait>(
     db: &C,
     user_id: Uuid,
     proof: Proof,
+    keep_identities: bool,
 ) -> Result<(), IdentityError> {
     use crate::entities::auth_flow_states as fs;
-    let mut identities = ident::Entity::delete_many()
-        .filter(ident::Column::UserId.eq(user_id))
-        .filter(ident::Column::Provider.ne("email"));
-    if let Some(keep) = proof.identity_id {
-        identities = identities.filter(ident::Column::Id.ne(keep));
+    if !keep_identities {
+        remove_identities(db, user_id, proof).await?;
     }
-    identities.exec(db).await?;
     super::otp::void_all(db, user_id).await?;
     let mut flows = fs::Entity::delete_many().filter(fs::Column::UserId.eq(user_id));
     if let Some(keep) = proof.flow_state_id {
@@ -361,6 +382,21 @@ async fn first_proof_voids<C: ConnectionTrait>(
     }
     flows.exec(db).await?;
     super::sessions::revoke_others(db, user_id, None).await
+}
+
+async fn remove_identities<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    proof: Proof,
+) -> Result<(), IdentityError> {
+    let mut identities = ident::Entity::delete_many()
+        .filter(ident::Column::UserId.eq(user_id))
+        .filter(ident::Column::Provider.ne("email"));
+    if let Some(keep) = proof.identity_id {
+        identities = identities.filter(ident::Column::Id.ne(keep));
+    }
+    identities.exec(db).await?;
+    Ok(())
 }
 
 /// A later sign-up (or code sign-up) of an account whose email is not
@@ -660,178 +696,6 @@ pub async fn apply_email_change<C: ConnectionTrait>(
         .await?;
     super::otp::void_kinds(db, user_id, &super::otp::VOIDED_BY_CREDENTIAL_CHANGE).await?;
     Ok(true)
-}
-
-/// A profile from an OAuth provider.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct OAuthProfile {
-    /// `github`, `google`.
-    pub provider: String,
-    /// The provider's account id.
-    pub provider_id: String,
-    /// The provider's primary email, if any.
-    pub email: Option<String>,
-    /// Whether the provider says that email is verified.
-    pub email_verified: bool,
-    /// Name, avatar, … (becomes `user_metadata` of a new account and the identity's data).
-    pub user_metadata: serde_json::Value,
-}
-
-/// The user of an OAuth sign-in: the user already linked to
-/// `(provider, provider_id)`; else the built-in account with the same
-/// confirmed email when the provider says the email is verified (linked now);
-/// else a new account (confirmed when the email is verified) with the
-/// default rows. Returns the user id.
-pub async fn upsert_oauth_user<C: ConnectionTrait + TransactionTrait>(
-    db: &C,
-    profile: &OAuthProfile,
-    grant: &AdminGrant<'_>,
-) -> Result<Uuid, IdentityError> {
-    if profile.provider.trim().is_empty() || profile.provider_id.trim().is_empty() {
-        return Err(IdentityError::Validation(
-            "provider and provider_id are required".into(),
-        ));
-    }
-    check_metadata(&profile.user_metadata)?;
-    let linked = ident::Entity::find()
-        .filter(ident::Column::Provider.eq(profile.provider.as_str()))
-        .filter(ident::Column::ProviderId.eq(profile.provider_id.as_str()))
-        .one(db)
-        .await?;
-    let now = crate::base::db::now(db).await?;
-    if let Some(i) = linked {
-        ident::Entity::update_many()
-            .col_expr(ident::Column::LastSignInAt, Expr::value(now))
-            .col_expr(
-                ident::Column::IdentityData,
-                Expr::value(profile.user_metadata.to_string()),
-            )
-            .filter(ident::Column::Id.eq(i.id))
-            .exec(db)
-            .await?;
-        return Ok(i.user_id);
-    }
-    let email = match profile.email.as_deref() {
-        Some(e) => Some(normalize_email(e)?),
-        None => None,
-    };
-    let verified = profile.email_verified && email.is_some();
-    if let (true, Some((_, norm))) = (verified, &email) {
-        if let Some(a) = find_by_email(db, norm).await? {
-            // A confirmed account is linked; a pending one too, and the
-            // provider's proof of the address is its first proof: what was
-            // chosen before it is dropped (GoTrue's
-            // `RemoveUnconfirmedIdentities`), see [`confirm_email`].
-            let res = insert_identity(
-                db,
-                a.user_id,
-                &profile.provider,
-                &profile.provider_id,
-                Some(&a.email),
-                profile.user_metadata.clone(),
-                now,
-            )
-            .await;
-            if a.email_confirmed_at.is_none() {
-                if let Ok(identity_id) = res {
-                    confirm_email(
-                        db,
-                        a.user_id,
-                        grant,
-                        Proof {
-                            identity_id: Some(identity_id),
-                            ..Proof::default()
-                        },
-                    )
-                    .await?;
-                }
-            }
-            return match res {
-                Ok(_) => Ok(a.user_id),
-                // A concurrent callback linked it first.
-                Err(e) if is_unique_violation(&e) => linked_user(db, profile).await,
-                Err(e) => Err(e.into()),
-            };
-        }
-    }
-    // New account. Without a verified email, an email already used by a
-    // built-in account is not taken over: the new account has none of its own.
-    let user_id = Uuid::new_v4();
-    let txn = crate::base::db::begin_write(db).await?;
-    let result = async {
-        let no_grant = AdminGrant::default();
-        crate::accounts::users::ensure_user_granting(
-            &txn,
-            &Identity {
-                user_id,
-                email: email.as_ref().map(|(e, _)| e.clone()),
-            },
-            if verified { grant } else { &no_grant },
-        )
-        .await?;
-        if let Some((e, norm)) = &email {
-            if find_by_email(&txn, norm).await.ok().flatten().is_none() {
-                acc::ActiveModel {
-                    user_id: Set(user_id),
-                    email: Set(e.clone()),
-                    email_norm: Set(norm.clone()),
-                    password_hash: Set(None),
-                    email_confirmed_at: Set(verified.then_some(now)),
-                    // An unverified sign-in touched the address before its
-                    // owner proved it: nothing it chose survives the proof.
-                    signup_id: Set((!verified).then_some(CONTESTED)),
-                    email_change: Set(None),
-                    confirmation_sent_at: Set(None),
-                    recovery_sent_at: Set(None),
-                    magiclink_sent_at: Set(None),
-                    email_change_sent_at: Set(None),
-                    reauthentication_sent_at: Set(None),
-                    last_sign_in_at: Set(Some(now)),
-                    user_metadata: Set(profile.user_metadata.to_string()),
-                    created_at: Set(now),
-                    updated_at: Set(now),
-                }
-                .insert(&txn)
-                .await?;
-            }
-        }
-        insert_identity(
-            &txn,
-            user_id,
-            &profile.provider,
-            &profile.provider_id,
-            email.as_ref().map(|(e, _)| e.as_str()),
-            profile.user_metadata.clone(),
-            now,
-        )
-        .await
-        .map(|_| ())
-    }
-    .await;
-    match result {
-        Ok(()) => {
-            txn.commit().await?;
-            Ok(user_id)
-        }
-        Err(e) if is_unique_violation(&e) => {
-            txn.rollback().await?;
-            linked_user(db, profile).await
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn linked_user<C: ConnectionTrait>(
-    db: &C,
-    profile: &OAuthProfile,
-) -> Result<Uuid, IdentityError> {
-    ident::Entity::find()
-        .filter(ident::Column::Provider.eq(profile.provider.as_str()))
-        .filter(ident::Column::ProviderId.eq(profile.provider_id.as_str()))
-        .one(db)
-        .await?
-        .map(|i| i.user_id)
-        .ok_or(IdentityError::UserNotFound)
 }
 
 #[cfg(test)]

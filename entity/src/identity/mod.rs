@@ -9,6 +9,7 @@
 //! the platform's error codes ([`IdentityError::code`]).
 
 pub mod account;
+pub mod external;
 pub mod flow;
 pub mod oauth;
 pub mod otp;
