@@ -1,5 +1,5 @@
-//! Generated interleavings of the identity routes (issue 43, "Generated
-//! interleavings"): a stateful property test of the invariant of
+//! Generated interleavings of the identity routes: a stateful property
+//! test of the invariant of
 //! `docs/identity.md` ("The invariant"): when the owner of a mailbox first
 //! proves it, the account is theirs alone.
 //!
@@ -34,7 +34,7 @@
 //! fixed, 43). Failing cases shrink and are kept in
 //! `api/proptest-regressions/identity_interleavings.txt`.
 //! Run: `TEST_DATABASE_ADMIN_URL=postgres://postgres@127.0.0.1:5432/postgres
-//! cargo test -p api --test identity_interleavings`.
+//! cargo test -p api --test suite identity_interleavings`.
 
 use std::{
     collections::{HashMap, HashSet},

@@ -8,10 +8,8 @@
 //! when PostgreSQL is unreachable, it never skips. The tests live in the
 //! `migration` crate because `migration` depends on `entity`.
 
-mod common;
-
+use crate::common::{on_concurrent_backends, on_each_backend};
 use chrono::{Duration as Days, Utc};
-use common::{on_concurrent_backends, on_each_backend};
 use entity::{
     accounts::avatar::{self, Cleanup},
     accounts::profile::{self, ProfileInput},
@@ -528,7 +526,7 @@ async fn avatar_cleanup_decides_by_generation_in_both_orders() {
 /// generation bump and the object being put in place.
 #[tokio::test]
 async fn avatar_cleanup_waits_for_an_upload_in_progress_on_postgres() {
-    common::on_postgres(|db| async move {
+    crate::common::on_postgres(|db| async move {
         let id = ident(None);
         ensure_user(&db, &id, &no_admins()).await.unwrap();
         let uid = id.user_id;

@@ -3,11 +3,9 @@
 //! the follow-up kept in the profile save's own transaction, and two
 //! concurrent claims never taking the same row.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{on_concurrent_backends, on_each_backend};
+use crate::common::{on_concurrent_backends, on_each_backend};
 use entity::{
     accounts::profile::{self, ProfileInput},
     accounts::users::{ensure_user, Identity},

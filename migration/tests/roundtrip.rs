@@ -7,8 +7,6 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); the PostgreSQL test fails
 //! with a message when PostgreSQL is unreachable.
 
-mod common;
-
 use chrono::Utc;
 use entity::entities::{
     ai_usage, audit_logs, payments, profiles, subscriptions, user_roles, users, waitlist,
@@ -45,7 +43,7 @@ async fn sqlite_roundtrip() -> Result<(), DbErr> {
 
 #[tokio::test]
 async fn postgres_roundtrip() {
-    let scratch = common::Scratch::empty().await;
+    let scratch = crate::common::Scratch::empty().await;
     let outcome = roundtrip(&scratch.db).await;
     scratch.remove().await;
     outcome.expect("PostgreSQL round trip");

@@ -5,9 +5,7 @@
 //! then create nothing), the account for one that does or when no session is
 //! named; an avatar grant bound to a session is refused once it has ended.
 
-mod common;
-
-use common::on_each_backend;
+use crate::common::on_each_backend;
 use entity::{
     accounts::avatar::{self, UploadGrant, UploadRequest},
     accounts::users::{self, AdminGrant, Identity},

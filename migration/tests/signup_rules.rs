@@ -6,9 +6,7 @@
 //! owner's confirmation. An OAuth sign-in of an unverified address gets
 //! no session, and its grant re-checks the identity it holds.
 
-mod common;
-
-use common::on_each_backend;
+use crate::common::on_each_backend;
 use entity::{
     accounts::users::AdminGrant,
     entities::auth_accounts,

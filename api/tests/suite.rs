@@ -1,0 +1,7 @@
+//! The api's own tests as one test binary: each module is a file beside
+//! this one (one link of the dependency tree instead of one per file).
+
+mod identity_interleavings;
+mod openapi_drift;
+mod rate_limit;
+mod session;

@@ -1,0 +1,10 @@
+//! The model's rules on the schema the migrations make, as one test binary:
+//! each module is a file beside this one, `common` what they share (one
+//! link of the dependency tree instead of one per file).
+
+mod common;
+mod model_rules;
+mod outbox_rules;
+mod roundtrip;
+mod session_rules;
+mod signup_rules;
