@@ -24,7 +24,7 @@
 //! waits that long before its next request; `LOAD_REQUESTS=<n>`: at most
 //! `n` requests in all (see the `load` module).
 //!
-//! Payments (issue 8):
+//! Payments:
 //! * instant fake providers: `POST /snap/v1/transactions` answers provider_a's
 //!   (Midtrans Snap) 201 `{"token","redirect_url"}`; `POST /checkout/v1/payment`
 //!   answers provider_b's (DOKU Checkout) documented 200 body with
@@ -34,7 +34,7 @@
 //!   prints one provider_a `settlement` notification (JSON, one line) per
 //!   order id read from stdin, signed with `entity::billing::payment::provider_a_signature`.
 //!
-//! AI (issue 9):
+//! AI:
 //! * a fake OpenAI Chat Completions upstream, `POST /v1/chat/completions`
 //!   (point `OPENAI_BASE_URL` at `http://<addr>/v1`). With `"stream": true`
 //!   it answers SSE, as OpenAI documents it: one `chat.completion.chunk` with

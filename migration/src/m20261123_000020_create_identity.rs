@@ -1,4 +1,4 @@
-//! Creates the built-in identity provider's tables (issue 10): accounts with
+//! Creates the built-in identity provider's tables: accounts with
 //! password hashes, linked identities, sessions, rotating refresh tokens,
 //! one-time tokens (hashed) and PKCE flow states. Every row hangs off
 //! `users.id` and is deleted with the user.

@@ -1,4 +1,4 @@
-//! Availability against the real binaries (issue 43, attacks 5, 6 and 9): a
+//! Availability against the real binaries: a
 //! few cheap clients cannot hold what every client needs.
 //!
 //! * One avatar upload grant reused by 64 uploads trickling ~1.5 KiB/s each

@@ -1,4 +1,4 @@
-//! Connection deadlines of the api (issue 7): a client that trickles its
+//! Connection deadlines of the api: a client that trickles its
 //! request headers is disconnected after `HTTP_HEADER_TIMEOUT_MS`, one that
 //! trickles its body gets 408 after `HTTP_BODY_TIMEOUT_SECS`, a process
 //! holds at most `HTTP_MAX_CONNECTIONS` connections, and an HTTP/2

@@ -1,4 +1,4 @@
-//! The built-in identity provider (`/auth/v1`, issue 10) end to end: the real
+//! The built-in identity provider (`/auth/v1`) end to end: the real
 //! api and worker on PostgreSQL + Redis, mails read from the SMTP sink.
 
 use std::time::Duration;

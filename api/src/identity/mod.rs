@@ -1,4 +1,4 @@
-//! The built-in identity provider (issue 10): the handle the `/auth/v1`
+//! The built-in identity provider: the handle the `/auth/v1`
 //! routes, `/auth/confirm` and the OAuth callback share (`state.idp`).
 //!
 //! It speaks the hosted auth platform's protocol (GoTrue) as

@@ -3,7 +3,7 @@
 //! provider's token or URL, and marking a checkout the provider refused as
 //! `FAILED` with an audit row.
 //!
-//! Idempotency (issue 8, item 2): a key the same user sent within
+//! Idempotency: a key the same user sent within
 //! [`KEY_LIFETIME`] (measured from the first row's `created_at`, which the api
 //! stamps with the same clock it ages keys by) answers that row again when the plan is the same, and is
 //! refused ([`CheckoutError::KeyReused`]) for another plan. An older key is

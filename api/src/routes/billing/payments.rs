@@ -1,5 +1,5 @@
 //! `POST /api/payments`: create a `PENDING` payment for a plan and start the
-//! configured provider's checkout (issue 8, item 2); `GET
+//! configured provider's checkout; `GET
 //! /api/payments/quote`: what paying a plan now grants ([`grant::quote`], the
 //! settlement's rule).
 //!
