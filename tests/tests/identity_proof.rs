@@ -1,4 +1,4 @@
-//! The identity invariant against an attacker (issue 43): when the owner of
+//! The identity invariant against an attacker: when the owner of
 //! a mailbox first proves it, the account is theirs alone. Email changes
 //! bound to their request and address, contested code sign-ups, unverified
 //! OAuth identities, metadata that locks an account out, and the mails a
@@ -1030,4 +1030,61 @@ async fn an_email_change_on_sqlite_applies_and_a_refused_one_changes_nothing() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["user"]["email"], "max@example.org", "{}", r.text);
+}
+
+/// Red-team finding D: only a mail that goes out spends the address's
+/// daily budget of confirmation mails. Anonymous resends for an address
+/// without an account send nothing and spend nothing, so its owner's
+/// sign-up is still mailed; once the budget is spent a mail is held back
+/// quietly, and `/resend` answers that address as it answers one without
+/// an account.
+#[tokio::test(flavor = "multi_thread")]
+async fn resends_that_send_nothing_leave_the_owner_the_days_confirmation_mails() {
+    let idp = Idp::start(&[
+        ("AUTH_MAIL_INTERVAL_SECS", "0".into()),
+        ("AUTH_CONFIRMATION_MAILS_PER_DAY", "2".into()),
+    ])
+    .await;
+    let (owner, nobody) = ("kim@example.com", "lee@example.com");
+    for _ in 0..5 {
+        let r = resend_signup(&idp, owner).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let day_count = || async {
+        idp.count(
+            "SELECT COALESCE(MAX(day_count), 0)::bigint FROM auth_mail_slots \
+             WHERE email_norm = $1 AND kind = 'confirmation'",
+            owner,
+        )
+        .await
+    };
+    assert_eq!(
+        day_count().await,
+        0,
+        "resends that sent nothing spent nothing"
+    );
+    let r = idp.signup(owner, PASSWORD).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(idp.mail(1).await.0, owner, "the owner's sign-up is mailed");
+    let r = resend_signup(&idp, owner).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(idp.mail(2).await.0, owner);
+    assert_eq!(day_count().await, 2);
+    // Spent: held back quietly, answered as for an address without an
+    // account.
+    for _ in 0..2 {
+        resend_signup(&idp, nobody).await;
+    }
+    let (held, none) = (
+        resend_signup(&idp, owner).await,
+        resend_signup(&idp, nobody).await,
+    );
+    assert_eq!((held.status, &held.text), (none.status, &none.text));
+    assert_eq!(held.status, 200, "{}", held.text);
+    assert_eq!(day_count().await, 2, "no third mail in the day");
+}
+
+async fn resend_signup(idp: &Idp, email: &str) -> Reply {
+    idp.post("/resend", &json!({"type": "signup", "email": email}))
+        .await
 }

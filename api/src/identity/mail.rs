@@ -175,17 +175,13 @@ impl Idp {
         self.send_mail(mail).await.map(|_| ())
     }
 
-    /// Claims the interval slot of a `kind` mail to `norm` (and the daily
-    /// count of confirmation mails).
+    /// Claims the interval slot of a `kind` mail to `norm`.
     pub(super) async fn claim_slot(&self, norm: &str, kind: MailKind) -> Result<(), AuthApiError> {
-        let per_day = (kind == MailKind::Confirmation)
-            .then_some(self.settings.auth_confirmation_mails_per_day);
         self.bounded(otp::claim_mail_slot(
             &self.db,
             norm,
             kind,
             self.settings.auth_mail_interval_secs,
-            per_day,
         ))
         .await??;
         Ok(())
@@ -318,7 +314,6 @@ impl Idp {
                 address,
                 MailKind::EmailChange,
                 interval,
-                None,
             ))
             .await??;
         }
@@ -376,8 +371,10 @@ impl Idp {
             .map(|_| ())
     }
 
-    /// Claims the interval slot (per [`Slot`]), issues the token and queues
-    /// the mail. `Ok(false)`: held back quietly ([`Slot::Quiet`]), nothing sent.
+    /// Claims the interval slot (per [`Slot`]), spends the daily budget of a
+    /// confirmation, issues the token and queues the mail. `Ok(false)`: held
+    /// back quietly ([`Slot::Quiet`], or the day's confirmations spent),
+    /// nothing sent.
     pub(super) async fn send_mail(&self, m: Outgoing<'_>) -> Result<bool, AuthApiError> {
         let from = self.mail_from()?;
         match m.slot {
@@ -388,6 +385,22 @@ impl Idp {
                 Err(e) => return Err(e),
             },
             Slot::Claimed => {}
+        }
+        // Only a mail that goes out spends the address's daily budget of
+        // confirmations; past it, the mail is held back quietly (the
+        // request answers as if sent, whoever asked).
+        if m.kind == MailKind::Confirmation
+            && !self
+                .bounded(otp::spend_daily_mail(
+                    &self.db,
+                    m.to_norm,
+                    m.kind,
+                    self.settings.auth_confirmation_mails_per_day,
+                ))
+                .await??
+        {
+            tracing::info!(user_id = %m.user_id, "auth: confirmation mail held back, AUTH_CONFIRMATION_MAILS_PER_DAY spent");
+            return Ok(false);
         }
         let job = self.write_mail(&self.db, &m, from).await;
         self.user_changed(m.user_id);

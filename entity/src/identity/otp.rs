@@ -8,10 +8,12 @@
 //! database clock) is [`IdentityError::OtpExpired`].
 //!
 //! Per recipient address, whatever account or flow the mail is for:
-//! - one mail of a kind per `AUTH_MAIL_INTERVAL_SECS` (default 60 s) and at
-//!   most `AUTH_CONFIRMATION_MAILS_PER_DAY` confirmation mails per 24 h
+//! - one mail of a kind per `AUTH_MAIL_INTERVAL_SECS` (default 60 s)
 //!   ([`claim_mail_slot`]: conditional UPDATEs of `auth_mail_slots` on the
-//!   database clock, also for addresses without an account);
+//!   database clock, claimed also for addresses without an account, so the
+//!   answers are alike), and at most `AUTH_CONFIRMATION_MAILS_PER_DAY`
+//!   confirmation mails sent per 24 h ([`spend_daily_mail`], spent only by a
+//!   mail that goes out; past it the mail is held back quietly);
 //! - at most one live code: issuing a token voids the code half of every
 //!   other token mailed to that address ([`issue_another`]); their links stay
 //!   valid (a confirmation link is only voided by the confirmation itself);
@@ -157,8 +159,9 @@ pub async fn release_confirmation_slot<C: ConnectionTrait>(
 /// `auth_mail_slots` row that succeeds only when the previous mail of that
 /// kind to that address (a magic link and a confirmation count as one
 /// kind, [`slot_kind`]) is at least `interval_secs` old by the database's
-/// clock (`0`: always) and, with `per_day`, fewer than that many were claimed
-/// in the current 24 h. Of 20 concurrent claims exactly one succeeds.
+/// clock (`0`: always). Of 20 concurrent claims exactly one succeeds. The
+/// daily count is not touched: only a mail that goes out spends it
+/// ([`spend_daily_mail`]).
 ///
 /// # Errors
 /// [`IdentityError::OverEmailSendRateLimit`] with the seconds to wait.
@@ -167,7 +170,6 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
     email_norm: &str,
     kind: MailKind,
     interval_secs: i64,
-    per_day: Option<u32>,
 ) -> Result<(), IdentityError> {
     use crate::entities::auth_mail_slots as slot;
     let kind = slot_kind(kind);
@@ -177,7 +179,7 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
         kind: Set(kind.to_string()),
         last_sent_at: Set(now),
         day_started_at: Set(now),
-        day_count: Set(1),
+        day_count: Set(0),
     })
     .on_conflict_do_nothing()
     .exec_without_returning(db)
@@ -186,37 +188,14 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
         return Ok(());
     }
     let cutoff = now - chrono::Duration::seconds(interval_secs);
-    let day_cutoff = now - chrono::Duration::seconds(DAY_SECS);
-    let key = || {
-        Condition::all()
-            .add(slot::Column::EmailNorm.eq(email_norm))
-            .add(slot::Column::Kind.eq(kind))
-            .add(slot::Column::LastSentAt.lte(cutoff))
-    };
-    // A new day: the count starts again.
-    let res = slot::Entity::update_many()
+    let claimed = slot::Entity::update_many()
         .col_expr(slot::Column::LastSentAt, Expr::value(now))
-        .col_expr(slot::Column::DayStartedAt, Expr::value(now))
-        .col_expr(slot::Column::DayCount, Expr::value(1))
-        .filter(key())
-        .filter(slot::Column::DayStartedAt.lte(day_cutoff))
+        .filter(slot::Column::EmailNorm.eq(email_norm))
+        .filter(slot::Column::Kind.eq(kind))
+        .filter(slot::Column::LastSentAt.lte(cutoff))
         .exec(db)
         .await?;
-    if res.rows_affected == 1 {
-        return Ok(());
-    }
-    let mut same_day = slot::Entity::update_many()
-        .col_expr(slot::Column::LastSentAt, Expr::value(now))
-        .col_expr(
-            slot::Column::DayCount,
-            Expr::col(slot::Column::DayCount).add(1),
-        )
-        .filter(key())
-        .filter(slot::Column::DayStartedAt.gt(day_cutoff));
-    if let Some(max) = per_day {
-        same_day = same_day.filter(slot::Column::DayCount.lt(max as i32));
-    }
-    if same_day.exec(db).await?.rows_affected == 1 {
+    if claimed.rows_affected == 1 {
         return Ok(());
     }
     let row = slot::Entity::find_by_id((email_norm.to_string(), kind.to_string()))
@@ -224,19 +203,56 @@ pub async fn claim_mail_slot<C: ConnectionTrait>(
         .await?;
     let max_wait = Ord::max(interval_secs, 1);
     let wait = match row {
-        Some(r) => {
-            let interval_left = interval_secs - (now - r.last_sent_at).num_seconds();
-            let day_full = per_day.is_some_and(|max| r.day_count >= max as i32)
-                && r.day_started_at > day_cutoff;
-            if day_full {
-                (DAY_SECS - (now - r.day_started_at).num_seconds()).clamp(1, DAY_SECS)
-            } else {
-                interval_left.clamp(1, max_wait)
-            }
-        }
+        Some(r) => (interval_secs - (now - r.last_sent_at).num_seconds()).clamp(1, max_wait),
         None => max_wait,
     };
     Err(IdentityError::OverEmailSendRateLimit(wait))
+}
+
+/// Spends one of the `max` mails of `kind` that may go to `email_norm` in
+/// the current 24 h (database clock; the count starts again a day after
+/// its first mail), for a mail about to go out; `false`, spending nothing,
+/// when they are spent. Called after [`claim_mail_slot`] (whose row it
+/// counts on), only for mails that are sent: a request that sends nothing
+/// (a `/resend` for an address without a pending account) spends nothing,
+/// so nobody can spend an address's budget without mailing its owner.
+pub async fn spend_daily_mail<C: ConnectionTrait>(
+    db: &C,
+    email_norm: &str,
+    kind: MailKind,
+    max: u32,
+) -> Result<bool, sea_orm::DbErr> {
+    use crate::entities::auth_mail_slots as slot;
+    let kind = slot_kind(kind);
+    let now = crate::base::db::now(db).await?;
+    let day_cutoff = now - chrono::Duration::seconds(DAY_SECS);
+    let key = || {
+        Condition::all()
+            .add(slot::Column::EmailNorm.eq(email_norm))
+            .add(slot::Column::Kind.eq(kind))
+    };
+    // A new day: the count starts again.
+    let new_day = slot::Entity::update_many()
+        .col_expr(slot::Column::DayStartedAt, Expr::value(now))
+        .col_expr(slot::Column::DayCount, Expr::value(1))
+        .filter(key())
+        .filter(slot::Column::DayStartedAt.lte(day_cutoff))
+        .exec(db)
+        .await?;
+    if new_day.rows_affected == 1 {
+        return Ok(true);
+    }
+    let same_day = slot::Entity::update_many()
+        .col_expr(
+            slot::Column::DayCount,
+            Expr::col(slot::Column::DayCount).add(1),
+        )
+        .filter(key())
+        .filter(slot::Column::DayStartedAt.gt(day_cutoff))
+        .filter(slot::Column::DayCount.lt(max as i32))
+        .exec(db)
+        .await?;
+    Ok(same_day.rows_affected == 1)
 }
 
 /// Claims one `{email, token}` code check for the address `email_norm`,

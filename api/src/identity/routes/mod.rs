@@ -363,7 +363,8 @@ impl AuthApi {
     /// autoconfirm (422 `user_already_exists`). Until the email is confirmed
     /// every sign-up replaces the pending password; its mail is held back
     /// quietly (200 all the same) within `AUTH_MAIL_INTERVAL_SECS` of the
-    /// previous mail to the address or past `AUTH_CONFIRMATION_MAILS_PER_DAY`;
+    /// previous mail to the address or past `AUTH_CONFIRMATION_MAILS_PER_DAY`
+    /// mails sent to it in 24 h;
     /// a mail sent voids the address's earlier codes, not its links. A
     /// confirmation keeps the pre-proof password and `data` only when its mail
     /// was issued for the sign-up that set them and no other request (another
@@ -683,9 +684,10 @@ impl AuthApi {
     /// Send the confirmation or email-change mail again
     ///
     /// `{}` whether or not the address has an account. The mail interval is
-    /// claimed per address for both (429 `over_email_send_rate_limit`), and
-    /// `AUTH_CONFIRMATION_MAILS_PER_DAY` bounds confirmation mails. Per-IP
-    /// limit `AUTH_RATE_LIMIT_PER_5MIN`.
+    /// claimed per address for both (429 `over_email_send_rate_limit`);
+    /// `AUTH_CONFIRMATION_MAILS_PER_DAY` bounds the confirmation mails sent
+    /// (a resend that sends nothing spends none; past it the mail is held
+    /// back, `{}` all the same). Per-IP limit `AUTH_RATE_LIMIT_PER_5MIN`.
     #[oai(path = "/resend", method = "post", operation_id = "authResend")]
     async fn resend(
         &self,
