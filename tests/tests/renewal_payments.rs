@@ -656,3 +656,85 @@ async fn a_renewal_left_open_by_a_race_is_voided_not_reminded() {
         "no reminder for a period already paid"
     );
 }
+
+/// A plan in force with no payment behind it (set by an operator, or from
+/// before grants were stored) is priced by the amount stored on its
+/// renewal: an outdated cheaper renewal's money buys its share of that
+/// plan, never a whole month of it (the cheapest plan once bought a full
+/// ULTIMATE month, again and again).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outdated_cheaper_renewal_buys_its_share_of_a_plan_no_payment_priced() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let _worker = stack.worker(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    // ULTIMATE with no payment behind it, two days left.
+    let (end,): (DateTime<Utc>,) = sea_orm::sqlx::query_as(
+        "UPDATE subscriptions SET plan = 'ULTIMATE', status = 'active', \
+         current_period_start = clock_timestamp() - interval '28 days', \
+         current_period_end = clock_timestamp() + interval '2 days' \
+         WHERE user_id = $1 RETURNING current_period_end",
+    )
+    .bind(user)
+    .fetch_one(&pool)
+    .await
+    .expect("an operator's plan");
+    let first = offered(&db, user, end).await;
+    assert_eq!((first.plan.as_str(), first.amount), ("ULTIMATE", 299_000));
+    let stale =
+        stale_cheaper_checkout(&api, &db, &pool, user, end, ("BASIC", 49_000), "ULTIMATE").await;
+
+    settle(&api, &db, &stale, 49_000).await;
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(s.plan, "ULTIMATE");
+    let month = (end.checked_add_months(chrono::Months::new(1)).unwrap() - end)
+        .num_microseconds()
+        .unwrap();
+    let secs = (i128::from(49_000) * i128::from(month) / 299_000 / 1_000_000) as i64;
+    assert_eq!(
+        s.current_period_end,
+        Some(end + chrono::Duration::seconds(secs)),
+        "49,000 buys 49/299 of an ULTIMATE month at its renewal's stored price"
+    );
+}
+
+/// A payment never buys a period already over: a renewal paid more than a
+/// month after its period ended (the loop paused, nobody ticked) starts at
+/// `paid_at`, not at the old end (a receipt once stated "31 October to 30
+/// November", paid 5 December, and the loop then lapsed it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_paid_a_month_after_its_end_buys_a_month_from_the_payment() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let worker = stack.worker(&env).await;
+    let pro = pay(&api, &db, user, "PRO", 99_000).await;
+    let (_, end) = move_period(&pool, &pro, 28, 2).await;
+    let r = offered(&db, user, end).await;
+    let order = renewal_payment(&pool, &db, &r).await;
+    drop(worker);
+    // 35 days later, nobody has ticked since: still `active`.
+    let (_, end) = move_period(&pool, &pro, 65, -35).await;
+    sea_orm::sqlx::query("UPDATE renewals SET period_end = $2 WHERE id = $1")
+        .bind(r.id)
+        .bind(end)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let _worker = stack
+        .worker(&env.clone().with("SCHEDULER_TICK_SECS", "3600"))
+        .await;
+    settle(&api, &db, &order, 99_000).await;
+    let p = payment_row(&db, &order).await;
+    let paid_at = p.paid_at.expect("paid");
+    assert_eq!(p.grant_start, Some(paid_at), "from the payment");
+    assert_eq!(p.grant_end, Some(month_after(paid_at)));
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(s.current_period_end, Some(month_after(paid_at)));
+}

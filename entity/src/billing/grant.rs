@@ -16,8 +16,9 @@
 //!   are marked `carried_into` the new payment.
 //! * **In its renewal grace** (`past_due`: the period ended unpaid, the plan
 //!   is kept): a payment for that plan extends it by one calendar month from
-//!   the old end, so the grace days are paid for; another plan starts at
-//!   `paid_at` and carries nothing.
+//!   the old end, so the grace days are paid for, unless that month is over
+//!   by `paid_at` (a payment never buys a period already over: it starts at
+//!   `paid_at`); another plan starts at `paid_at` and carries nothing.
 //! * **Nothing paid in force** (FREE, lapsed): one calendar month from
 //!   `paid_at`.
 //!
@@ -129,10 +130,12 @@ pub fn compute(
     paid_at: DateTime<Utc>,
 ) -> Grant {
     // In its renewal grace, a payment for the kept plan extends from the old
-    // end: the grace days are paid for, not given on top.
+    // end: the grace days are paid for, not given on top. Never into a
+    // period already over (the renewal loop was paused past a whole month):
+    // that payment starts at `paid_at`, as after a lapse.
     if let (true, Some(old_end)) = (
         in_force.in_grace && in_force.plan == plan && plan != FREE,
-        in_force.period_end,
+        in_force.period_end.filter(|e| month_after(*e) > paid_at),
     ) {
         return Grant {
             plan: plan.to_string(),
@@ -283,8 +286,12 @@ pub async fn plan<C: ConnectionTrait>(
 ///   price Q was sold at in its latest stored grant (that payment's amount
 ///   over its own month, carried time excluded; paid or refunded since, and
 ///   never net of partial refunds, which change what a customer paid, not
-///   what Q costs), rounded down to the second; with no stored grant of Q at
-///   all (a subscription older than stored grants), one calendar month.
+///   what Q costs), rounded down to the second. With no stored grant of Q
+///   at all (a plan an operator set, or a subscription older than stored
+///   grants), at the amount stored on Q's latest renewal of this user over
+///   its own month; with neither, nothing prices Q: no time is added (the
+///   grant is empty and logged as an error, for an operator to refund),
+///   never a month of Q for another plan's price.
 pub async fn as_time<C: ConnectionTrait>(
     db: &C,
     user: Uuid,
@@ -314,11 +321,18 @@ pub async fn as_time<C: ConnectionTrait>(
         let price = i128::from(p.amount);
         (own > 0 && price > 0).then(|| i128::from(amount.max(0)) * own / price)
     });
+    let bought = match bought {
+        Some(us) => Some(us),
+        None => renewal_rate(db, user, &s.plan, amount).await?,
+    };
     let new_end = match bought {
         Some(us) => {
             end + chrono::Duration::seconds(i64::try_from(us / 1_000_000).unwrap_or(i64::MAX))
         }
-        None => month_after(end),
+        None => {
+            tracing::error!(%user, plan = %s.plan, amount, "an outdated renewal payment: no stored price of the plan in force, no time granted");
+            end
+        }
     };
     Ok(Grant {
         plan: s.plan.clone(),
@@ -330,6 +344,29 @@ pub async fn as_time<C: ConnectionTrait>(
         carried_value: 0,
         sources: vec![],
     })
+}
+
+/// The microseconds of `plan` that `amount` buys at the amount stored on
+/// `user`'s latest renewal of `plan` over that renewal's own month; `None`
+/// when no renewal of `plan` with a positive amount is stored.
+async fn renewal_rate<C: ConnectionTrait>(
+    db: &C,
+    user: Uuid,
+    plan: &str,
+    amount: i64,
+) -> Result<Option<i128>, DbErr> {
+    use crate::entities::renewals;
+    let latest = renewals::Entity::find()
+        .filter(renewals::Column::UserId.eq(user))
+        .filter(renewals::Column::Plan.eq(plan))
+        .filter(renewals::Column::Amount.gt(0))
+        .order_by_desc(renewals::Column::CreatedAt)
+        .one(db)
+        .await?;
+    Ok(latest.map(|r| {
+        let month = micros(month_after(r.period_end) - r.period_end);
+        i128::from(amount.max(0)) * month / i128::from(r.amount)
+    }))
 }
 
 /// What paying `amount` for `plan` would grant `user` at `at` (`None`: now
