@@ -8,8 +8,10 @@
 //! with a password (each actor has two passwords of its own), `/otp` (code
 //! sign-up / magic link), `/resend`, `/recover`, `/verify` with the k-th mail
 //! the owner's mailbox holds (by link `token_hash` or by code, resolved when
-//! the step runs), password sign-in, refresh, logout (every scope) and
-//! `PUT /user` password / data / email. The attacker never reads the mailbox.
+//! the step runs), password sign-in, refresh, logout (every scope),
+//! `PUT /user` password / data / email, and GitHub sign-ins through a fake
+//! GitHub (the owner's account verified or not, the attacker's never
+//! verified). The attacker never reads the mailbox.
 //!
 //! The real api runs in process (`api::app::app` on `api::app::build_state`)
 //! on a fresh PostgreSQL database (`TEST_DATABASE_ADMIN_URL`, migrated at
@@ -27,7 +29,8 @@
 //! attacker's sole sign-up (GoTrue's rule, never for an `ADMIN_EMAILS`
 //! address), the password hash verifies none of the attacker's passwords,
 //! no session the attacker holds is alive on it, its `user_metadata` carries
-//! nothing the attacker wrote, and it has no identity but `email`; and no
+//! nothing the attacker wrote, and it has no identity of the attacker's; no
+//! account whose address nobody proved has a live attacker session; and no
 //! account with a live attacker session or an attacker's password is admin.
 //!
 //! Cases: `PROPTEST_CASES` (default 128, ~20 s here), seed `PROPTEST_RNG_SEED` (default
@@ -67,6 +70,8 @@ static ADMIN_PROOFS: AtomicU64 = AtomicU64::new(0);
 static ADOPTIONS: AtomicU64 = AtomicU64::new(0);
 static VERIFIED: AtomicU64 = AtomicU64::new(0);
 static ATTACKER_SESSIONS: AtomicU64 = AtomicU64::new(0);
+static OAUTH_STEPS: AtomicU64 = AtomicU64::new(0);
+static OAUTH_SESSIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Addresses in `ADMIN_EMAILS` made ahead (cases past it use plain addresses only).
 fn admin_slots() -> u64 {
@@ -148,6 +153,7 @@ async fn start(
     let mut url = url::Url::parse(admin_url).expect("TEST_DATABASE_ADMIN_URL is a URL");
     url.set_path(&format!("/{name}"));
     let data_dir: PathBuf = std::env::temp_dir().join(format!("prop-{name}"));
+    let github = fake_github().await;
     std::fs::create_dir_all(&data_dir).expect("DATA_DIR");
 
     let admins = (0..admin_slots())
@@ -172,6 +178,13 @@ async fn start(
         ("AUTH_CODE_FAILURES_PER_HOUR", "1000".into()),
         ("AUTH_CONFIRMATION_MAILS_PER_DAY", "1000".into()),
         ("EMAIL_FROM", "noreply@example.com".into()),
+        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.property-test".into()),
+        (
+            "OAUTH_GITHUB_CLIENT_SECRET",
+            "property-test-github-secret-0123456789".into(),
+        ),
+        ("OAUTH_GITHUB_BASE_URL", github.to_string()),
+        ("OAUTH_GITHUB_API_URL", github.to_string()),
     ]
     .into_iter()
     .collect();
@@ -266,6 +279,106 @@ async fn open_link(url: &str) -> Answer {
     }
 }
 
+// ---------------------------------------------------------------- GitHub
+
+/// The GitHub account id of `actor` in case `n` (unique per case: an
+/// identity links by provider and id across the whole database).
+fn github_id(actor: Actor, n: u64) -> u64 {
+    1_000_000 + 2 * n + u64::from(actor == Actor::Attacker)
+}
+
+/// A fake GitHub, at the HTTP level with its documented answers, that
+/// needs no state: the authorization code is `{id}~{verified}~{email}`,
+/// the token endpoint answers it as the access token, and `GET /user` and
+/// `GET /user/emails` read the account from the bearer token.
+struct FakeGithub;
+
+impl wiremock::Respond for FakeGithub {
+    fn respond(&self, req: &wiremock::Request) -> wiremock::ResponseTemplate {
+        let ok = |v: Value| wiremock::ResponseTemplate::new(200).set_body_json(v);
+        if req.url.path() == "/login/oauth/access_token" {
+            let code = url::form_urlencoded::parse(&req.body)
+                .find(|(k, _)| k == "code")
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default();
+            return ok(
+                json!({"access_token": code, "scope": "read:user,user:email", "token_type": "bearer"}),
+            );
+        }
+        let token = req
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_whitespace().last())
+            .unwrap_or_default()
+            .to_string();
+        let mut parts = token.splitn(3, '~');
+        let (id, verified, email) = (
+            parts
+                .next()
+                .and_then(|i| i.parse::<u64>().ok())
+                .unwrap_or(0),
+            parts.next() == Some("true"),
+            parts.next().unwrap_or_default().to_string(),
+        );
+        match req.url.path() {
+            "/user" => ok(json!({
+                "login": format!("gh{id}"), "id": id, "node_id": format!("U_{id}"),
+                "avatar_url": format!("https://avatars.githubusercontent.com/u/{id}?v=4"),
+                "type": "User", "site_admin": false, "name": null, "email": null
+            })),
+            "/user/emails" => ok(json!([
+                {"email": email, "verified": verified, "primary": true, "visibility": "public"}
+            ])),
+            _ => wiremock::ResponseTemplate::new(404),
+        }
+    }
+}
+
+/// Starts the fake GitHub for the whole test process; its base URL.
+async fn fake_github() -> String {
+    let server = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(FakeGithub)
+        .mount(&server)
+        .await;
+    let uri = server.uri();
+    // Lives as long as the test process, as the api does.
+    std::mem::forget(server);
+    uri
+}
+
+/// A GitHub sign-in of account `id` whose primary address is `email`
+/// (`verified` or not): `/authorize`, then the callback with the code the
+/// fake reads. Answers as [`open_link`]: 200 with the session when the
+/// fragment carries one, else 403.
+async fn github_sign_in(id: u64, email: &str, verified: bool) -> Answer {
+    let req = Request::builder()
+        .method(Method::GET)
+        .uri_str("/auth/v1/authorize?provider=github")
+        .finish();
+    let resp = env().app.get_response(req).await;
+    assert_eq!(resp.status(), StatusCode::FOUND, "authorize");
+    let to = resp
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let state = url::Url::parse(&to)
+        .expect("the provider's URL")
+        .query_pairs()
+        .find(|(k, _)| k == "state")
+        .map(|(_, v)| v.into_owned())
+        .expect("a state");
+    let code = format!("{id}~{verified}~{email}");
+    let query: String = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("code", &code)
+        .append_pair("state", &state)
+        .finish();
+    open_link(&format!("http://localhost:8080/auth/v1/callback?{query}")).await
+}
+
 // ---------------------------------------------------------------- steps
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -299,6 +412,16 @@ enum Step {
     UpdateData { actor: Actor, s: u8 },
     /// `PUT /user {email}`.
     UpdateEmail { actor: Actor, s: u8, addr: u8 },
+    /// A GitHub sign-in (implicit flow) through the fake GitHub whose
+    /// account (one per actor) reports the address as its primary one:
+    /// verified for the owner when `verified`, never verified for the
+    /// attacker (no provider verifies an address for someone who does not
+    /// own it).
+    OAuth {
+        actor: Actor,
+        addr: u8,
+        verified: bool,
+    },
     /// Time passes: every timestamp of the identity tables moves back by
     /// `secs` (61 s, an hour and a second: the mailed tokens' lifetime, 25 h:
     /// past the reauthentication age).
@@ -322,7 +445,12 @@ fn step() -> BoxedStrategy<Step> {
         1 => (actor(), any::<u8>(), 0u8..3).prop_map(|(actor, s, scope)| Step::Logout { actor, s, scope }),
         2 => (actor(), any::<u8>(), 0u8..2).prop_map(|(actor, s, pw)| Step::UpdatePassword { actor, s, pw }),
         1 => (actor(), any::<u8>()).prop_map(|(actor, s)| Step::UpdateData { actor, s }),
-        1 => (actor(), any::<u8>(), addr).prop_map(|(actor, s, addr)| Step::UpdateEmail { actor, s, addr }),
+        1 => (actor(), any::<u8>(), addr.clone()).prop_map(|(actor, s, addr)| Step::UpdateEmail { actor, s, addr }),
+        2 => (actor(), addr, any::<bool>()).prop_map(|(actor, addr, v)| Step::OAuth {
+            actor,
+            addr,
+            verified: v && actor == Actor::Owner,
+        }),
         1 => prop_oneof![Just(61u32), Just(3601), Just(90_000)].prop_map(|secs| Step::Wait { secs }),
     ]
     .boxed()
@@ -369,11 +497,14 @@ struct Session {
     id: Uuid,
 }
 
-/// A request that touched a pending account (sign-up or code sign-up).
+/// A request that touched a pending account (sign-up, code sign-up, or the
+/// unverified OAuth sign-in that made it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Touch {
     SignUp(Actor, String),
     Otp(Actor),
+    /// An unverified OAuth sign-in that made the pending account.
+    OAuth(Actor),
 }
 
 struct Case {
@@ -583,6 +714,16 @@ impl Case {
                     .to_string(),
             });
         }
+    }
+
+    /// Whether `addr` has an account.
+    async fn exists(&self, addr: usize) -> bool {
+        !rows(
+            "SELECT 1 FROM auth_accounts WHERE email_norm = $1",
+            vec![self.addrs[addr].clone().into()],
+        )
+        .await
+        .is_empty()
     }
 
     /// Whether `addr` has a confirmed account.
@@ -798,6 +939,24 @@ impl Case {
                 .await
                 .status
             }
+            Step::OAuth {
+                actor,
+                addr,
+                verified,
+            } => {
+                let addr = addr as usize;
+                let existed = self.exists(addr).await;
+                let a = github_sign_in(github_id(actor, n), &self.addrs[addr], verified).await;
+                OAUTH_STEPS.fetch_add(1, Ordering::Relaxed);
+                if a.status == StatusCode::OK {
+                    OAUTH_SESSIONS.fetch_add(1, Ordering::Relaxed);
+                }
+                if !existed && !verified && self.exists(addr).await {
+                    self.touches[addr].push(Touch::OAuth(actor));
+                }
+                self.keep(actor, &a);
+                a.status
+            }
             Step::Wait { secs } => {
                 age(secs, &self.addrs).await;
                 StatusCode::OK
@@ -821,7 +980,7 @@ impl Case {
         let t = &self.touches[addr];
         match t.first() {
             Some(first @ Touch::SignUp(Actor::Attacker, _)) => t.iter().all(|x| x == first),
-            Some(Touch::Otp(Actor::Attacker)) => t.len() == 1,
+            Some(Touch::Otp(Actor::Attacker)) | Some(Touch::OAuth(Actor::Attacker)) => t.len() == 1,
             _ => false,
         }
     }
@@ -875,6 +1034,13 @@ impl Case {
                     );
                 }
                 if !confirmed {
+                    // No sign-in has a session on an address nobody proved.
+                    assert!(
+                        live.is_empty(),
+                        "the attacker holds a session ({live:?}) on the unproven account of {}\nsteps:\n{}",
+                        self.addrs[addr],
+                        self.log.join("\n")
+                    );
                     continue;
                 }
                 let adopted = match self.proven.get(&uid) {
@@ -899,9 +1065,11 @@ impl Case {
                 if adopted {
                     continue;
                 }
+                // The owner's own GitHub identity may stay; the attacker's not.
                 let identities = rows(
-                    "SELECT provider FROM auth_identities WHERE user_id = $1 AND provider <> 'email'",
-                    vec![uid.into()],
+                    "SELECT provider FROM auth_identities WHERE user_id = $1 AND provider <> 'email' \
+                     AND provider_id <> $2",
+                    vec![uid.into(), github_id(Actor::Owner, self.n).to_string().into()],
                 )
                 .await;
                 let attacker_meta = meta.contains("attacker");
@@ -911,7 +1079,7 @@ impl Case {
                         && !attacker_meta
                         && identities.is_empty(),
                     "the proven account of {} keeps an attacker's credential: password {attacker_password:?}, \
-                     live attacker sessions {live:?}, metadata {meta}, other identities {}\nsteps:\n{}",
+                     live attacker sessions {live:?}, metadata {meta}, attacker identities {}\nsteps:\n{}",
                     self.addrs[addr],
                     identities.len(),
                     self.log.join("\n")
@@ -980,7 +1148,7 @@ fn identity_interleavings() {
     eprintln!(
         "identity_interleavings: {} cases, seed {}, {:.1?}: {} steps, {} verifies accepted, \
          {} first proofs ({} of an ADMIN_EMAILS address, {} adopting the attacker's sole sign-up), \
-         {} sessions obtained by the attacker",
+         {} sessions obtained by the attacker, {} GitHub sign-ins ({} with a session)",
         cases(),
         seed(),
         started.elapsed(),
@@ -990,6 +1158,8 @@ fn identity_interleavings() {
         ADMIN_PROOFS.load(Ordering::Relaxed),
         ADOPTIONS.load(Ordering::Relaxed),
         ATTACKER_SESSIONS.load(Ordering::Relaxed),
+        OAUTH_STEPS.load(Ordering::Relaxed),
+        OAUTH_SESSIONS.load(Ordering::Relaxed),
     );
     let env = env();
     env.rt.block_on(async {
