@@ -12,7 +12,8 @@
 //! * The worker's port closes each connection after its answer, so 64 idle
 //!   h2c connections from 8 addresses cannot starve its probes.
 //! * Without a trusted proxy, one client address holds at most
-//!   `HTTP_MAX_CONNECTIONS_PER_CLIENT` connections of the api.
+//!   `HTTP_MAX_CONNECTIONS_PER_CLIENT` connections of the api, and the last
+//!   tenth of `HTTP_MAX_CONNECTIONS` is kept for light clients.
 
 use std::{
     net::SocketAddr,
@@ -712,4 +713,59 @@ async fn an_ai_answer_whose_reader_stalls_is_cancelled_and_charged_as_aborted() 
         aborted,
         "the stalled chat's usage was not recorded as aborted"
     );
+}
+
+/// Red-team finding E: a few clients at their share must not fill the
+/// pool (20 addresses × 512 once took all 10,000 connections). The last
+/// tenth of `HTTP_MAX_CONNECTIONS` is kept for light clients: once that
+/// little is free, a client already holding 8 has further connections
+/// closed at once, and a new client is still served.
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_at_their_share_leave_the_last_tenth_of_connections_to_new_ones() {
+    let stack = Stack::new().await;
+    let env = stack
+        .env()
+        .without("TRUST_PROXY")
+        .with("HTTP_MAX_CONNECTIONS", "40")
+        .with("HTTP_MAX_CONNECTIONS_PER_CLIENT", "30")
+        // Kept-alive connections stay open for the whole test.
+        .with("HTTP_HEADER_TIMEOUT_MS", "120000")
+        .with("HTTP_IDLE_TIMEOUT_SECS", "120");
+    let api = stack.api(&env).await;
+    let addr = host_port(&api.base_url);
+    // One client at its share: 30 keep-alive connections, each answered.
+    let mut held: Vec<TcpStream> = futures::future::join_all((0..30).map(|_| async {
+        let mut s = connect_from([127, 0, 0, 2], &addr).await;
+        let (answer, closed) = http1_get(&mut s, "/api/health", Duration::from_millis(800)).await;
+        assert!(answer.starts_with("HTTP/1.1 ") && !closed, "{answer:?}");
+        s
+    }))
+    .await;
+    // A second heavy client: served until 4 (a tenth of 40) are free and it
+    // holds 8, then its connections are closed at once.
+    let mut served = 0;
+    for _ in 0..10 {
+        let mut s = connect_from([127, 0, 0, 3], &addr).await;
+        let (answer, closed) = http1_get(&mut s, "/api/health", Duration::from_millis(800)).await;
+        if answer.starts_with("HTTP/1.1 ") && !closed {
+            served += 1;
+            held.push(s);
+        } else {
+            assert!(answer.is_empty() && closed, "{answer:?} (closed: {closed})");
+        }
+    }
+    // 8 (one fewer if a connection of the harness's readiness probe is
+    // still open).
+    assert!(
+        (7..=8).contains(&served),
+        "the second client's connections before the reserve: {served}"
+    );
+    // A new client gets in.
+    let mut light = connect_from([127, 0, 0, 4], &addr).await;
+    let (answer, _) = http1_get(&mut light, "/api/health", Duration::from_secs(3)).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 "),
+        "a new client was not served: {answer:?}"
+    );
+    drop(held);
 }

@@ -32,7 +32,11 @@
 //!   proxy, `HTTP_MAX_CONNECTIONS_PER_CLIENT`; behind a proxy every client
 //!   shares its address): a client address (an IPv4 address, an IPv6 /64)
 //!   holding that many open connections has further ones closed at once, so
-//!   one client cannot take every connection;
+//!   one client cannot take every connection; and the last tenth of
+//!   `max_connections` ([`light_reserve`]) goes only to clients holding
+//!   fewer than [`LIGHT_CLIENT`] connections, so a few clients at their
+//!   share (20 addresses × 512 once filled 10,000) cannot take every
+//!   connection either: a new client still gets in;
 //! * `close_after_answer` (the worker's port): a connection is closed once
 //!   its requests are answered (HTTP/1 without keep-alive; HTTP/2 is sent a
 //!   `GOAWAY` when its last open stream ends), so clients opening
@@ -88,6 +92,17 @@ pub const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 /// How long an idle connection asked to close (`GOAWAY`) may take to finish
 /// closing before it is dropped.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// A client holding fewer connections than this is light: the last
+/// connections of the pool ([`light_reserve`]) are kept for such clients
+/// (a browser holds a few per origin).
+pub const LIGHT_CLIENT: usize = 8;
+
+/// The connections of `max_connections` kept for light clients
+/// ([`LIGHT_CLIENT`]) when a per-client bound applies: a tenth.
+pub fn light_reserve(max_connections: usize) -> usize {
+    max_connections / 10
+}
 
 /// Connection limits (from the `HTTP_*` settings).
 #[derive(Debug, Clone, Copy)]
@@ -205,7 +220,11 @@ where
             },
         };
         let client = match limits.max_per_client {
-            Some(max) => match clients.enter(peer, max) {
+            Some(max) => match clients.enter(
+                peer,
+                max,
+                permits.available_permits() < light_reserve(limits.max_connections),
+            ) {
                 Some(c) => Some(c),
                 None => {
                     // Closed at once: this client holds its share.
@@ -259,12 +278,17 @@ pub fn client_network(ip: std::net::IpAddr) -> std::net::IpAddr {
 }
 
 impl ClientCounts {
-    /// Counts a connection of `peer` unless its client holds `max` already.
-    fn enter(self: &Arc<Self>, peer: SocketAddr, max: usize) -> Option<ClientSlot> {
+    /// Counts a connection of `peer` unless its client holds `max` already,
+    /// or, when the pool is down to its light reserve (`scarce`), holds
+    /// [`LIGHT_CLIENT`] already.
+    fn enter(self: &Arc<Self>, peer: SocketAddr, max: usize, scarce: bool) -> Option<ClientSlot> {
         let key = client_network(peer.ip());
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let n = map.entry(key).or_insert(0);
-        if *n >= max {
+        if *n >= max || (scarce && *n >= LIGHT_CLIENT) {
+            if *n == 0 {
+                map.remove(&key);
+            }
             return None;
         }
         *n += 1;
