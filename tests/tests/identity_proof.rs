@@ -234,7 +234,12 @@ fn access(s: &Value) -> &str {
 /// verifying both halves of A2's mails must apply A2, never V.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_email_change_changes_nothing_and_a_change_applies_its_own_address() {
-    let idp = Idp::start(&[]).await;
+    // `/api/me` below writes through the server-side key.
+    let idp = Idp::start(&[(
+        "BACKEND_SERVICE_ROLE_KEY",
+        "identity-proof-service-role-key-0123456789".into(),
+    )])
+    .await;
     let (a, v, a2) = ("ann@example.com", "victim@example.net", "ann2@example.org");
     let s = idp.confirmed_user(a, 1).await;
     let user = s["user"]["id"].as_str().unwrap().to_string();
@@ -300,6 +305,20 @@ async fn a_refused_email_change_changes_nothing_and_a_change_applies_its_own_add
     );
     assert_error(&idp.sign_in(v, PASSWORD).await, 400, "invalid_credentials");
     assert_eq!(idp.sign_in(a2, PASSWORD).await.status, 200);
+
+    // An access token from before the change, still unexpired, does not
+    // write the old address back (receipts and reminders go to
+    // `users.email`).
+    let r = Reply::send(client().get(idp.api.url("/api/me")).bearer_auth(access(&s))).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let stored = idp
+        .text("SELECT email FROM users WHERE id::text = $1", &user)
+        .await;
+    assert_eq!(
+        stored.as_deref(),
+        Some(a2),
+        "an old token wrote its address back"
+    );
 }
 
 /// The earlier request's mails are void once a later one went out: its two

@@ -290,9 +290,13 @@ impl AppState {
         // Only our own tokens name a session of ours; another issuer's
         // sessions are its own business.
         let session = if own { claims.session_id } else { None };
+        // Our own provider keeps `users.email` current itself (an email
+        // change writes it with the account), so its tokens' claim, which
+        // may predate a change (an access token lives an hour), is never
+        // written back; another issuer's claim is the only source we have.
         let identity = Identity {
             user_id: claims.sub,
-            email: claims.email,
+            email: if own { None } else { claims.email },
         };
         Ok((identity, session, grant))
     }
