@@ -769,3 +769,33 @@ async fn clients_at_their_share_leave_the_last_tenth_of_connections_to_new_ones(
     );
     drop(held);
 }
+
+/// Red-team finding F: an HTTP/1 request head is buffered up to 64 KiB,
+/// not hyper's ~400 KiB default, so connections trickling large heads hold
+/// little memory each: a 70 KiB head is answered 431, a 16 KiB one (a few
+/// chunked session cookies) is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_head_over_64_kib_is_refused_431() {
+    let stack = Stack::new().await;
+    let api = stack.api(&stack.env()).await;
+    let addr = host_port(&api.base_url);
+    let head = |filler: usize| {
+        format!(
+            "GET /api/health HTTP/1.1\r\nhost: x\r\nx-filler: {}\r\nconnection: close\r\n\r\n",
+            "a".repeat(filler)
+        )
+    };
+    for (filler, refused) in [(16 * 1024, false), (70 * 1024, true)] {
+        let mut s = connect_from([127, 0, 0, 1], &addr).await;
+        let _ = s.write_all(head(filler).as_bytes()).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        let line = answer.lines().next().unwrap_or_default();
+        // The health route's own status (200 or 503) when served.
+        assert!(
+            line.starts_with("HTTP/1.1 ") && line.starts_with("HTTP/1.1 431") == refused,
+            "a {filler}-byte header: {line:?}"
+        );
+    }
+}

@@ -6,6 +6,7 @@
 //! * at most `max_connections` open connections (`HTTP_MAX_CONNECTIONS` on
 //!   the api): beyond that `accept` waits (new clients queue in the kernel's
 //!   listen backlog);
+//! * HTTP/1: a request head larger than [`H1_MAX_BUF`] is answered 431;
 //! * a request's headers must arrive within `HTTP_HEADER_TIMEOUT_MS`. HTTP/1:
 //!   hyper's `header_read_timeout` (the clock also runs while a keep-alive
 //!   connection waits for its next request, so an idle HTTP/1 connection is
@@ -88,6 +89,12 @@ pub const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// Largest HTTP/2 header list accepted, in bytes (decoded, as RFC 9113
 /// §6.5.2 counts it).
 pub const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// Largest HTTP/1 read buffer, in bytes (64 KiB, as [`H2_MAX_HEADER_LIST`];
+/// hyper's default is ~400 KiB): a request head that does not fit is
+/// answered 431, so ten thousand connections trickling their heads cannot
+/// hold 4 GB of buffers.
+pub const H1_MAX_BUF: usize = 64 * 1024;
 
 /// How long an idle connection asked to close (`GOAWAY`) may take to finish
 /// closing before it is dropped.
@@ -463,6 +470,7 @@ async fn serve_connection<E>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        .max_buf_size(H1_MAX_BUF)
         .keep_alive(!limits.close_after_answer);
     builder
         .http2()
