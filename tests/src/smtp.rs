@@ -89,6 +89,16 @@ impl Mail {
         String::new()
     }
 
+    /// The whole message (headers and every part) with quoted-printable's
+    /// soft line breaks and `=3D` undone: the text the tests search for a
+    /// mail's links, `token_hash` and code, whichever part carries them.
+    pub fn searchable(&self) -> String {
+        self.data
+            .replace("=\r\n", "")
+            .replace("=\n", "")
+            .replace("=3D", "=")
+    }
+
     /// The body decoded from its `Content-Transfer-Encoding` (7bit, 8bit,
     /// quoted-printable, base64). Single-part messages only.
     pub fn body(&self) -> String {

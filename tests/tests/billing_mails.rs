@@ -23,7 +23,6 @@ use tests::{
     connect_db, count, payment_row, pending_payment, wait_payment_status, wait_until, EnvMap, Mail,
     Proc, SmtpSink, Stack,
 };
-use worker::mailer::billing::local_time;
 
 const B_CLIENT: &str = "BRN-0001-BILLING-MAILS";
 const B_SECRET: &str = "SK-billing-mail-tests";
@@ -73,7 +72,10 @@ async fn outbox_rows(pool: &PgPool) -> i64 {
 async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
     let stack = Stack::new().await;
     let sink = SmtpSink::start().await;
-    let api = stack.api_with_worker(&env(&stack, &sink)).await;
+    // Not the default zone: the setting decides how the mail states times.
+    let api = stack
+        .api_with_worker(&env(&stack, &sink).with("BILLING_TIME_ZONE", "America/New_York"))
+        .await;
     let db = connect_db(&stack).await;
     let (user, order) = pending_payment(&db, "provider_b").await;
 
@@ -90,7 +92,16 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
     let mails = sink.wait_for(1, Duration::from_secs(30)).await;
     let receipt = &mails[0];
     let p = payment_row(&db, &order).await;
-    let zone = chrono_tz::Asia::Jakarta;
+    let zone = chrono_tz::America::New_York;
+    // The mail's own wording of a time: "5 December 2026, 06:30 EST
+    // (America/New_York)".
+    let local_time = |t: chrono::DateTime<chrono::Utc>, zone: chrono_tz::Tz| {
+        format!(
+            "{} ({})",
+            t.with_timezone(&zone).format("%-d %B %Y, %H:%M %Z"),
+            zone.name()
+        )
+    };
     assert_eq!(receipt.envelope_to, vec![format!("{user}@example.com")]);
     assert_eq!(
         receipt.header("subject").as_deref(),
@@ -99,7 +110,10 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
     let paid_at = local_time(p.paid_at.expect("paid_at"), zone);
     let start = local_time(p.grant_start.expect("the stored grant"), zone);
     let end = local_time(p.grant_end.expect("the stored grant"), zone);
-    assert!(paid_at.ends_with("WIB (Asia/Jakarta)"), "{paid_at}");
+    assert!(
+        paid_at.ends_with("ST (America/New_York)") || paid_at.ends_with("DT (America/New_York)"),
+        "{paid_at}"
+    );
     assert_contains(
         receipt,
         &[
@@ -168,7 +182,16 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
         notify(&api, &order, "REFUND").await,
         json!({"received": true, "duplicate": true})
     );
-    assert_eq!(sink.count(), 2);
+    // Another payment's receipt marks the queue past anything the refund
+    // could have queued twice: then the refund has one notice.
+    let (_, marker) = pending_payment(&db, "provider_b").await;
+    notify(&api, &marker, "SUCCESS").await;
+    let mails = sink.wait_for(3, Duration::from_secs(30)).await;
+    assert!(
+        mails.iter().any(|m| m.part("text/plain").contains(&marker)),
+        "the marker's receipt"
+    );
+    assert_eq!(sink.count(), 3, "one notice for one refund");
 }
 
 #[tokio::test(flavor = "multi_thread")]

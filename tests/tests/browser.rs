@@ -78,12 +78,7 @@ fn free_port() -> u16 {
 /// The `/auth/v1/verify` link in a mail (quoted-printable soft breaks and
 /// `=3D` undone, `&amp;` decoded).
 fn verify_link(m: &Mail) -> Option<String> {
-    let text = m
-        .data
-        .replace("=\r\n", "")
-        .replace("=\n", "")
-        .replace("=3D", "=")
-        .replace("&amp;", "&");
+    let text = m.searchable().replace("&amp;", "&");
     text.split(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>'))
         .find(|w| w.starts_with("http") && w.contains("/auth/v1/verify?"))
         .map(str::to_string)

@@ -548,11 +548,7 @@ async fn built_in(stack: &Stack) -> (Proc, Proc, tests::SmtpSink) {
 /// Mail number `n` (1-based) as text, quoted-printable soft breaks undone.
 async fn mail(sink: &tests::SmtpSink, n: usize) -> String {
     let mails = sink.wait_for(n, Duration::from_secs(30)).await;
-    mails[n - 1]
-        .data
-        .replace("=\r\n", "")
-        .replace("=\n", "")
-        .replace("=3D", "=")
+    mails[n - 1].searchable()
 }
 
 /// The `token=` of the mail's confirmation link (the token hash).

@@ -409,11 +409,7 @@ fn assert_auth_503(r: &Reply, what: &str, new_format: bool, mode: ProxyMode, api
 /// The `token_hash` of the link in mail number `n` (1-based).
 async fn token_hash_of_mail(sink: &SmtpSink, n: usize) -> String {
     let mails = sink.wait_for(n, Duration::from_secs(30)).await;
-    let text = mails[n - 1]
-        .data
-        .replace("=\r\n", "")
-        .replace("=\n", "")
-        .replace("=3D", "=");
+    let text = mails[n - 1].searchable();
     let i = text.find("token=").expect("a link with token= in the mail");
     let rest = &text[i + 6..];
     let end = rest.find(['&', '"', '\r', '\n', ' ']).unwrap_or(rest.len());

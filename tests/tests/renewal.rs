@@ -105,7 +105,8 @@ async fn audits(db: &DatabaseConnection, user: Uuid, action: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     let stack = Stack::new().await;
-    let env = env(&stack);
+    // Every tick logs "scheduler tick", idle ones too (counted below).
+    let env = env(&stack).with("RUST_LOG", "info,worker::scheduler=debug");
     let api = stack.api(&env).await;
     let db = connect_db(&stack).await;
 
@@ -132,8 +133,17 @@ async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     })
     .await;
     assert!(all_open, "every due subscription got its renewal");
-    // Several more ticks of both workers: nothing is created twice.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Six more ticks (counted, not slept; one worker takes each tick's
+    // lock): nothing is created twice.
+    let ticks = || {
+        [&_w1, &_w2]
+            .iter()
+            .map(|w| w.stderr().matches("scheduler tick").count())
+            .sum::<usize>()
+    };
+    let seen = ticks();
+    let ticked = wait_until(Duration::from_secs(60), || async { ticks() >= seen + 6 }).await;
+    assert!(ticked, "the schedulers tick");
     for &user in &due {
         let rs = renewals_of(&db, user).await;
         assert_eq!(rs.len(), 1, "one renewal for {user}: {rs:?}");
@@ -193,13 +203,18 @@ async fn grace_keeps_the_plan_and_its_ai_limits_then_lapses_to_free() {
     let m = me(&api, user).await;
     assert_eq!(m["subscription"]["plan"], "PRO", "{m}");
     assert_eq!(m["subscription"]["status"], "past_due");
-    let pro_limit = m["ai_usage"]["tokens_limit"].clone();
-    let free_m = me(&api, cancelling).await;
-    assert_eq!(free_m["subscription"]["plan"], "FREE");
-    assert_ne!(
-        pro_limit, free_m["ai_usage"]["tokens_limit"],
+    // PRO's own AI limits, as the catalogue states them; FREE's after.
+    let catalogue = entity::base::plans::Catalogue::load(&tests::plans_file()).expect("plans");
+    let limit_of = |plan: &str| json!(catalogue.get(plan).expect(plan).ai_tokens_per_month);
+    assert_ne!(limit_of("PRO"), limit_of("FREE"));
+    assert_eq!(
+        m["ai_usage"]["tokens_limit"],
+        limit_of("PRO"),
         "grace keeps PRO's AI limits: {m}"
     );
+    let free_m = me(&api, cancelling).await;
+    assert_eq!(free_m["subscription"]["plan"], "FREE");
+    assert_eq!(free_m["ai_usage"]["tokens_limit"], limit_of("FREE"));
     // The link still works in grace: a renewal is offered for the ended
     // period (also when the subscription came into range after its end).
     let offered = wait_until(Duration::from_secs(30), || async {
@@ -221,17 +236,21 @@ async fn grace_keeps_the_plan_and_its_ai_limits_then_lapses_to_free() {
     })
     .await;
     assert!(lapsed);
-    assert!(renewals_of(&db, user)
-        .await
-        .iter()
-        .all(|r| r.status == RenewalStatus::Void));
+    let renewals = renewals_of(&db, user).await;
+    assert!(
+        !renewals.is_empty() && renewals.iter().all(|r| r.status == RenewalStatus::Void),
+        "the offered renewal is void: {renewals:?}"
+    );
     assert_eq!(audits(&db, user, "subscription.expire").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn grace_ends_then_free_once() {
     let stack = Stack::new().await;
-    let env = env(&stack).with("RENEWAL_GRACE_SECS", "3600");
+    let env = env(&stack)
+        .with("RENEWAL_GRACE_SECS", "3600")
+        // Every tick logs "scheduler tick", idle ones too (counted below).
+        .with("RUST_LOG", "info,worker::scheduler=debug");
     let _api = stack.api(&env).await;
     let db = connect_db(&stack).await;
     let user = paid_user(&db, "PRO", -Span::minutes(1)).await;
@@ -254,7 +273,16 @@ async fn grace_ends_then_free_once() {
         })
         .await
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Six more ticks (counted, not slept): expired once.
+    let ticks = || {
+        [&_w1, &_w2]
+            .iter()
+            .map(|w| w.stderr().matches("scheduler tick").count())
+            .sum::<usize>()
+    };
+    let seen = ticks();
+    let ticked = wait_until(Duration::from_secs(60), || async { ticks() >= seen + 6 }).await;
+    assert!(ticked, "the schedulers tick");
     assert_eq!(audits(&db, user, "subscription.expire").await, 1);
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(
@@ -434,8 +462,11 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
 /// Moves every time of `user`'s subscription and renewals `by` earlier (as
 /// if that much time had passed), in one statement per table.
 async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Span) {
-    use sea_orm::ConnectionTrait;
+    use sea_orm::{ConnectionTrait, TransactionTrait};
     let secs = by.num_seconds();
+    // One transaction: a tick between the two statements would see the
+    // period moved and its renewal not.
+    let txn = db.begin().await.unwrap();
     for sql in [
         format!(
             "UPDATE subscriptions SET current_period_end = current_period_end - make_interval(secs => {secs}) \
@@ -446,8 +477,9 @@ async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Span) {
              next_reminder_at = next_reminder_at - make_interval(secs => {secs}) WHERE user_id = '{user}'"
         ),
     ] {
-        db.execute_unprepared(&sql).await.unwrap();
+        txn.execute_unprepared(&sql).await.unwrap();
     }
+    txn.commit().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -316,11 +316,20 @@ async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_ca
     assert_eq!(renewal(&db, next.id).await.status, RenewalStatus::Paid);
     let p = payment_row(&db, &order).await;
     assert_eq!(p.grant_from_plan.as_deref(), Some("PRO"));
-    assert!(
-        p.carried_seconds.unwrap() > 86_400,
-        "{:?}",
-        p.carried_seconds
+    // The rule: PRO's unused time is worth 99,000 × unused / its 30 days,
+    // and that value buys BASIC time at 49,000 a month (about twice the
+    // days: ~4 days of BASIC for ~2 of PRO, not the 2 days themselves).
+    let paid_at = p.paid_at.unwrap();
+    let source = payment_row(&db, &pro).await;
+    let us = |d: chrono::Duration| i128::from(d.num_microseconds().unwrap());
+    let (unused, length, month) = (
+        us(source.grant_end.unwrap() - paid_at),
+        us(source.grant_end.unwrap() - source.grant_start.unwrap()),
+        us(month_after(paid_at) - paid_at),
     );
+    let expected = (99_000 * unused * month / (length * 49_000) / 1_000_000) as i64;
+    assert_eq!(p.carried_seconds, Some(expected), "carried at the prices");
+    assert!(expected > 3 * 86_400, "{expected}");
     assert_eq!(
         s.current_period_end,
         Some(
@@ -352,10 +361,13 @@ async fn the_renewal_loop_waits_while_payments_are_off() {
     // Webhooks are taken while payments are off: the payment settles.
     let worker = stack.worker(&off).await;
     let pro = pay(&api, &db, user, "PRO", 99_000).await;
-    // Its period ended a day ago, unpaid.
+    // Its period ended a day ago, unpaid; three paused passes after that
+    // (counted from the move, so none from before it count).
     move_period(&pool, &pro, 31, -1).await;
+    let paused_passes = || worker.stderr().matches("renewal loop paused").count();
+    let before = paused_passes();
     let paused = wait_until(Duration::from_secs(30), || async {
-        worker.stderr().matches("renewal loop paused").count() >= 3
+        paused_passes() >= before + 3
     })
     .await;
     assert!(paused, "worker stderr:\n{}", worker.stderr());

@@ -1,6 +1,6 @@
 //! The settlement rules of `entity::billing::settlement` on PostgreSQL, on a schema made
 //! by the migrations: exactly-once effects under concurrency (row locks), the
-//! state machine refusing late events, renewals and expiry.
+//! state machine refusing late events, unknown statuses recorded, renewals.
 
 use chrono::{Duration as Span, Utc};
 use entity::{
@@ -366,6 +366,29 @@ async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() 
         Settled::UnknownEvent
     );
     assert_eq!(audit_rows(&db, &order).await, 0);
+    // Both notices are kept, settled: the challenge without an error, the
+    // unknown status with the reason it changed nothing.
+    let row = |id: Uuid| {
+        let db = db.clone();
+        async move {
+            webhook_events::Entity::find_by_id(id)
+                .one(&db)
+                .await
+                .unwrap()
+                .expect("the recorded event")
+        }
+    };
+    let challenged = row(challenged).await;
+    assert!(challenged.settled_at.is_some());
+    assert_eq!(challenged.settlement_error, None);
+    let odd = row(odd).await;
+    assert_eq!(odd.provider_status, "teleported");
+    assert!(odd.settled_at.is_some());
+    assert_eq!(
+        odd.settlement_error.as_deref(),
+        Some("the event reports a status its provider does not define")
+    );
+    assert_eq!(payment(&db, &order).await.status, PaymentStatus::Pending);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -98,6 +98,7 @@ async fn the_worker_port_disconnects_a_client_trickling_its_headers() {
         .await;
     let base = tests::worker_http(&worker).await;
     let mut s = TcpStream::connect(host_port(&base)).await.expect("connect");
+    let connected = std::time::Instant::now();
     let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
     let mut closed_after = None;
     for (i, b) in request.iter().enumerate() {
@@ -125,6 +126,14 @@ async fn the_worker_port_disconnects_a_client_trickling_its_headers() {
         ),
         None => panic!("a client trickling its headers to the worker port was never disconnected"),
     }
+    // The port's header timeout (the setting's 1 s; the port never waits
+    // more than 2 s) decided it, long before the trickle's ~24 s would
+    // have ended (4 s of slack for a loaded machine).
+    let took = connected.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "closed after {took:?}: no header timeout applied"
+    );
 }
 
 /// An h2c connection to the worker's port that only sends PINGs after its
@@ -169,7 +178,11 @@ async fn one_client_holds_at_most_eight_connections_of_the_worker_port() {
         .await;
     let base = tests::worker_http(&worker).await;
     let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
-    // 20 connections from 127.0.0.2, each sending half a request's headers.
+    // 20 connections from 127.0.0.2, each sending half a request's headers
+    // (all open at once), then the rest. Those over the share were closed
+    // at once and answer nothing; at most 8 are answered (fewer only if the
+    // port's 2 s header timeout closed some before their second half came:
+    // no deadline of the test's own decides the count).
     let mut conns = Vec::new();
     for _ in 0..20 {
         let s = tokio::net::TcpSocket::new_v4().unwrap();
@@ -180,18 +193,19 @@ async fn one_client_holds_at_most_eight_connections_of_the_worker_port() {
             .unwrap();
         conns.push(c);
     }
-    // Those over the share are closed at once (the others only at the 2 s
-    // header timeout): read them all against one deadline.
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
-    let mut closed = 0;
+    let mut answered = 0;
     for c in &mut conns {
-        let mut b = [0u8; 64];
-        match tokio::time::timeout_at(deadline, c.read(&mut b)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
-            Ok(Ok(_)) | Err(_) => {}
+        let _ = c.write_all(b"\r\n").await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut answer)).await;
+        if answer.starts_with(b"HTTP/1.1 ") {
+            answered += 1;
         }
     }
-    assert_eq!(closed, 12, "20 connections from one address, 8 kept");
+    assert!(
+        (1..=8).contains(&answered),
+        "20 connections from one address, at most 8 kept: {answered} answered"
+    );
     // A probe from another address is answered.
     let r = tests::get(&format!("{base}/healthz")).await;
     assert_eq!(r.status, 200, "{}", r.text);
