@@ -9,7 +9,9 @@
 //!   value on too: no paid value is lost;
 //! * a refund of the first payment after two changes takes its share back
 //!   from the plan in force;
-//! * a refund notice for a payment that never became PAID takes nothing.
+//! * a refund notice for a payment that never became PAID takes nothing;
+//! * a refund of a payment whose carried time is spent takes nothing from a
+//!   later, separately paid month.
 
 use chrono::{DateTime, Months, Utc};
 use entity::entities::{audit_logs, payments::PaymentStatus};
@@ -177,4 +179,35 @@ async fn a_refund_notice_for_a_payment_never_paid_takes_nothing_back() {
         .await
         .unwrap();
     assert_eq!(take_backs, 0);
+}
+
+/// A refund of an old payment whose carried time is spent takes nothing
+/// from a later, separately paid month: PRO, then BASIC with PRO's carry,
+/// that BASIC period over, BASIC paid again; a whole refund of the first
+/// PRO payment once moved the new month's end back by the whole carry (21
+/// paid days lost).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refund_whose_carry_is_spent_takes_nothing_from_a_later_paid_month() {
+    let stack = Stack::new().await;
+    let api = start(&stack).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let user = free_user(&db).await;
+    let p1 = pay(&api, &db, user, "PRO", 99_000).await;
+    let p2 = pay(&api, &db, user, "BASIC", 49_000).await;
+    assert!(payment_row(&db, &p2).await.carried_seconds.unwrap() > 50 * DAY);
+    // The BASIC period (with the carry) ended yesterday; BASIC is paid again.
+    move_period(&pool, &p2, 40, -1).await;
+    let p3 = pay(&api, &db, user, "BASIC", 49_000).await;
+    let paid = payment_row(&db, &p3).await;
+    let end = tests::subscription_row(&db, user).await.current_period_end;
+    assert_eq!(end, paid.grant_end, "the new month is in force");
+
+    refund(&api, &db, &p1, 99_000).await;
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(
+        (s.plan.as_str(), s.current_period_end),
+        ("BASIC", end),
+        "the later month keeps all its time"
+    );
 }

@@ -500,11 +500,12 @@ async fn carried_share<T: ConnectionTrait>(
 ///
 /// * a grant carried on into a later plan change (or a chain of them, each
 ///   carried into the next) gives back what it carried: while the last
-///   grant of the chain is of the plan in force, refunded since or not, its
-///   end (and that payment's stored grant) moves back by the refunded
-///   grant's share of the carried time, rounded up to the second
-///   ([`carried_share`]), so a refund never leaves the time its money
-///   bought running elsewhere;
+///   grant of the chain is of the plan in force and still running,
+///   refunded since or not, its end (and that payment's stored grant) moves
+///   back by the refunded grant's share of the carried time, rounded up to
+///   the second ([`carried_share`]), at most what is left of that grant, so
+///   a refund never leaves the time its money bought running elsewhere and
+///   never takes time from a later, separately paid grant;
 /// * a grant already over, or not of the plan in force, is left alone;
 /// * a grant that changed plan and is still the last one of its plan (no
 ///   later payment extended it) returns the carried value where it came
@@ -551,6 +552,20 @@ pub async fn take_back<T: ConnectionTrait>(
                 return Ok(None);
             };
             if into.grant_plan.as_deref() != Some(sub.plan.as_str()) || secs <= 0 {
+                return Ok(None);
+            }
+            // Only what still runs of the grant it carried into: once that
+            // grant is over, its carried time is spent, and a later,
+            // separately paid grant of the same plan keeps all its time.
+            let Some(left) = into
+                .grant_end
+                .filter(|e| *e > now)
+                .map(|e| (e - now).num_seconds())
+            else {
+                return Ok(None);
+            };
+            let secs = secs.min(left);
+            if secs <= 0 {
                 return Ok(None);
             }
             let back = chrono::Duration::seconds(secs);
