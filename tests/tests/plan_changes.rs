@@ -249,8 +249,10 @@ async fn the_quote_refuses_what_cannot_be_bought() {
 }
 
 /// In its renewal grace (`past_due`: the period ended unpaid, the plan is
-/// kept) a payment for that plan extends from the old end, so the grace days
-/// are paid for and not given on top; the quote says the same beforehand.
+/// kept) a payment extends from the old end, whichever plan it buys, so the
+/// grace days are paid for and not given on top; the quotes say the same
+/// beforehand (another plan's once started at the payment: the grace days
+/// were free).
 #[tokio::test(flavor = "multi_thread")]
 async fn paid_in_grace_extends_from_the_old_end() {
     let stack = Stack::new().await;
@@ -269,9 +271,16 @@ async fn paid_in_grace_extends_from_the_old_end() {
         .await
         .expect("into grace");
 
+    let month_after = old_end.checked_add_months(Months::new(1)).unwrap();
+    for plan in ["BASIC", "ULTIMATE"] {
+        let q = quote(&api, Some(user), Some(plan)).await;
+        assert_eq!(q.status, 200, "{}", q.text);
+        assert_eq!(at(&q.json["period_start"]), old_end, "{plan}: {}", q.text);
+        assert_eq!(at(&q.json["period_end"]), month_after, "{plan}: {}", q.text);
+        assert_eq!(q.json["carried_seconds"], 0, "{plan}: {}", q.text);
+    }
     let q = quote(&api, Some(user), Some("PRO")).await;
     assert_eq!(q.status, 200, "{}", q.text);
-    let month_after = old_end.checked_add_months(Months::new(1)).unwrap();
     assert_eq!(at(&q.json["period_start"]), old_end, "{}", q.text);
     assert_eq!(at(&q.json["period_end"]), month_after, "{}", q.text);
 

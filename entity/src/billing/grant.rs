@@ -15,10 +15,11 @@
 //!   zero. Time of Q with no payment behind it carries nothing. The sources
 //!   are marked `carried_into` the new payment.
 //! * **In its renewal grace** (`past_due`: the period ended unpaid, the plan
-//!   is kept): a payment for that plan extends it by one calendar month from
-//!   the old end, so the grace days are paid for, unless that month is over
-//!   by `paid_at` (a payment never buys a period already over: it starts at
-//!   `paid_at`); another plan starts at `paid_at` and carries nothing.
+//!   is kept): a payment for any plan runs one calendar month from the old
+//!   end, so the grace days are paid for whichever plan is bought, and
+//!   carries nothing (the grace days have no payment behind them); unless
+//!   that month is over by `paid_at` (a payment never buys a period already
+//!   over: it starts at `paid_at`).
 //! * **Nothing paid in force** (FREE, lapsed): one calendar month from
 //!   `paid_at`.
 //!
@@ -129,20 +130,23 @@ pub fn compute(
     amount: i64,
     paid_at: DateTime<Utc>,
 ) -> Grant {
-    // In its renewal grace, a payment for the kept plan extends from the old
-    // end: the grace days are paid for, not given on top. Never into a
-    // period already over (the renewal loop was paused past a whole month):
-    // that payment starts at `paid_at`, as after a lapse.
+    // In its renewal grace, a payment for any plan starts at the old end:
+    // the grace days are paid for, not given on top, whichever plan is
+    // bought (nothing is carried: the grace days have no payment behind
+    // them). Never into a period already over (the renewal loop was paused
+    // past a whole month): that payment starts at `paid_at`, as after a
+    // lapse.
     if let (true, Some(old_end)) = (
-        in_force.in_grace && in_force.plan == plan && plan != FREE,
+        in_force.in_grace && in_force.plan != FREE && plan != FREE,
         in_force.period_end.filter(|e| month_after(*e) > paid_at),
     ) {
+        let changes = in_force.plan != plan;
         return Grant {
             plan: plan.to_string(),
             start: old_end,
             end: month_after(old_end),
-            from_plan: None,
-            from_end: None,
+            from_plan: changes.then(|| in_force.plan.to_string()),
+            from_end: changes.then_some(old_end),
             carried_seconds: 0,
             carried_value: 0,
             sources: vec![],
@@ -828,10 +832,21 @@ mod tests {
         };
         let g = compute(grace, &[], "PRO", 99_000, paid_at);
         assert_eq!((g.start, g.end), (end, t("2026-03-15T00:00:00Z")));
-        // Another plan paid in grace: a new period from `paid_at`, nothing
-        // carried (the grace days have no payment behind them).
+        // Another plan paid in grace: from the old end too (the grace days
+        // are billed whichever plan is bought), nothing carried (they have
+        // no payment behind them).
         let other = compute(grace, &[], "BASIC", 49_000, paid_at);
-        assert_eq!((other.start, other.carried_seconds), (paid_at, 0));
+        assert_eq!(
+            (other.start, other.end, other.carried_seconds),
+            (end, t("2026-03-15T00:00:00Z"), 0)
+        );
+        assert_eq!(other.from_plan.as_deref(), Some("PRO"));
+        // A month already over by the payment: from `paid_at`, any plan.
+        let late = t("2026-03-20T00:00:00Z");
+        for plan in ["PRO", "BASIC"] {
+            let g = compute(grace, &[], plan, 49_000, late);
+            assert_eq!((g.start, g.end), (late, t("2026-04-20T00:00:00Z")));
+        }
     }
 
     #[test]
