@@ -237,10 +237,18 @@ async fn the_quote_refuses_what_cannot_be_bought() {
     quote(&api, None, Some("PRO"))
         .await
         .assert_problem(401, None, None);
-    for plan in [None, Some("FREE"), Some("GOLD"), Some("")] {
+    for plan in [None, Some("FREE"), Some("GOLD")] {
         quote(&api, Some(user), plan)
             .await
             .assert_problem(400, Some("invalid_plan"), Some("plan"));
+    }
+    // Outside the documented 1–32 characters: refused by the schema.
+    for plan in ["", &"P".repeat(33)] {
+        quote(&api, Some(user), Some(plan)).await.assert_problem(
+            400,
+            Some("invalid_parameter"),
+            Some("plan"),
+        );
     }
     let q = quote(&api, Some(user), Some("ULTIMATE")).await;
     assert_eq!(q.status, 200, "{}", q.text);

@@ -274,6 +274,7 @@ pub async fn queue_receipt<T: ConnectionTrait>(
         "period_end": g.end,
         "from_plan": g.from_plan,
         "carried_seconds": g.carried_seconds,
+        "granted_plan": g.plan,
     });
     queue(
         txn,

@@ -313,7 +313,7 @@ impl BillingTemplates {
                 "amount": 49000, "currency": "IDR", "provider": "provider_a",
                 "paid_at": "2026-11-28T10:05:00Z", "period_start": "2026-11-28T10:05:00Z",
                 "period_end": "2027-01-17T15:01:00Z", "from_plan": "PRO",
-                "carried_seconds": 1_745_760,
+                "carried_seconds": 1_745_760, "granted_plan": "BASIC",
             }),
             BillingMailKind::RefundNotice => serde_json::json!({
                 "order_id": "ORD-1764320700000-K3Q9ZP2A", "plan": "BASIC",
@@ -394,6 +394,31 @@ mod tests {
             assert!(html.contains("Acme &lt;AI&gt;"), "{kind:?}: html escapes");
             assert!(html.contains("<html"), "{kind:?}: the layout");
             assert_eq!(m.to, vec!["ann@example.com".to_string()]);
+        }
+    }
+
+    #[test]
+    fn a_receipt_whose_money_went_to_another_plan_says_so() {
+        let mut j = job(BillingMailKind::Receipt);
+        j.vars.insert("granted_plan".into(), "PRO".into());
+        j.vars.insert("carried_seconds".into(), 0.into());
+        let m = templates().build(&j).unwrap();
+        assert!(
+            m.text
+                .contains("Applied to:   your Pro plan, in force when it was paid"),
+            "{}",
+            m.text
+        );
+        assert!(m.html.unwrap().contains("your Pro plan, in force"));
+        // Its own plan, or an older job without the variable: no such line.
+        for granted in [Some("BASIC"), None] {
+            let mut j = job(BillingMailKind::Receipt);
+            match granted {
+                Some(g) => j.vars.insert("granted_plan".into(), g.into()),
+                None => j.vars.remove("granted_plan"),
+            };
+            let m = templates().build(&j).unwrap();
+            assert!(!m.text.contains("Applied to"), "{}", m.text);
         }
     }
 

@@ -277,7 +277,8 @@ impl PaymentApi {
         state: Data<&AppState>,
         auth: BearerAuth,
         /// Plan identifier of the catalogue (`BASIC`, `PRO`, `ULTIMATE`);
-        /// required; `FREE` cannot be bought.
+        /// required (missing: 400 `invalid_plan`); `FREE` cannot be bought.
+        #[oai(validator(min_length = 1, max_length = 32))]
         plan: Query<Option<String>>,
     ) -> Result<QuoteResponse, QuoteErrorResponse> {
         Ok(QuoteResponse::Ok(Json(
