@@ -322,7 +322,7 @@ impl BillingTemplates {
                 "subscription_period_end": "2026-12-08T10:05:00Z",
             }),
             BillingMailKind::RenewalReminder => serde_json::json!({
-                "plan": "PRO", "amount": 99000, "currency": "IDR",
+                "current_plan": "PRO", "plan": "PRO", "amount": 99000, "currency": "IDR",
                 "due_at": "2026-12-28T10:05:00Z", "seconds_left": 604_800,
                 "pay_url": "https://api.example.com/api/payments/pay/TOKEN",
             }),
@@ -394,6 +394,44 @@ mod tests {
             assert!(html.contains("Acme &lt;AI&gt;"), "{kind:?}: html escapes");
             assert!(html.contains("<html"), "{kind:?}: the layout");
             assert_eq!(m.to, vec!["ann@example.com".to_string()]);
+        }
+    }
+
+    #[test]
+    fn a_reminder_after_a_change_names_the_plan_in_force_and_the_next_one() {
+        let mut j = job(BillingMailKind::RenewalReminder);
+        j.vars.insert("plan".into(), "BASIC".into());
+        j.vars.insert("amount".into(), 49_000.into());
+        let m = templates().build(&j).unwrap();
+        assert!(
+            m.subject
+                .contains("your Pro plan renews as Basic in 7 days"),
+            "{}",
+            m.subject
+        );
+        assert!(
+            m.text
+                .starts_with("Your Acme <AI> Pro plan ends on 28 December 2026")
+                && m.text.contains("As you chose, it continues as Basic.")
+                && m.text.contains("To continue on Basic, pay IDR 49,000"),
+            "{}",
+            m.text
+        );
+        // The same plan, or an older job without the variable: as before.
+        for current in [Some("BASIC"), None] {
+            let mut j = job(BillingMailKind::RenewalReminder);
+            j.vars.insert("plan".into(), "BASIC".into());
+            match current {
+                Some(c) => j.vars.insert("current_plan".into(), c.into()),
+                None => j.vars.remove("current_plan"),
+            };
+            let m = templates().build(&j).unwrap();
+            assert!(
+                m.subject.contains("your Basic plan renews in 7 days"),
+                "{}",
+                m.subject
+            );
+            assert!(m.text.contains("To keep it, pay"), "{}", m.text);
         }
     }
 

@@ -408,7 +408,14 @@ async fn remind<C: ConnectionTrait>(
     days: u32,
     now: DateTime<Utc>,
 ) -> Result<Queued, DbErr> {
+    // The plan in force, named beside the one the renewal bills when a
+    // `change` made them differ.
+    let current_plan = subscriptions::Entity::find_by_id(renewal.user_id)
+        .one(txn)
+        .await?
+        .map(|s| s.plan);
     let vars = json!({
+        "current_plan": current_plan.unwrap_or_else(|| renewal.plan.clone()),
         "plan": renewal.plan,
         "amount": renewal.amount,
         "currency": renewal.currency,
