@@ -177,7 +177,7 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
         notice.header("subject").as_deref(),
         Some(format!("Acme Cloud: your payment {order} was refunded").as_str())
     );
-    assert_contains(notice, &[&order, "IDR 99,000", "Your plan is now FREE."]);
+    assert_contains(notice, &[&order, "IDR 99,000", "Your plan is now Free."]);
     assert_eq!(
         notify(&api, &order, "REFUND").await,
         json!({"received": true, "duplicate": true})

@@ -298,19 +298,22 @@ pub async fn queue_refund_notice<T: ConnectionTrait>(
     now: DateTime<Utc>,
     subscription: Option<&serde_json::Value>,
 ) -> Result<(), DbErr> {
-    let (plan, end) = match subscription {
-        Some(v) => (
+    let row = subscriptions::Entity::find_by_id(pay.user_id)
+        .one(txn)
+        .await?;
+    let (plan, end) = match (subscription, &row) {
+        (Some(v), _) => (
             v["plan"].as_str().unwrap_or(FREE).to_string(),
-            v["period_end"].clone(),
+            v["period_end"]
+                .as_str()
+                .and_then(|e| e.parse::<DateTime<Utc>>().ok()),
         ),
-        None => match subscriptions::Entity::find_by_id(pay.user_id)
-            .one(txn)
-            .await?
-        {
-            Some(s) => (s.plan, json!(s.current_period_end)),
-            None => (FREE.to_string(), serde_json::Value::Null),
-        },
+        (None, Some(s)) => (s.plan.clone(), s.current_period_end),
+        (None, None) => (FREE.to_string(), None),
     };
+    // A period already over is not stated as running: the plan is in its
+    // grace (past due) until the scheduler moves it.
+    let past_due = plan != FREE && end.is_some_and(|e| e <= now);
     let vars = json!({
         "order_id": pay.order_id,
         "plan": pay.plan,
@@ -319,7 +322,9 @@ pub async fn queue_refund_notice<T: ConnectionTrait>(
         "provider": pay.provider,
         "refunded_at": now,
         "subscription_plan": plan,
-        "subscription_period_end": end,
+        "subscription_period_end": end.filter(|_| !past_due),
+        "taken_back": subscription.is_some(),
+        "past_due_since": end.filter(|_| past_due),
     });
     queue(
         txn,

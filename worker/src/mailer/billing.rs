@@ -320,6 +320,7 @@ impl BillingTemplates {
                 "amount": 49000, "currency": "IDR", "provider": "provider_b",
                 "refunded_at": "2026-11-29T10:05:00Z", "subscription_plan": "PRO",
                 "subscription_period_end": "2026-12-08T10:05:00Z",
+                "taken_back": true, "past_due_since": null,
             }),
             BillingMailKind::RenewalReminder => serde_json::json!({
                 "current_plan": "PRO", "plan": "PRO", "amount": 99000, "currency": "IDR",
@@ -433,6 +434,44 @@ mod tests {
             );
             assert!(m.text.contains("To keep it, pay"), "{}", m.text);
         }
+    }
+
+    #[test]
+    fn a_refund_notice_says_what_was_taken_back_and_names_plans() {
+        let m = templates()
+            .build(&job(BillingMailKind::RefundNotice))
+            .unwrap();
+        assert!(
+            m.text
+                .contains("the time it bought that was still to come was taken back")
+                && m.text
+                    .contains("Your plan is now Pro until 8 December 2026"),
+            "{}",
+            m.text
+        );
+        // In grace, nothing taken: says so, and no date past as running.
+        let mut j = job(BillingMailKind::RefundNotice);
+        j.vars.insert("taken_back".into(), false.into());
+        j.vars
+            .insert("subscription_period_end".into(), serde_json::Value::Null);
+        j.vars
+            .insert("past_due_since".into(), "2026-11-28T10:05:00Z".into());
+        let m = templates().build(&j).unwrap();
+        assert!(
+            m.text.contains("No time was taken back")
+                && m.text.contains(
+                    "Your Pro plan's period ended on 28 November 2026, 17:05 WIB (Asia/Jakarta): it is past due"
+                )
+                && !m.text.contains("Your plan is now"),
+            "{}",
+            m.text
+        );
+        // An older job without the new variables reads as before.
+        let mut j = job(BillingMailKind::RefundNotice);
+        j.vars.remove("taken_back");
+        j.vars.remove("past_due_since");
+        let m = templates().build(&j).unwrap();
+        assert!(m.text.contains("was taken back"), "{}", m.text);
     }
 
     #[test]
