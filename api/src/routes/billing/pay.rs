@@ -124,6 +124,7 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
         entity::billing::renewal::pay::verify_pay_token(secret, token).ok_or_else(invalid_link)?;
     let grace = span(state.settings.renewal_grace);
     let expire_after = span(state.settings.payment_expire_after);
+    let start_budget = pay::start_budget(state.settings.provider_timeout);
     // At most: a stale checkout asked about, then a new one started.
     for _ in 0..3 {
         let now = state
@@ -132,7 +133,14 @@ async fn pay_inner(state: &AppState, token: &str) -> Result<String, ApiError> {
         let link = state
             .bounded_db(
                 "reading the renewal",
-                pay::resolve(&state.db, renewal_id, now, grace, expire_after),
+                pay::resolve(
+                    &state.db,
+                    renewal_id,
+                    now,
+                    grace,
+                    expire_after,
+                    start_budget,
+                ),
             )
             .await?;
         match link {

@@ -32,8 +32,15 @@ use crate::{
 };
 
 /// How long a payment row may wait for its provider checkout (token or URL)
-/// before a click treats it as stale rather than being started.
-pub const START_BUDGET: Duration = Duration::seconds(60);
+/// before a click treats it as stale rather than being started: at least
+/// 60 s, and always longer than a start can take with `provider_timeout`
+/// (`PROVIDER_TIMEOUT_MS`; a start is retried once when no connection could
+/// be made, so two calls and a margin), so a checkout still starting is
+/// never taken for stale and doubled.
+pub fn start_budget(provider_timeout: std::time::Duration) -> Duration {
+    let start = Duration::from_std(provider_timeout * 2).unwrap_or(Duration::MAX);
+    Ord::max(Duration::seconds(60), start + Duration::seconds(10))
+}
 
 /// Why the link no longer leads to a checkout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,14 +104,16 @@ async fn latest_payment<C: ConnectionTrait>(
 }
 
 /// What a click at `now` (the database's clock) on the link of renewal
-/// `renewal_id` leads to, with `grace` (`RENEWAL_GRACE_SECS`) and a
-/// checkout's provider lifetime `expire_after` (`PAYMENT_EXPIRE_AFTER_SECS`).
+/// `renewal_id` leads to, with `grace` (`RENEWAL_GRACE_SECS`), a
+/// checkout's provider lifetime `expire_after` (`PAYMENT_EXPIRE_AFTER_SECS`)
+/// and the time a checkout may take to start ([`start_budget`]).
 pub async fn resolve<C: ConnectionTrait>(
     db: &C,
     renewal_id: Uuid,
     now: DateTime<Utc>,
     grace: Duration,
     expire_after: Duration,
+    start_budget: Duration,
 ) -> Result<Link, DbErr> {
     let Some(r) = renewals::Entity::find_by_id(renewal_id).one(db).await? else {
         return Ok(Link::Unknown);
@@ -126,13 +135,27 @@ pub async fn resolve<C: ConnectionTrait>(
     }
     Ok(match latest_payment(db, r.id).await? {
         Some(p) if p.status == PaymentStatus::Paid => Link::Closed(Closed::Paid),
-        Some(p) if p.status == PaymentStatus::Pending => match page(&p) {
-            Some(url) if p.created_at + expire_after > now => Link::Live(url.to_string()),
-            None if p.created_at + START_BUDGET > now => Link::Starting(p),
-            _ => Link::Stale(p),
-        },
+        Some(p) if p.status == PaymentStatus::Pending => {
+            pending_link(p, now, expire_after, start_budget)
+        }
         _ => Link::Start(r),
     })
+}
+
+/// What the link leads to when its latest payment `p` is `PENDING`: its
+/// live checkout; still starting (within `start_budget` of its creation);
+/// else stale.
+fn pending_link(
+    p: payments::Model,
+    now: DateTime<Utc>,
+    expire_after: Duration,
+    start_budget: Duration,
+) -> Link {
+    match page(&p) {
+        Some(url) if p.created_at + expire_after > now => Link::Live(url.to_string()),
+        None if p.created_at + start_budget > now => Link::Starting(p),
+        _ => Link::Stale(p),
+    }
 }
 
 /// What [`begin`] did.
@@ -293,6 +316,56 @@ fn sign(secret: &str, id: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pending(created_at: DateTime<Utc>) -> payments::Model {
+        payments::Model {
+            id: Uuid::nil(),
+            order_id: "ORD-1".into(),
+            user_id: Uuid::nil(),
+            plan: "PRO".into(),
+            amount: 99_000,
+            currency: "IDR".into(),
+            provider: "provider_b".into(),
+            status: PaymentStatus::Pending,
+            checkout_token: None,
+            payment_url: None,
+            provider_reference: None,
+            paid_at: None,
+            idempotency_key: None,
+            reconciled_at: None,
+            created_at,
+            updated_at: created_at,
+            grant_plan: None,
+            grant_start: None,
+            grant_end: None,
+            grant_from_plan: None,
+            grant_from_end: None,
+            carried_seconds: None,
+            carried_value: None,
+            carried_into: None,
+            refunded_amount: 0,
+            renewal_id: None,
+        }
+    }
+
+    #[test]
+    fn a_checkout_still_starting_within_the_provider_timeout_is_not_stale() {
+        let budget = |ms: u64| start_budget(std::time::Duration::from_millis(ms));
+        assert_eq!(budget(10_000), Duration::seconds(60), "the floor");
+        assert_eq!(
+            budget(90_000),
+            Duration::seconds(190),
+            "two calls and a margin"
+        );
+        // 61 s into a start with a 90 s provider timeout: still starting,
+        // not stale (a second live checkout would be made).
+        let now = Utc::now();
+        let started = now - Duration::seconds(61);
+        let link = pending_link(pending(started), now, Duration::days(1), budget(90_000));
+        assert!(matches!(link, Link::Starting(_)), "{link:?}");
+        let link = pending_link(pending(started), now, Duration::days(1), budget(10_000));
+        assert!(matches!(link, Link::Stale(_)), "{link:?}");
+    }
 
     #[test]
     fn pay_tokens_verify_only_when_signed_with_the_secret() {
