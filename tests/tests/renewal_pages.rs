@@ -247,3 +247,49 @@ async fn resume_is_offered_a_renewal_at_the_next_ticks() {
         "within three ticks of resume, not a lease (eight ticks) later"
     );
 }
+
+/// A page queued while payments were on, run by a worker whose payments are
+/// off (switched off since, or a mixed deployment), changes nothing: the
+/// loop waits, and the page's claims are given back so that it is queued
+/// again once payments are on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_run_while_payments_are_off_changes_nothing_and_gives_its_claims_back() {
+    let stack = Stack::new().await;
+    let env = env(&stack);
+    let _api = stack.api(&env).await;
+    let db = connect_db(&stack).await;
+    seed(&db, 10).await;
+    let queued = || async {
+        stack.redis.count("LLEN", "settlement:active").await
+            + stack.redis.count("ZCARD", "settlement:scheduled").await
+    };
+    let claims = "SELECT count(*) AS n FROM renewal_claims WHERE step = 'create'";
+    // Queued by a worker that does not run the settlement queue.
+    let scheduler = stack
+        .worker(&env.clone().with("WORKER_QUEUES", "email"))
+        .await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async { queued().await >= 1 }).await,
+        "the page is queued"
+    );
+    drop(scheduler);
+    assert_eq!(count(&db, claims).await, 10);
+    // Run by a worker whose payments are off.
+    let runner = stack
+        .worker(
+            &env.clone()
+                .with("WORKER_QUEUES", "settlement")
+                .with("NEXT_PUBLIC_ENABLE_PAYMENTS", "false"),
+        )
+        .await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            queued().await == 0 && count(&db, claims).await == 0
+        })
+        .await,
+        "the page ran and gave its claims back; stderr:\n{}",
+        runner.stderr()
+    );
+    assert!(runner.stderr().contains("renewal batch skipped"));
+    assert_eq!(count(&db, "SELECT count(*) AS n FROM renewals").await, 0);
+}

@@ -2,8 +2,9 @@
 //! ([`entity::billing::renewal`]), queued by the scheduler ([`crate::scheduler`]) so
 //! that every worker takes a share of a large batch. Each row is re-checked
 //! under its lock by the database's clock, so a repeated or concurrent batch
-//! changes nothing twice. Outcomes are counted in
-//! `billing_renewals_total{outcome}`.
+//! changes nothing twice. A batch run while the renewal loop is paused
+//! (payments switched off) changes nothing and gives its claims back.
+//! Outcomes are counted in `billing_renewals_total{outcome}`.
 
 use std::sync::OnceLock;
 
@@ -40,6 +41,16 @@ pub async fn handle(
     _attempt: usize,
     ctx: &JobContext,
 ) -> Result<(), JobError> {
+    // Payments switched off since the page was queued (or on this worker):
+    // the loop waits, so the page changes nothing and its claims are given
+    // back for the scheduler to queue again once payments are on.
+    if renewal::paused(&entity::Features::compute(ctx.providers.settings())) {
+        renewal::scan::release_claims(&ctx.db, job.step, &job.ids)
+            .await
+            .map_err(|e| JobError::Retry(format!("releasing the claims: {e}")))?;
+        tracing::info!(step = ?job.step, rows = job.ids.len(), "renewal batch skipped: the renewal loop is paused");
+        return Ok(());
+    }
     let catalogue = catalogue(ctx)?;
     let policy = renewal::Policy::from_settings(ctx.providers.settings());
     let now = entity::base::db::now(&ctx.db)
