@@ -155,10 +155,11 @@ where
     use subscriptions::Column;
 
     let target = action.target_flag();
-    let now = Utc::now();
-    let canceled_at = target.then_some(now);
 
     let txn = begin_write(db).await?;
+    // The database's clock, as every other time of the subscription.
+    let now = crate::base::db::now(&txn).await?;
+    let canceled_at = target.then_some(now);
     let updated = subscriptions::Entity::update_many()
         .col_expr(Column::CancelAtPeriodEnd, Expr::value(target))
         .col_expr(Column::CanceledAt, Expr::value(canceled_at))
