@@ -3,6 +3,10 @@
 //! answers 200 and counts) for measuring the worker's drain rate.
 //!
 //! `cargo run --release -p api --example bench_peer -- 127.0.0.1:9999`
+//!
+//! Why this file is long: it is every fake peer the benchmarks talk to (the
+//! baseline route, the email API, both payment providers, the AI upstreams)
+//! in one binary, so a benchmark run starts one process.
 //! `GET /count` returns the number of emails answered so far. The fake email
 //! API answers after `EMAIL_DELAY_MS` milliseconds (default 0: at once), as
 //! a real provider's round trip would, and counts an email when it answers.

@@ -29,6 +29,10 @@
 //! `"<verifier>/PASSWORD_RECOVERY"`), `base64-`-prefixed base64url by default,
 //! split into `.0`, `.1`, … chunks past 3,180 bytes. [`code_verifier`] reads
 //! exactly that; on success the cookie is expired.
+//!
+//! Why this file is long: a sixth of it is the unit tests of those cookie
+//! and verifier formats, which belong beside the code that reads them; the
+//! route itself is one flow (two backends, one redirect shape).
 
 use std::{
     sync::OnceLock,

@@ -24,22 +24,18 @@
 //!   `paid_at`.
 //!
 //! [`plan`] computes a grant without writing (the quote uses it, so the quote
-//! and the settlement are one rule); [`take_back`] undoes one when its payment
-//! is refunded, from the stored grant alone.
+//! and the settlement are one rule); [`super::take_back`] undoes one when its
+//! payment is refunded, from the stored grant alone.
 
 use chrono::{DateTime, Months, Utc};
 use sea_orm::{
-    sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait,
-    IntoActiveModel, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
+    sea_query::Expr, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder,
 };
-use serde_json::json;
 use uuid::Uuid;
 
-use crate::base::audit;
 use crate::{
     base::plans::FREE,
     entities::{
-        audit_logs,
         payments::{self, PaymentStatus},
         subscriptions::{self, SubscriptionStatus},
     },
@@ -110,7 +106,7 @@ pub struct Running {
     pub carried_seconds: i64,
 }
 
-fn micros(d: chrono::Duration) -> i128 {
+pub(crate) fn micros(d: chrono::Duration) -> i128 {
     d.num_microseconds().map_or(i128::MAX, i128::from)
 }
 
@@ -444,263 +440,6 @@ pub async fn store<C: ConnectionTrait>(
             .await?;
     }
     Ok(())
-}
-
-/// Where the money of `refunded`'s grant that was carried on lives now, and
-/// how many seconds of that grant it bought: follows `carried_into` from
-/// payment to payment (a plan change carried into a plan change, …). At
-/// each hop the part of the carried money still unused when the next
-/// payment was paid moves on (spread evenly over the grant's whole period:
-/// `money × unused / length`); at the last grant, the money buys seconds at
-/// that grant's own rate (`money × month / amount`), rounded up to the
-/// second and at most what it carried. The refunded grant's whole amount is
-/// followed (a refund takes back everything the payment bought). `None`
-/// when nothing is left to take back.
-async fn carried_share<T: ConnectionTrait>(
-    txn: &T,
-    refunded: &payments::Model,
-) -> Result<Option<(payments::Model, i64)>, DbErr> {
-    let (Some(mut start), Some(mut end)) = (refunded.grant_start, refunded.grant_end) else {
-        return Ok(None);
-    };
-    // Money in millionths of a currency unit.
-    let mut money = i128::from(refunded.amount.max(0)) * 1_000_000;
-    let mut next = refunded.carried_into;
-    let mut last = None;
-    // A chain is as long as the customer's plan changes; the bound only
-    // guards against a cycle in damaged data.
-    for _ in 0..1_000 {
-        let Some(id) = next else { break };
-        let Some(into) = payments::Entity::find_by_id(id).one(txn).await? else {
-            return Ok(None);
-        };
-        let (Some(paid_at), Some(into_end)) = (into.grant_start, into.grant_end) else {
-            return Ok(None);
-        };
-        let length = micros(end - start);
-        let unused = micros(end - start.max(paid_at));
-        if length <= 0 || unused <= 0 {
-            return Ok(None);
-        }
-        money = money * unused / length;
-        start = paid_at;
-        end = into_end;
-        next = into.carried_into;
-        last = Some(into);
-    }
-    let Some(into) = last.filter(|p| p.amount > 0 && next.is_none()) else {
-        return Ok(None);
-    };
-    let month = micros(month_after(start) - start);
-    let share_us = money * month / (i128::from(into.amount) * 1_000_000);
-    let secs = i64::try_from((share_us + 999_999) / 1_000_000).unwrap_or(i64::MAX);
-    let secs = secs.min(into.carried_seconds.unwrap_or(0));
-    Ok(Some((into, secs)))
-}
-
-/// Takes back what the payment `refunded` (still `PAID` here; any other
-/// status granted nothing, so nothing is taken back) granted,
-/// under the subscription's row lock, from its stored grant:
-///
-/// * a grant carried on into a later plan change (or a chain of them, each
-///   carried into the next) gives back what it carried: while the last
-///   grant of the chain is of the plan in force and still running,
-///   refunded since or not, its end (and that payment's stored grant) moves
-///   back by the refunded grant's share of the carried time, rounded up to
-///   the second ([`carried_share`]), at most what is left of that grant, so
-///   a refund never leaves the time its money bought running elsewhere and
-///   never takes time from a later, separately paid grant;
-/// * a grant already over, or not of the plan in force, is left alone;
-/// * a grant that changed plan and is still the last one of its plan (no
-///   later payment extended it) returns the carried value where it came
-///   from: the replaced plan comes back, until the end of its source grants
-///   still `PAID` (at most its old period end), and they run again; when no
-///   source is still paid for, nothing comes back;
-/// * otherwise the subscription's end moves back by the payment's own
-///   month (`grant_end − grant_start − carried_seconds`);
-/// * a period that then ends by `now` falls back to FREE at once.
-///
-/// A payment paid before grants were stored moves the end of its plan back
-/// by one calendar month. Writes an [`audit::ACTION_SUBSCRIPTION_TAKE_BACK`] audit
-/// row; answers the subscription's new plan and period end (`None`: nothing
-/// changed).
-pub async fn take_back<T: ConnectionTrait>(
-    txn: &T,
-    refunded: &payments::Model,
-    now: DateTime<Utc>,
-    request_id: Option<String>,
-) -> Result<Option<serde_json::Value>, DbErr> {
-    // A payment that never became PAID (a refund notice for a checkout
-    // still pending) granted nothing.
-    if refunded.status != PaymentStatus::Paid {
-        return Ok(None);
-    }
-    let postgres = txn.get_database_backend() == DbBackend::Postgres;
-    let mut find = subscriptions::Entity::find_by_id(refunded.user_id);
-    if postgres {
-        find = find.lock_exclusive();
-    }
-    let Some(sub) = find.one(txn).await? else {
-        return Ok(None);
-    };
-    let Some(end) = sub.current_period_end.filter(|e| *e > now) else {
-        return Ok(None);
-    };
-    let (plan, start, new_end, restore) = match (
-        refunded.grant_plan.as_deref(),
-        refunded.grant_start,
-        refunded.grant_end,
-    ) {
-        (Some(_), Some(_), Some(_)) if refunded.carried_into.is_some() => {
-            let Some((into, secs)) = carried_share(txn, refunded).await? else {
-                return Ok(None);
-            };
-            if into.grant_plan.as_deref() != Some(sub.plan.as_str()) || secs <= 0 {
-                return Ok(None);
-            }
-            // Only what still runs of the grant it carried into: once that
-            // grant is over, its carried time is spent, and a later,
-            // separately paid grant of the same plan keeps all its time.
-            let Some(left) = into
-                .grant_end
-                .filter(|e| *e > now)
-                .map(|e| (e - now).num_seconds())
-            else {
-                return Ok(None);
-            };
-            let secs = secs.min(left);
-            if secs <= 0 {
-                return Ok(None);
-            }
-            let back = chrono::Duration::seconds(secs);
-            payments::Entity::update_many()
-                .col_expr(
-                    payments::Column::CarriedSeconds,
-                    Expr::value(into.carried_seconds.unwrap_or(0) - secs),
-                )
-                .col_expr(
-                    payments::Column::GrantEnd,
-                    Expr::value(into.grant_end.map(|e| e - back)),
-                )
-                .filter(payments::Column::Id.eq(into.id))
-                .exec(txn)
-                .await?;
-            (
-                sub.plan.clone(),
-                sub.current_period_start,
-                end - back,
-                false,
-            )
-        }
-        (Some(gplan), Some(gstart), Some(gend)) => {
-            if gend <= now || gplan != sub.plan {
-                return Ok(None);
-            }
-            let carried = refunded.carried_seconds.unwrap_or(0);
-            let own = (gend - gstart) - chrono::Duration::seconds(carried);
-            let later = payments::Entity::find()
-                .filter(payments::Column::UserId.eq(refunded.user_id))
-                .filter(payments::Column::Status.eq(PaymentStatus::Paid))
-                .filter(payments::Column::GrantPlan.eq(gplan))
-                .filter(payments::Column::CarriedInto.is_null())
-                .filter(payments::Column::Id.ne(refunded.id))
-                .filter(payments::Column::GrantStart.gte(gend))
-                .count(txn)
-                .await?;
-            // The replaced plan comes back only as far as grants still paid
-            // for carry it: a source refunded meanwhile took its time back.
-            let sources_end = if later == 0 && refunded.grant_from_plan.is_some() {
-                payments::Entity::find()
-                    .filter(payments::Column::CarriedInto.eq(refunded.id))
-                    .filter(payments::Column::Status.eq(PaymentStatus::Paid))
-                    .all(txn)
-                    .await?
-                    .into_iter()
-                    .filter_map(|p| p.grant_end)
-                    .max()
-            } else {
-                None
-            };
-            match (
-                &refunded.grant_from_plan,
-                refunded.grant_from_end,
-                sources_end,
-            ) {
-                (Some(from), Some(from_end), Some(paid_end)) => {
-                    (from.clone(), None, from_end.min(paid_end), true)
-                }
-                _ => (sub.plan.clone(), sub.current_period_start, end - own, false),
-            }
-        }
-        _ if refunded.plan == sub.plan => {
-            let back = end.checked_sub_months(Months::new(1)).unwrap_or(end);
-            (sub.plan.clone(), sub.current_period_start, back, false)
-        }
-        _ => return Ok(None),
-    };
-    if restore {
-        payments::Entity::update_many()
-            .col_expr(payments::Column::CarriedInto, Expr::value(None::<Uuid>))
-            .filter(payments::Column::CarriedInto.eq(refunded.id))
-            .exec(txn)
-            .await?;
-    }
-    let old = json!({
-        "plan": sub.plan,
-        "status": sub.status.as_str(),
-        "period_end": sub.current_period_end,
-    });
-    let source_start = if restore {
-        payments::Entity::find()
-            .filter(payments::Column::UserId.eq(refunded.user_id))
-            .filter(payments::Column::Status.eq(PaymentStatus::Paid))
-            .filter(payments::Column::GrantPlan.eq(plan.as_str()))
-            .filter(payments::Column::CarriedInto.is_null())
-            .filter(payments::Column::GrantEnd.gt(now))
-            .all(txn)
-            .await?
-            .into_iter()
-            .filter_map(|p| p.grant_start)
-            .min()
-    } else {
-        start
-    };
-    let mut am = sub.into_active_model();
-    let new = if new_end > now && plan != FREE {
-        am.plan = Set(plan.clone());
-        am.current_period_start = Set(Some(source_start.unwrap_or(now).min(new_end)));
-        am.current_period_end = Set(Some(new_end));
-        json!({ "plan": plan, "period_end": new_end })
-    } else {
-        am.plan = Set(FREE.to_string());
-        am.status = Set(SubscriptionStatus::Active);
-        am.cancel_at_period_end = Set(false);
-        am.current_period_start = Set(None);
-        am.current_period_end = Set(None);
-        json!({ "plan": FREE, "period_end": null })
-    };
-    am.updated_at = Set(now);
-    am.update(txn).await?;
-    audit_logs::ActiveModel {
-        id: Set(Uuid::now_v7()),
-        actor_id: Set(None),
-        action: Set(audit::ACTION_SUBSCRIPTION_TAKE_BACK.to_string()),
-        target_type: Set(audit::TARGET_TYPE_SUBSCRIPTION.to_string()),
-        target_id: Set(refunded.user_id.to_string()),
-        old_value: Set(Some(old)),
-        new_value: Set(Some(json!({
-            "plan": new["plan"],
-            "period_end": new["period_end"],
-            "refunded_order_id": refunded.order_id,
-            "returned_to": if restore { json!(plan) } else { serde_json::Value::Null },
-        }))),
-        request_id: Set(request_id),
-        client_request_id: Set(None),
-        created_at: Set(now),
-    }
-    .insert(txn)
-    .await?;
-    Ok(Some(new))
 }
 
 #[cfg(test)]

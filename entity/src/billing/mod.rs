@@ -1,6 +1,6 @@
 //! Billing: payments and their state machine, checkout, provider webhook
 //! verification, events recorded then settled, grants (the one value → time
-//! conversion), reconciliation, the subscription, billing mails, and renewal.
+//! conversion) and what a refund takes back, reconciliation, the subscription, billing mails, and renewal.
 
 pub mod checkout;
 pub mod events;
@@ -12,4 +12,5 @@ pub mod reconcile;
 pub mod renewal;
 pub mod settlement;
 pub mod subscription;
+pub mod take_back;
 pub mod webhook;

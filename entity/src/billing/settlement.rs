@@ -284,7 +284,7 @@ where
 /// The core: locks the payment, applies the state machine, activates the
 /// subscription on the move into `PAID` (a late payment included, audited as
 /// [`audit::ACTION_LATE_PAYMENT`]), takes back the period a payment bought on its
-/// move into `REFUNDED` ([`take_back`]), writes the audit row.
+/// move into `REFUNDED` ([`super::take_back::take_back`]), writes the audit row.
 async fn apply<T: ConnectionTrait>(
     txn: &T,
     order_id: &str,
@@ -374,7 +374,7 @@ async fn apply<T: ConnectionTrait>(
         }
         granted = Some(g);
     } else if to == PaymentStatus::Refunded {
-        taken_back = grant::take_back(txn, &pay, now, request_id.clone()).await?;
+        taken_back = super::take_back::take_back(txn, &pay, now, request_id.clone()).await?;
         if taken_back.is_some() {
             renewal::void_open(txn, pay.user_id, now).await?;
         }
