@@ -312,8 +312,11 @@ pub async fn queue_refund_notice<T: ConnectionTrait>(
         (None, None) => (FREE.to_string(), None),
     };
     // A period already over is not stated as running: the plan is in its
-    // grace (past due) until the scheduler moves it.
-    let past_due = plan != FREE && end.is_some_and(|e| e <= now);
+    // grace (past due) until the scheduler moves it, unless it was
+    // cancelled (it lapses, no renewal is owed).
+    let cancelling = row.as_ref().is_some_and(|s| s.cancel_at_period_end);
+    let over = end.is_some_and(|e| e <= now);
+    let past_due = plan != FREE && over && !cancelling;
     let vars = json!({
         "order_id": pay.order_id,
         "plan": pay.plan,
@@ -322,7 +325,7 @@ pub async fn queue_refund_notice<T: ConnectionTrait>(
         "provider": pay.provider,
         "refunded_at": now,
         "subscription_plan": plan,
-        "subscription_period_end": end.filter(|_| !past_due),
+        "subscription_period_end": end.filter(|_| !over),
         "taken_back": subscription.is_some(),
         "past_due_since": end.filter(|_| past_due),
     });
