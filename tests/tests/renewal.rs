@@ -135,15 +135,7 @@ async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     assert!(all_open, "every due subscription got its renewal");
     // Six more ticks (counted, not slept; one worker takes each tick's
     // lock): nothing is created twice.
-    let ticks = || {
-        [&_w1, &_w2]
-            .iter()
-            .map(|w| w.stderr().matches("scheduler tick").count())
-            .sum::<usize>()
-    };
-    let seen = ticks();
-    let ticked = wait_until(Duration::from_secs(60), || async { ticks() >= seen + 6 }).await;
-    assert!(ticked, "the schedulers tick");
+    more_ticks(&[&_w1, &_w2], 6).await;
     for &user in &due {
         let rs = renewals_of(&db, user).await;
         assert_eq!(rs.len(), 1, "one renewal for {user}: {rs:?}");
@@ -274,15 +266,7 @@ async fn grace_ends_then_free_once() {
         .await
     );
     // Six more ticks (counted, not slept): expired once.
-    let ticks = || {
-        [&_w1, &_w2]
-            .iter()
-            .map(|w| w.stderr().matches("scheduler tick").count())
-            .sum::<usize>()
-    };
-    let seen = ticks();
-    let ticked = wait_until(Duration::from_secs(60), || async { ticks() >= seen + 6 }).await;
-    assert!(ticked, "the schedulers tick");
+    more_ticks(&[&_w1, &_w2], 6).await;
     assert_eq!(audits(&db, user, "subscription.expire").await, 1);
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(
@@ -461,6 +445,20 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
 
 /// Moves every time of `user`'s subscription and renewals `by` earlier (as
 /// if that much time had passed), in one statement per table.
+/// Waits until `workers` have logged `n` more scheduler ticks between them
+/// (one worker takes each tick's lock; the env logs idle ticks too).
+async fn more_ticks(workers: &[&Proc], n: usize) {
+    let ticks = || {
+        workers
+            .iter()
+            .map(|w| w.stderr().matches("scheduler tick").count())
+            .sum::<usize>()
+    };
+    let seen = ticks();
+    let ticked = wait_until(Duration::from_secs(60), || async { ticks() >= seen + n }).await;
+    assert!(ticked, "the schedulers tick");
+}
+
 async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Span) {
     use sea_orm::{ConnectionTrait, TransactionTrait};
     let secs = by.num_seconds();

@@ -580,35 +580,67 @@ async fn after_a_refund_in_grace_an_outdated_cheaper_renewal_buys_its_share_not_
     );
 }
 
+/// A PRO renewal offered two days before its end, then paid `days_late`
+/// days after that end with nobody ticking since (the scheduler stopped,
+/// then a worker whose next tick is an hour away): the subscription still
+/// `active`, as between ticks or while the loop is paused.
+struct LateRenewal {
+    _stack: Stack,
+    _api: Proc,
+    _worker: Proc,
+    db: DatabaseConnection,
+    user: Uuid,
+    renewal: renewals::Model,
+    order: String,
+    /// The period end the renewal was for (moved back `days_late` days).
+    end: DateTime<Utc>,
+}
+
+impl LateRenewal {
+    async fn paid(days_late: i64) -> Self {
+        let stack = Stack::new().await;
+        let env = env(&stack);
+        let api = stack.api(&env).await;
+        let db = connect_db(&stack).await;
+        let pool = stack.db.pool().await;
+        let user = free_user(&db).await;
+        let worker = stack.worker(&env).await;
+        let pro = pay(&api, &db, user, "PRO", 99_000).await;
+        let (_, end) = move_period(&pool, &pro, 28, 2).await;
+        let renewal = offered(&db, user, end).await;
+        let order = renewal_payment(&pool, &db, &renewal).await;
+        drop(worker);
+        let (_, end) = move_period(&pool, &pro, 30 + days_late, -days_late).await;
+        sea_orm::sqlx::query("UPDATE renewals SET period_end = $2 WHERE id = $1")
+            .bind(renewal.id)
+            .bind(end)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let worker = stack
+            .worker(&env.clone().with("SCHEDULER_TICK_SECS", "3600"))
+            .await;
+        settle(&api, &db, &order, 99_000).await;
+        LateRenewal {
+            _stack: stack,
+            _api: api,
+            _worker: worker,
+            db,
+            user,
+            renewal,
+            order,
+            end,
+        }
+    }
+}
+
 /// A renewal paid after its period end, before the scheduler marked the
 /// subscription `past_due` (between ticks, or while the loop is paused),
 /// continues from the old end: the days since are paid for, not free.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_renewal_paid_after_its_end_before_past_due_continues_from_the_old_end() {
-    let stack = Stack::new().await;
-    let env = env(&stack);
-    let api = stack.api(&env).await;
-    let db = connect_db(&stack).await;
-    let pool = stack.db.pool().await;
-    let user = free_user(&db).await;
-    let worker = stack.worker(&env).await;
-    let pro = pay(&api, &db, user, "PRO", 99_000).await;
-    let (_, end) = move_period(&pool, &pro, 28, 2).await;
-    let r = offered(&db, user, end).await;
-    let order = renewal_payment(&pool, &db, &r).await;
-    drop(worker);
-    // Two days later, nobody has ticked since: still `active`.
-    let (_, end) = move_period(&pool, &pro, 32, -2).await;
-    sea_orm::sqlx::query("UPDATE renewals SET period_end = $2 WHERE id = $1")
-        .bind(r.id)
-        .bind(end)
-        .execute(&pool)
-        .await
-        .unwrap();
-    let _worker = stack
-        .worker(&env.clone().with("SCHEDULER_TICK_SECS", "3600"))
-        .await;
-    settle(&api, &db, &order, 99_000).await;
+    let late = LateRenewal::paid(2).await;
+    let (db, r, end, user) = (&late.db, &late.renewal, late.end, late.user);
     assert_eq!(renewal(&db, r.id).await.status, RenewalStatus::Paid);
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(
@@ -719,30 +751,8 @@ async fn an_outdated_cheaper_renewal_buys_its_share_of_a_plan_no_payment_priced(
 /// November", paid 5 December, and the loop then lapsed it).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_renewal_paid_a_month_after_its_end_buys_a_month_from_the_payment() {
-    let stack = Stack::new().await;
-    let env = env(&stack);
-    let api = stack.api(&env).await;
-    let db = connect_db(&stack).await;
-    let pool = stack.db.pool().await;
-    let user = free_user(&db).await;
-    let worker = stack.worker(&env).await;
-    let pro = pay(&api, &db, user, "PRO", 99_000).await;
-    let (_, end) = move_period(&pool, &pro, 28, 2).await;
-    let r = offered(&db, user, end).await;
-    let order = renewal_payment(&pool, &db, &r).await;
-    drop(worker);
-    // 35 days later, nobody has ticked since: still `active`.
-    let (_, end) = move_period(&pool, &pro, 65, -35).await;
-    sea_orm::sqlx::query("UPDATE renewals SET period_end = $2 WHERE id = $1")
-        .bind(r.id)
-        .bind(end)
-        .execute(&pool)
-        .await
-        .unwrap();
-    let _worker = stack
-        .worker(&env.clone().with("SCHEDULER_TICK_SECS", "3600"))
-        .await;
-    settle(&api, &db, &order, 99_000).await;
+    let late = LateRenewal::paid(35).await;
+    let (db, order, user) = (&late.db, &late.order, late.user);
     let p = payment_row(&db, &order).await;
     let paid_at = p.paid_at.expect("paid");
     assert_eq!(p.grant_start, Some(paid_at), "from the payment");
