@@ -641,8 +641,8 @@ impl LateRenewal {
 async fn a_renewal_paid_after_its_end_before_past_due_continues_from_the_old_end() {
     let late = LateRenewal::paid(2).await;
     let (db, r, end, user) = (&late.db, &late.renewal, late.end, late.user);
-    assert_eq!(renewal(&db, r.id).await.status, RenewalStatus::Paid);
-    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(renewal(db, r.id).await.status, RenewalStatus::Paid);
+    let s = tests::subscription_row(db, user).await;
     assert_eq!(
         s.current_period_end,
         Some(month_after(end)),
@@ -753,10 +753,10 @@ async fn an_outdated_cheaper_renewal_buys_its_share_of_a_plan_no_payment_priced(
 async fn a_renewal_paid_a_month_after_its_end_buys_a_month_from_the_payment() {
     let late = LateRenewal::paid(35).await;
     let (db, order, user) = (&late.db, &late.order, late.user);
-    let p = payment_row(&db, &order).await;
+    let p = payment_row(db, order).await;
     let paid_at = p.paid_at.expect("paid");
     assert_eq!(p.grant_start, Some(paid_at), "from the payment");
     assert_eq!(p.grant_end, Some(month_after(paid_at)));
-    let s = tests::subscription_row(&db, user).await;
+    let s = tests::subscription_row(db, user).await;
     assert_eq!(s.current_period_end, Some(month_after(paid_at)));
 }
