@@ -608,17 +608,7 @@ fn fragment_of(url: &str) -> HashMap<String, String> {
 async fn an_unverified_oauth_identity_does_not_survive_the_first_proof() {
     let victim = "gil@example.com";
     let github = fake_github(victim, false).await;
-    let idp = Idp::start(&[
-        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
-        (
-            "OAUTH_GITHUB_CLIENT_SECRET",
-            "gh-client-secret-0123456789".into(),
-        ),
-        ("OAUTH_GITHUB_BASE_URL", github.uri()),
-        ("OAUTH_GITHUB_API_URL", github.uri()),
-        ("OAUTH_TIMEOUT_MS", "2000".into()),
-    ])
-    .await;
+    let idp = Idp::start(&github_env(&github)).await;
     // No session for an address GitHub did not verify: only the
     // confirmation mail, which goes to the address's owner.
     let back = github_sign_in(&idp, 1).await;
@@ -927,17 +917,7 @@ async fn a_parked_pkce_password_never_replaces_one_set_after_the_proof() {
 async fn a_verified_oauth_sign_in_confirms_the_pending_account_and_drops_its_password() {
     let owner = "lou@example.com";
     let github = fake_github(owner, true).await;
-    let idp = Idp::start(&[
-        ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
-        (
-            "OAUTH_GITHUB_CLIENT_SECRET",
-            "gh-client-secret-0123456789".into(),
-        ),
-        ("OAUTH_GITHUB_BASE_URL", github.uri()),
-        ("OAUTH_GITHUB_API_URL", github.uri()),
-        ("OAUTH_TIMEOUT_MS", "2000".into()),
-    ])
-    .await;
+    let idp = Idp::start(&github_env(&github)).await;
     let r = idp.signup(owner, ATTACKER_PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
     idp.mail(1).await;
