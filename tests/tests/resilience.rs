@@ -211,22 +211,25 @@ async fn sigkill_mid_request_keeps_the_idempotency_key() {
             .find(|i| sent["text"].as_str().unwrap_or("").contains(&marker(*i)))
             .expect("a marker in every mail")
     };
-    let all = tests::wait_until(Duration::from_secs(90), || async {
+    // Every message reaches the email API, and the request cut by the kill
+    // is sent again (once its job is back from the dead worker, at the end
+    // of the queue): no fixed wait decides either.
+    let all = tests::wait_until(Duration::from_secs(120), || async {
         let reqs = requests().await;
-        reqs.iter()
-            .map(marker_of)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len()
-            == N
+        reqs.len() > N
+            && reqs
+                .iter()
+                .map(marker_of)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                == N
     })
     .await;
     assert!(
         all,
-        "not every message reached the email API after the restart"
+        "not every message reached the email API after the restart, or the request cut by the kill was not sent again ({} requests)",
+        requests().await.len()
     );
-    // The worker's SIGKILLed request was answered to nobody; count after the
-    // re-queue interval (plus the 2 s the fake holds the last request).
-    tokio::time::sleep(PAST_REQUEUE + Duration::from_secs(2)).await;
     let reqs = requests().await;
     let mut keys: BTreeMap<String, std::collections::BTreeSet<usize>> = BTreeMap::new();
     for r in &reqs {
@@ -243,11 +246,6 @@ async fn sigkill_mid_request_keeps_the_idempotency_key() {
     assert!(
         keys.values().all(|m| m.len() == 1),
         "one key per message: {keys:?}"
-    );
-    assert!(
-        reqs.len() > N,
-        "the request cut by the kill was not sent again ({} requests)",
-        reqs.len()
     );
 }
 
