@@ -102,6 +102,12 @@ async fn audits(db: &DatabaseConnection, user: Uuid, action: &str) -> u64 {
         .unwrap()
 }
 
+/// Two workers tick: each due subscription gets one open renewal for its
+/// period end, shown in `GET /api/me`, and the page of due rows is queued
+/// once. (That only one worker runs each tick is the tick lock's own test,
+/// `the_tick_lock_admits_one_worker_per_tick` in the worker's tests; one
+/// renewal per period end holds here with or without it, by the table's
+/// unique key.)
 #[tokio::test(flavor = "multi_thread")]
 async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     let stack = Stack::new().await;
@@ -136,6 +142,20 @@ async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     // Six more ticks (counted, not slept; one worker takes each tick's
     // lock): nothing is created twice.
     more_ticks(&[&_w1, &_w2], 6).await;
+    // The 40 rows are one page, queued once by the two schedulers together
+    // (the page's claim holds it while its batch job waits): a page queued
+    // again by a later tick would be counted here.
+    let pages_queued: u64 = [&_w1, &_w2]
+        .iter()
+        .flat_map(|w| {
+            w.stderr()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter_map(|l| l["renewal_batches"].as_u64())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert_eq!(pages_queued, 1, "renewal pages queued by both workers");
     for &user in &due {
         let rs = renewals_of(&db, user).await;
         assert_eq!(rs.len(), 1, "one renewal for {user}: {rs:?}");
@@ -443,8 +463,6 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-/// Moves every time of `user`'s subscription and renewals `by` earlier (as
-/// if that much time had passed), in one statement per table.
 /// Waits until `workers` have logged `n` more scheduler ticks between them
 /// (one worker takes each tick's lock; the env logs idle ticks too).
 async fn more_ticks(workers: &[&Proc], n: usize) {
@@ -459,6 +477,8 @@ async fn more_ticks(workers: &[&Proc], n: usize) {
     assert!(ticked, "the schedulers tick");
 }
 
+/// Moves every time of `user`'s subscription and renewals `by` earlier (as
+/// if that much time had passed), in one transaction.
 async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Span) {
     use sea_orm::{ConnectionTrait, TransactionTrait};
     let secs = by.num_seconds();
