@@ -87,7 +87,19 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The renewal loop's claims first, then the renewals: their table,
+    // The billing anchor's columns first.
+    for column in ["billing_anchor_day", "billing_anchor_time"] {
+        assert!(manager.has_column("subscriptions", column).await?);
+    }
+    Migrator::down(db, Some(1)).await?;
+    for column in ["billing_anchor_day", "billing_anchor_time"] {
+        assert!(
+            !manager.has_column("subscriptions", column).await?,
+            "{column} after down"
+        );
+    }
+
+    // Then the renewal loop's claims, then the renewals: their table,
     // `payments.renewal_id` and `subscriptions.renewal_plan` go with one
     // step down.
     assert!(manager.has_table("renewal_claims").await?);
@@ -136,8 +148,8 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // renewal_claims, renewals, grants, billing mails.
-    const BILLING_STEPS: usize = 4;
+    // The billing anchor, renewal_claims, renewals, grants, billing mails.
+    const BILLING_STEPS: usize = 5;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the
@@ -353,10 +365,23 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         current_period_start: Set(Some(Utc::now())),
         current_period_end: Set(Some(Utc::now() + chrono::Duration::days(30))),
         canceled_at: Set(None),
+        billing_anchor_day: Set(Some(31)),
+        billing_anchor_time: Set(chrono::NaiveTime::from_hms_micro_opt(23, 59, 58, 123_456)),
         ..Default::default()
     }
     .insert(db)
     .await?;
+    // The billing anchor's day and local time (microseconds) read back as
+    // written, on both backends.
+    let read = subscriptions::Entity::find_by_id(user.id)
+        .one(db)
+        .await?
+        .expect("the subscription");
+    assert_eq!(read.billing_anchor_day, Some(31));
+    assert_eq!(
+        read.billing_anchor_time,
+        chrono::NaiveTime::from_hms_micro_opt(23, 59, 58, 123_456)
+    );
 
     let role = user_roles::ActiveModel {
         user_id: Set(user.id),

@@ -22,6 +22,31 @@ pub async fn connect_db(stack: &Stack) -> DatabaseConnection {
         .unwrap_or_else(|e| panic!("connect {}: {e}", stack.db.url))
 }
 
+/// `BILLING_TIME_ZONE`'s default, in which grants count their months.
+pub const BILLING_ZONE: chrono_tz::Tz = chrono_tz::Asia::Jakarta;
+
+/// `n` calendar months after `t` as a customer in [`BILLING_ZONE`] counts
+/// them: the same local day (clamped to the month's last day, counted from
+/// `t`'s own day, so 31 January + 2 is 31 March) and local time. Computed
+/// with chrono on the local time, apart from the product's own calendar.
+pub fn months_after(t: DateTime<Utc>, n: u32) -> DateTime<Utc> {
+    use chrono::TimeZone;
+    let local = t.with_timezone(&BILLING_ZONE).naive_local();
+    let later = local
+        .checked_add_months(chrono::Months::new(n))
+        .expect("a real date");
+    BILLING_ZONE
+        .from_local_datetime(&later)
+        .earliest()
+        .expect("Jakarta has no clock changes")
+        .with_timezone(&Utc)
+}
+
+/// One calendar month after `t` ([`months_after`]).
+pub fn month_after(t: DateTime<Utc>) -> DateTime<Utc> {
+    months_after(t, 1)
+}
+
 /// The FREE subscription row first sight gives `user` at `now`.
 fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveModel {
     subscriptions::ActiveModel {
@@ -35,6 +60,8 @@ fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveMod
         created_at: Set(now),
         updated_at: Set(now),
         renewal_plan: Set(None),
+        billing_anchor_day: Set(None),
+        billing_anchor_time: Set(None),
     }
 }
 

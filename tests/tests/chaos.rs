@@ -21,7 +21,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chrono::Months;
 use entity::entities::{
     payments,
     subscriptions::{self, SubscriptionStatus},
@@ -473,7 +472,7 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
         let end = s.current_period_end.expect("period end");
         assert_eq!(Some(start), pay.paid_at, "the period starts when paid");
         assert_eq!(
-            start.checked_add_months(Months::new(1)),
+            Some(tests::month_after(start)),
             Some(end),
             "one month, not extended twice ({})",
             s.user_id

@@ -101,9 +101,7 @@ async fn rows_of(db: &DatabaseConnection, user: Uuid) -> Vec<payments::Model> {
 /// carried.
 fn assert_fresh_quote(quote: &Value, p: &payments::Model) {
     let start = p.created_at;
-    let end = start
-        .checked_add_months(chrono::Months::new(1))
-        .expect("a month later");
+    let end = tests::month_after(start);
     let at = |v: &Value| {
         v.as_str()
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())

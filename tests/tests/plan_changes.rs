@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Months, Utc};
+use chrono::{DateTime, Utc};
 use entity::entities::payments::PaymentStatus;
 use sea_orm::DatabaseConnection;
 use serde_json::Value;
@@ -83,7 +83,7 @@ fn expected_carry(
     price: i64,
 ) -> i64 {
     let us = |d: chrono::Duration| i128::from(d.num_microseconds().unwrap());
-    let month = us(paid_at.checked_add_months(Months::new(1)).unwrap() - paid_at);
+    let month = us(tests::month_after(paid_at) - paid_at);
     let carried_us =
         i128::from(value) * us(end - paid_at) * month / (us(end - start) * i128::from(price));
     (carried_us / 1_000_000) as i64
@@ -122,8 +122,7 @@ async fn a_downgrade_carries_exactly_and_its_refund_gives_the_old_plan_back() {
     assert_eq!(b.grant_from_plan.as_deref(), Some("PRO"));
     assert_eq!(b.grant_from_end, Some(pro_end));
     assert_eq!(b.grant_start, Some(paid_at));
-    let end =
-        paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
+    let end = tests::month_after(paid_at) + chrono::Duration::seconds(carried);
     assert_eq!(b.grant_end, Some(end));
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(
@@ -204,8 +203,7 @@ async fn an_upgrade_carries_exactly_and_a_same_plan_quote_is_the_receipt() {
         "20 days of BASIC are worth about 10 days of PRO: {carried} s"
     );
     assert_eq!(p.carried_seconds, Some(carried));
-    let end =
-        paid_at.checked_add_months(Months::new(1)).unwrap() + chrono::Duration::seconds(carried);
+    let end = tests::month_after(paid_at) + chrono::Duration::seconds(carried);
     assert_eq!(p.grant_end, Some(end));
     let s = tests::subscription_row(&db, user).await;
     assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
@@ -214,10 +212,7 @@ async fn an_upgrade_carries_exactly_and_a_same_plan_quote_is_the_receipt() {
     let q = quote(&api, Some(user), Some("PRO")).await;
     assert_eq!(q.status, 200, "{}", q.text);
     assert_eq!(at(&q.json["period_start"]), end);
-    assert_eq!(
-        at(&q.json["period_end"]),
-        end.checked_add_months(Months::new(1)).unwrap()
-    );
+    assert_eq!(at(&q.json["period_end"]), tests::month_after(end));
     assert_eq!(q.json["carried_seconds"], 0);
     let again = pay(&api, &db, user, "PRO", 99_000).await;
     let r = payment_row(&db, &again).await;
@@ -279,7 +274,7 @@ async fn paid_in_grace_extends_from_the_old_end() {
         .await
         .expect("into grace");
 
-    let month_after = old_end.checked_add_months(Months::new(1)).unwrap();
+    let month_after = tests::month_after(old_end);
     for plan in ["BASIC", "ULTIMATE"] {
         let q = quote(&api, Some(user), Some(plan)).await;
         assert_eq!(q.status, 200, "{}", q.text);
@@ -324,7 +319,7 @@ async fn refunding_a_grant_carried_into_another_plan_takes_the_carried_time_back
     let basic = pay(&api, &db, user, "BASIC", 49_000).await;
     let b = payment_row(&db, &basic).await;
     let paid_at = b.paid_at.unwrap();
-    let own_month = paid_at.checked_add_months(Months::new(1)).unwrap();
+    let own_month = tests::month_after(paid_at);
     let carried = b.carried_seconds.unwrap();
     assert!(
         carried > 50 * DAY,

@@ -42,9 +42,15 @@ async fn only_pending_payments_between_the_delays_are_due() {
     let fresh = pending_payment_at(&db, user, "provider_a", now - Span::minutes(5)).await;
     let _expiring = pending_payment_at(&db, user, "provider_b", now - Span::days(2)).await;
     let paid = pending_payment_at(&db, user, "provider_b", now - Span::hours(1)).await;
-    entity::billing::settlement::settle_status_check(&db, &paid, PaymentStatus::Paid, None)
-        .await
-        .unwrap();
+    entity::billing::settlement::settle_status_check(
+        &db,
+        &paid,
+        PaymentStatus::Paid,
+        chrono_tz::Asia::Jakarta,
+        None,
+    )
+    .await
+    .unwrap();
 
     assert_eq!(claim(&db, now).await, vec![due.clone()]);
     // Claimed: not due again within the period, due again after it.

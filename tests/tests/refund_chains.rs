@@ -13,12 +13,12 @@
 //! * a refund of a payment whose carried time is spent takes nothing from a
 //!   later, separately paid month.
 
-use chrono::{DateTime, Months, Utc};
+use chrono::Utc;
 use entity::entities::{audit_logs, payments::PaymentStatus};
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
 use tests::{
-    connect_db, free_user, move_period, payment_row, pending_plan_payment, wait_payment_status,
-    Proc, Stack,
+    connect_db, free_user, month_after, move_period, payment_row, pending_plan_payment,
+    wait_payment_status, Proc, Stack,
 };
 use uuid::Uuid;
 
@@ -54,10 +54,6 @@ async fn refund(api: &Proc, db: &DatabaseConnection, order: &str, amount: i64) {
 
 fn us(d: chrono::Duration) -> i128 {
     i128::from(d.num_microseconds().unwrap())
-}
-
-fn month_after(t: DateTime<Utc>) -> DateTime<Utc> {
-    t.checked_add_months(Months::new(1)).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

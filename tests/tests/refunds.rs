@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use chrono::{Months, Utc};
+use chrono::Utc;
 use entity::{
     billing::payment::{
         provider_a_signature, provider_b_check_word, provider_b_signature, ProviderBRequest,
@@ -475,8 +475,11 @@ async fn provider_b_refunds_take_back_each_period() {
     let renewed = tests::subscription_row(&db, user).await;
     assert_eq!(
         renewed.current_period_end,
-        first_end.checked_add_months(Months::new(1)),
-        "the renewal extended the period"
+        Some(tests::months_after(
+            tests::payment_row(&db, &first).await.paid_at.unwrap(),
+            2
+        )),
+        "the renewal extended the period by the month anchored on the first payment"
     );
 
     let (body, headers) = b_notice(&second, "REFUND");

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Months, Utc};
+use chrono::{DateTime, Utc};
 use entity::entities::{
     audit_logs,
     payments::PaymentStatus,
@@ -27,8 +27,9 @@ use sea_orm::{
 };
 use serde_json::{json, Value};
 use tests::{
-    client, connect_db, free_user, hs256_token, move_period, payment_row, pending_plan_payment,
-    session_claims, wait_payment_status, wait_until, EnvMap, Proc, Reply, Stack,
+    client, connect_db, free_user, hs256_token, month_after, move_period, payment_row,
+    pending_plan_payment, session_claims, wait_payment_status, wait_until, EnvMap, Proc, Reply,
+    Stack,
 };
 use uuid::Uuid;
 
@@ -128,10 +129,6 @@ async fn audit_rows(db: &DatabaseConnection, target: &str, action: &str) -> Vec<
         .unwrap()
 }
 
-fn month_after(t: DateTime<Utc>) -> DateTime<Utc> {
-    t.checked_add_months(Months::new(1)).unwrap()
-}
-
 /// `billing_renewals_total{outcome}` on the worker's `/metrics`.
 async fn renewals_counted(base: &str, outcome: &str) -> Option<f64> {
     let r = Reply::send(client().get(format!("{base}/metrics")).bearer_auth(METRICS)).await;
@@ -180,7 +177,7 @@ async fn a_paid_renewal_extends_a_month_and_a_second_payment_of_it_is_time_audit
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         s.current_period_end,
-        Some(month_after(month_after(end))),
+        Some(tests::months_after(end, 2)),
         "the second payment is honoured as another month"
     );
     let dup = audit_rows(&db, &b, "renewal.duplicate").await;
@@ -734,9 +731,7 @@ async fn an_outdated_cheaper_renewal_buys_its_share_of_a_plan_no_payment_priced(
     settle(&api, &db, &stale, 49_000).await;
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(s.plan, "ULTIMATE");
-    let month = (end.checked_add_months(chrono::Months::new(1)).unwrap() - end)
-        .num_microseconds()
-        .unwrap();
+    let month = (month_after(end) - end).num_microseconds().unwrap();
     let secs = (i128::from(49_000) * i128::from(month) / 299_000 / 1_000_000) as i64;
     assert_eq!(
         s.current_period_end,

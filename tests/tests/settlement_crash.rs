@@ -7,7 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Months;
 use entity::entities::{
     payments,
     subscriptions::{self, SubscriptionStatus},
@@ -177,7 +176,7 @@ async fn sigkill_during_1000_settlements_settles_each_exactly_once() {
             "the period starts when it was paid"
         );
         assert_eq!(
-            start.checked_add_months(Months::new(1)),
+            Some(tests::month_after(start)),
             Some(end),
             "one month, not extended twice ({})",
             s.user_id

@@ -23,6 +23,9 @@ use serde_json::json;
 use tests::{free_user, TestDb};
 use uuid::Uuid;
 
+/// `BILLING_TIME_ZONE`'s default, in which grants count their months.
+const ZONE: chrono_tz::Tz = chrono_tz::Asia::Jakarta;
+
 /// A scratch database with the production schema.
 async fn migrated() -> (TestDb, DatabaseConnection) {
     let tdb = TestDb::create().await;
@@ -116,7 +119,9 @@ async fn a_settlement_event_pays_and_activates_once_even_when_settled_concurrent
 
     let runs = (0..20).map(|_| {
         let db = db.clone();
-        tokio::spawn(async move { settlement::settle_event(&db, ev, Some("job".into())).await })
+        tokio::spawn(
+            async move { settlement::settle_event(&db, ev, ZONE, Some("job".into())).await },
+        )
     });
     let outcomes: Vec<Settled> = futures::future::join_all(runs)
         .await
@@ -161,7 +166,9 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
     let order = pending(&db, u, "PRO", "provider_b").await;
     let paid = event(&db, "provider_b", &order, "SUCCESS", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, paid, None).await.unwrap(),
+        settlement::settle_event(&db, paid, ZONE, None)
+            .await
+            .unwrap(),
         Settled::Moved {
             to: PaymentStatus::Paid,
             ..
@@ -170,7 +177,9 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
 
     // A `pending` delivered late: refused, recorded with the reason, retried never.
     let late = event(&db, "provider_b", &order, "PENDING", json!({})).await;
-    let r = settlement::settle_event(&db, late, None).await.unwrap();
+    let r = settlement::settle_event(&db, late, ZONE, None)
+        .await
+        .unwrap();
     assert!(matches!(r, Settled::Refused(_)), "{r:?}");
     assert_eq!(payment(&db, &order).await.status, PaymentStatus::Paid);
     let e = webhook_events::Entity::find_by_id(late)
@@ -184,12 +193,16 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
     // FAILED after PAID is refused too; REFUND moves it.
     let failed = event(&db, "provider_b", &order, "FAILED", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, failed, None).await.unwrap(),
+        settlement::settle_event(&db, failed, ZONE, None)
+            .await
+            .unwrap(),
         Settled::Refused(_)
     ));
     let refund = event(&db, "provider_b", &order, "REFUNDED", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, refund, None).await.unwrap(),
+        settlement::settle_event(&db, refund, ZONE, None)
+            .await
+            .unwrap(),
         Settled::Moved {
             from: PaymentStatus::Paid,
             to: PaymentStatus::Refunded,
@@ -209,7 +222,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let first = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, None)
+    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, ZONE, None)
         .await
         .unwrap();
     let end1 = tests::subscription_row(&db, u)
@@ -217,7 +230,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
         .current_period_end
         .unwrap();
     let second = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, None)
+    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, ZONE, None)
         .await
         .unwrap();
     assert!(
@@ -231,7 +244,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     // A chargeback of the renewal: back to the first period's end.
     let chargeback = event(&db, "provider_a", &second, "chargeback", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, chargeback, None)
+        settlement::settle_event(&db, chargeback, ZONE, None)
             .await
             .unwrap(),
         Settled::Moved {
@@ -253,7 +266,9 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     )
     .await;
     assert_eq!(
-        settlement::settle_event(&db, part, None).await.unwrap(),
+        settlement::settle_event(&db, part, ZONE, None)
+            .await
+            .unwrap(),
         Settled::Unchanged
     );
     assert_eq!(payment(&db, &first).await.status, PaymentStatus::Paid);
@@ -265,7 +280,9 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
         json!({"gross_amount": "99000.00", "refund_amount": "99000.00"}),
     )
     .await;
-    settlement::settle_event(&db, whole, None).await.unwrap();
+    settlement::settle_event(&db, whole, ZONE, None)
+        .await
+        .unwrap();
     assert_eq!(payment(&db, &first).await.status, PaymentStatus::Refunded);
     let s = tests::subscription_row(&db, u).await;
     assert_eq!((s.plan.as_str(), s.current_period_end), ("FREE", None));
@@ -280,17 +297,17 @@ async fn a_refund_of_a_superseded_plan_takes_its_carried_time_back_from_the_late
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let pro = pending(&db, u, "PRO", "provider_b").await;
-    settlement::settle_status_check(&db, &pro, PaymentStatus::Paid, None)
+    settlement::settle_status_check(&db, &pro, PaymentStatus::Paid, ZONE, None)
         .await
         .unwrap();
     let ultimate = pending(&db, u, "ULTIMATE", "provider_b").await;
-    settlement::settle_status_check(&db, &ultimate, PaymentStatus::Paid, None)
+    settlement::settle_status_check(&db, &ultimate, PaymentStatus::Paid, ZONE, None)
         .await
         .unwrap();
     let before = tests::subscription_row(&db, u).await;
     let carried = payment(&db, &ultimate).await.carried_seconds.unwrap();
     assert!(carried > 0, "PRO's unused month was carried into ULTIMATE");
-    settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, None)
+    settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, ZONE, None)
         .await
         .unwrap();
     assert_eq!(payment(&db, &pro).await.status, PaymentStatus::Refunded);
@@ -310,12 +327,14 @@ async fn a_late_payment_pays_and_is_audited_as_late() {
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let order = pending(&db, u, "PRO", "provider_b").await;
-    settlement::settle_status_check(&db, &order, PaymentStatus::Expired, None)
+    settlement::settle_status_check(&db, &order, PaymentStatus::Expired, ZONE, None)
         .await
         .unwrap();
     let paid = event(&db, "provider_b", &order, "SUCCESS", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, paid, None).await.unwrap(),
+        settlement::settle_event(&db, paid, ZONE, None)
+            .await
+            .unwrap(),
         Settled::Moved {
             from: PaymentStatus::Expired,
             to: PaymentStatus::Paid,
@@ -346,7 +365,7 @@ async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() 
     )
     .await;
     assert_eq!(
-        settlement::settle_event(&db, challenged, None)
+        settlement::settle_event(&db, challenged, ZONE, None)
             .await
             .unwrap(),
         Settled::Unchanged
@@ -356,11 +375,13 @@ async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() 
 
     let odd = event(&db, "provider_a", &order, "teleported", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, odd, None).await.unwrap(),
+        settlement::settle_event(&db, odd, ZONE, None)
+            .await
+            .unwrap(),
         Settled::Invalid(_)
     ));
     assert_eq!(
-        settlement::settle_event(&db, Uuid::new_v4(), None)
+        settlement::settle_event(&db, Uuid::new_v4(), ZONE, None)
             .await
             .unwrap(),
         Settled::UnknownEvent
@@ -396,7 +417,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let first = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, None)
+    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, ZONE, None)
         .await
         .unwrap();
     let end1 = tests::subscription_row(&db, u)
@@ -405,7 +426,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
         .unwrap();
 
     let second = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, None)
+    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, ZONE, None)
         .await
         .unwrap();
     let s = tests::subscription_row(&db, u).await;
@@ -414,7 +435,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
 
     // Another plan starts now.
     let other = pending(&db, u, "ULTIMATE", "provider_a").await;
-    settlement::settle_status_check(&db, &other, PaymentStatus::Paid, None)
+    settlement::settle_status_check(&db, &other, PaymentStatus::Paid, ZONE, None)
         .await
         .unwrap();
     let s = tests::subscription_row(&db, u).await;
@@ -479,7 +500,9 @@ async fn a_notification_is_recorded_once_even_when_delivered_concurrently() {
         events::unsettled_events(&db, later, 10).await.unwrap(),
         vec![new[0]]
     );
-    settlement::settle_event(&db, new[0], None).await.unwrap();
+    settlement::settle_event(&db, new[0], ZONE, None)
+        .await
+        .unwrap();
     assert!(events::unsettled_events(&db, later, 10)
         .await
         .unwrap()

@@ -14,6 +14,7 @@ mod availability;
 mod avatars;
 mod backlog;
 mod bad_input;
+mod billing_anchor;
 mod billing_mails;
 mod browser;
 mod chaos;

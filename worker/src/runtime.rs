@@ -154,6 +154,7 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     );
     let ctx = JobContext {
         billing,
+        billing_zone: settings.billing_time_zone,
         db,
         mailer,
         storage,

@@ -399,6 +399,8 @@ where
             created_at: Set(now),
             updated_at: Set(now),
             renewal_plan: Set(None),
+            billing_anchor_day: Set(None),
+            billing_anchor_time: Set(None),
         },
     )
     .await?;

@@ -27,12 +27,15 @@
 //! and the settlement are one rule); [`super::take_back`] undoes one when its
 //! payment is refunded, from the stored grant alone.
 
-use chrono::{DateTime, Months, Utc};
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 use sea_orm::{
     sea_query::Expr, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder,
 };
 use uuid::Uuid;
 
+pub use super::anchor::month_after;
+use super::anchor::Anchor;
 use crate::{
     base::plans::FREE,
     entities::{
@@ -62,6 +65,10 @@ pub struct Grant {
     pub carried_value: i64,
     /// The payments whose grants were carried (their ids).
     pub sources: Vec<Uuid>,
+    /// The billing anchor the subscription keeps after this grant: the one
+    /// in force when the grant adds one anchored month, else re-anchored
+    /// on the new period ([`super::anchor`]).
+    pub anchor: Anchor,
 }
 
 /// The subscription as the rule reads it.
@@ -74,6 +81,8 @@ pub struct InForce<'a> {
     /// In its renewal grace ([`in_grace`]): the period ended unpaid and the
     /// plan is kept until the grace ends.
     pub in_grace: bool,
+    /// Its billing anchor, if stored.
+    pub anchor: Option<Anchor>,
 }
 
 /// Whether `s` is in its renewal grace at `at`: `past_due`, or still
@@ -110,22 +119,27 @@ pub(crate) fn micros(d: chrono::Duration) -> i128 {
     d.num_microseconds().map_or(i128::MAX, i128::from)
 }
 
-/// One calendar month after `t`.
-pub fn month_after(t: DateTime<Utc>) -> DateTime<Utc> {
-    t.checked_add_months(Months::new(1))
-        .expect("a month after a real date is representable")
-}
-
 /// The rule (module docs) without the database: what paying `amount` for
 /// `plan` at `paid_at` grants when `in_force` is the subscription and
-/// `running` the stored grants of its plan still running.
+/// `running` the stored grants of its plan still running; months are
+/// counted in `zone` (`BILLING_TIME_ZONE`).
 pub fn compute(
     in_force: InForce<'_>,
     running: &[Running],
     plan: &str,
     amount: i64,
     paid_at: DateTime<Utc>,
+    zone: Tz,
 ) -> Grant {
+    // The anchor an added month keeps: the stored one when the current end
+    // lies on it, else (a subscription stored before anchors) the one its
+    // current end lies on.
+    let kept = |end: DateTime<Utc>| {
+        in_force
+            .anchor
+            .filter(|a| a.holds(end, zone))
+            .unwrap_or_else(|| Anchor::of(end, zone))
+    };
     // In its renewal grace, a payment for any plan starts at the old end:
     // the grace days are paid for, not given on top, whichever plan is
     // bought (nothing is carried: the grace days have no payment behind
@@ -134,18 +148,22 @@ pub fn compute(
     // lapse.
     if let (true, Some(old_end)) = (
         in_force.in_grace && in_force.plan != FREE && plan != FREE,
-        in_force.period_end.filter(|e| month_after(*e) > paid_at),
+        in_force
+            .period_end
+            .filter(|e| kept(*e).next_end(*e, zone) > paid_at),
     ) {
         let changes = in_force.plan != plan;
+        let anchor = kept(old_end);
         return Grant {
             plan: plan.to_string(),
             start: old_end,
-            end: month_after(old_end),
+            end: anchor.next_end(old_end, zone),
             from_plan: changes.then(|| in_force.plan.to_string()),
             from_end: changes.then_some(old_end),
             carried_seconds: 0,
             carried_value: 0,
             sources: vec![],
+            anchor,
         };
     }
     let paid_until = in_force
@@ -155,27 +173,30 @@ pub fn compute(
         return Grant {
             plan: plan.to_string(),
             start: paid_at,
-            end: month_after(paid_at),
+            end: month_after(paid_at, zone),
             from_plan: None,
             from_end: None,
             carried_seconds: 0,
             carried_value: 0,
             sources: vec![],
+            anchor: Anchor::of(paid_at, zone),
         };
     };
     if in_force.plan == plan {
+        let anchor = kept(old_end);
         return Grant {
             plan: plan.to_string(),
             start: old_end,
-            end: month_after(old_end),
+            end: anchor.next_end(old_end, zone),
             from_plan: None,
             from_end: None,
             carried_seconds: 0,
             carried_value: 0,
             sources: vec![],
+            anchor,
         };
     }
-    let month = micros(month_after(paid_at) - paid_at);
+    let month = micros(month_after(paid_at, zone) - paid_at);
     let mut carried_us: i128 = 0;
     let mut value: i128 = 0;
     let mut sources = Vec::new();
@@ -197,7 +218,14 @@ pub fn compute(
     let carried_seconds = i64::try_from(carried_us / 1_000_000)
         .unwrap_or(i64::MAX)
         .max(0);
-    let end = month_after(paid_at) + chrono::Duration::seconds(carried_seconds);
+    let end = month_after(paid_at, zone) + chrono::Duration::seconds(carried_seconds);
+    // Re-anchored on the new period: on `paid_at` when nothing was carried
+    // (its month keeps `paid_at`'s day), else on the end the carry reaches.
+    let anchor = if carried_seconds == 0 {
+        Anchor::of(paid_at, zone)
+    } else {
+        Anchor::of(end, zone)
+    };
     Grant {
         plan: plan.to_string(),
         start: paid_at,
@@ -207,6 +235,7 @@ pub fn compute(
         carried_seconds,
         carried_value: i64::try_from(value).unwrap_or(i64::MAX).max(0),
         sources,
+        anchor,
     }
 }
 
@@ -250,17 +279,20 @@ pub async fn plan<C: ConnectionTrait>(
     plan: &str,
     amount: i64,
     paid_at: DateTime<Utc>,
+    zone: Tz,
 ) -> Result<Grant, DbErr> {
     let in_force = sub.map_or(
         InForce {
             plan: FREE,
             period_end: None,
             in_grace: false,
+            anchor: None,
         },
         |s| InForce {
             plan: &s.plan,
             period_end: s.current_period_end,
             in_grace: in_grace(s, paid_at),
+            anchor: super::anchor::of_subscription(s),
         },
     );
     let carries = in_force.plan != FREE
@@ -271,7 +303,7 @@ pub async fn plan<C: ConnectionTrait>(
     } else {
         vec![]
     };
-    Ok(compute(in_force, &grants, plan, amount, paid_at))
+    Ok(compute(in_force, &grants, plan, amount, paid_at, zone))
 }
 
 /// What `amount` paid for `plan` through a renewal that no longer renews the
@@ -299,6 +331,7 @@ pub async fn as_time<C: ConnectionTrait>(
     plan_id: &str,
     amount: i64,
     paid_at: DateTime<Utc>,
+    zone: Tz,
 ) -> Result<Grant, DbErr> {
     let other = sub.and_then(|s| {
         let grace = in_grace(s, paid_at);
@@ -306,7 +339,7 @@ pub async fn as_time<C: ConnectionTrait>(
         (s.plan != FREE && s.plan != plan_id).then_some((s, end))
     });
     let Some((s, end)) = other else {
-        return plan(db, user, sub, plan_id, amount, paid_at).await;
+        return plan(db, user, sub, plan_id, amount, paid_at, zone).await;
     };
     let latest = payments::Entity::find()
         .filter(payments::Column::UserId.eq(user))
@@ -323,7 +356,7 @@ pub async fn as_time<C: ConnectionTrait>(
     });
     let bought = match bought {
         Some(us) => Some(us),
-        None => renewal_rate(db, user, &s.plan, amount).await?,
+        None => renewal_rate(db, user, &s.plan, amount, zone).await?,
     };
     let new_end = match bought {
         Some(us) => {
@@ -334,6 +367,10 @@ pub async fn as_time<C: ConnectionTrait>(
             end
         }
     };
+    // Time that is not a whole anchored month re-anchors on the new end.
+    let anchor = super::anchor::of_subscription(s)
+        .filter(|a| new_end == end && a.holds(end, zone))
+        .unwrap_or_else(|| Anchor::of(new_end, zone));
     Ok(Grant {
         plan: s.plan.clone(),
         start: end,
@@ -343,6 +380,7 @@ pub async fn as_time<C: ConnectionTrait>(
         carried_seconds: 0,
         carried_value: 0,
         sources: vec![],
+        anchor,
     })
 }
 
@@ -354,6 +392,7 @@ async fn renewal_rate<C: ConnectionTrait>(
     user: Uuid,
     plan: &str,
     amount: i64,
+    zone: Tz,
 ) -> Result<Option<i128>, DbErr> {
     use crate::entities::renewals;
     let latest = renewals::Entity::find()
@@ -364,7 +403,7 @@ async fn renewal_rate<C: ConnectionTrait>(
         .one(db)
         .await?;
     Ok(latest.map(|r| {
-        let month = micros(month_after(r.period_end) - r.period_end);
+        let month = micros(month_after(r.period_end, zone) - r.period_end);
         i128::from(amount.max(0)) * month / i128::from(r.amount)
     }))
 }
@@ -379,13 +418,14 @@ pub async fn quote<C: ConnectionTrait>(
     plan_id: &str,
     amount: i64,
     at: Option<DateTime<Utc>>,
+    zone: Tz,
 ) -> Result<Grant, DbErr> {
     let at = match at {
         Some(t) => t,
         None => crate::base::db::now(db).await?,
     };
     let sub = subscriptions::Entity::find_by_id(user).one(db).await?;
-    plan(db, user, sub.as_ref(), plan_id, amount, at).await
+    plan(db, user, sub.as_ref(), plan_id, amount, at, zone).await
 }
 
 /// Records that partial refunds or chargebacks of `order_id` gave back
@@ -445,6 +485,7 @@ pub async fn store<C: ConnectionTrait>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono_tz::UTC;
 
     fn t(s: &str) -> DateTime<Utc> {
         s.parse().unwrap()
@@ -469,11 +510,13 @@ mod tests {
                 plan: "BASIC",
                 period_end: Some(basic.end),
                 in_grace: false,
+                anchor: None,
             },
             &[basic],
             "PRO",
             99_000,
             paid_at,
+            UTC,
         );
         let worth = 49_000 * 70 / 30;
         assert_eq!(g.carried_value, worth);
@@ -501,11 +544,13 @@ mod tests {
                 plan: "PRO",
                 period_end: Some(pro.end),
                 in_grace: false,
+                anchor: None,
             },
             &[pro],
             "BASIC",
             49_000,
             paid_at,
+            UTC,
         );
         let month = 31 * 86_400_i64;
         assert_eq!(g.carried_seconds, 33_000 * month / 49_000);
@@ -527,19 +572,22 @@ mod tests {
                 plan: FREE,
                 period_end: None,
                 in_grace: false,
+                anchor: None,
             },
             &[],
             "PRO",
             99_000,
             paid_at,
+            UTC,
         );
         assert_eq!((free.start, free.end), (paid_at, t("2026-02-28T10:00:00Z")));
         let running = InForce {
             plan: "PRO",
             period_end: Some(t("2026-02-15T00:00:00Z")),
             in_grace: false,
+            anchor: None,
         };
-        let same = compute(running, &[], "PRO", 99_000, paid_at);
+        let same = compute(running, &[], "PRO", 99_000, paid_at, UTC);
         assert_eq!(
             (same.start, same.end),
             (t("2026-02-15T00:00:00Z"), t("2026-03-15T00:00:00Z"))
@@ -548,13 +596,14 @@ mod tests {
             plan: "PRO",
             period_end: Some(t("2026-01-01T00:00:00Z")),
             in_grace: false,
+            anchor: None,
         };
         assert_eq!(
-            compute(lapsed, &[], "BASIC", 49_000, paid_at).start,
+            compute(lapsed, &[], "BASIC", 49_000, paid_at, UTC).start,
             paid_at
         );
         // Another plan with no payment behind the period carries nothing.
-        let gift = compute(running, &[], "BASIC", 49_000, paid_at);
+        let gift = compute(running, &[], "BASIC", 49_000, paid_at, UTC);
         assert_eq!(gift.carried_seconds, 0);
         assert_eq!(gift.end, t("2026-02-28T10:00:00Z"));
         assert_eq!(gift.from_plan.as_deref(), Some("PRO"));
@@ -568,13 +617,14 @@ mod tests {
             plan: "PRO",
             period_end: Some(end),
             in_grace: true,
+            anchor: None,
         };
-        let g = compute(grace, &[], "PRO", 99_000, paid_at);
+        let g = compute(grace, &[], "PRO", 99_000, paid_at, UTC);
         assert_eq!((g.start, g.end), (end, t("2026-03-15T00:00:00Z")));
         // Another plan paid in grace: from the old end too (the grace days
         // are billed whichever plan is bought), nothing carried (they have
         // no payment behind them).
-        let other = compute(grace, &[], "BASIC", 49_000, paid_at);
+        let other = compute(grace, &[], "BASIC", 49_000, paid_at, UTC);
         assert_eq!(
             (other.start, other.end, other.carried_seconds),
             (end, t("2026-03-15T00:00:00Z"), 0)
@@ -583,7 +633,7 @@ mod tests {
         // A month already over by the payment: from `paid_at`, any plan.
         let late = t("2026-03-20T00:00:00Z");
         for plan in ["PRO", "BASIC"] {
-            let g = compute(grace, &[], plan, 49_000, late);
+            let g = compute(grace, &[], plan, 49_000, late, UTC);
             assert_eq!((g.start, g.end), (late, t("2026-04-20T00:00:00Z")));
         }
     }
@@ -603,11 +653,13 @@ mod tests {
                 plan: "BASIC",
                 period_end: Some(later.end),
                 in_grace: false,
+                anchor: None,
             },
             &[later],
             "PRO",
             49_000,
             paid_at,
+            UTC,
         );
         assert_eq!(
             g.carried_seconds,
@@ -623,12 +675,125 @@ mod tests {
                 plan: "BASIC",
                 period_end: Some(later.end),
                 in_grace: false,
+                anchor: None,
             },
             &[half],
             "PRO",
             49_000,
             paid_at,
+            UTC,
         );
         assert_eq!(g.carried_seconds, 31 * 86_400 / 2);
+    }
+
+    /// Renewals of the same plan keep the anchor: from a 31 January start
+    /// the ends run 28 February, 31 March, 30 April (in the billing zone);
+    /// a plan change with a carry re-anchors on its end; grace keeps it.
+    #[test]
+    fn renewals_keep_the_anchor_day_and_a_carry_re_anchors() {
+        use chrono_tz::Asia::Jakarta;
+        let at = |s: &str| {
+            Jakarta
+                .from_local_datetime(&s.parse::<chrono::NaiveDateTime>().unwrap())
+                .unwrap()
+                .with_timezone(&Utc)
+        };
+        use chrono::TimeZone;
+        let nothing = InForce {
+            plan: FREE,
+            period_end: None,
+            in_grace: false,
+            anchor: None,
+        };
+        let first = compute(
+            nothing,
+            &[],
+            "PRO",
+            99_000,
+            at("2027-01-31T09:00:00"),
+            Jakarta,
+        );
+        assert_eq!(first.end, at("2027-02-28T09:00:00"));
+        assert_eq!(first.anchor.day, 31);
+        let mut g = first;
+        let mut ends = vec![];
+        for paid in [
+            "2027-02-20T00:00:00",
+            "2027-03-20T00:00:00",
+            "2027-04-20T00:00:00",
+        ] {
+            let in_force = InForce {
+                plan: "PRO",
+                period_end: Some(g.end),
+                in_grace: false,
+                anchor: Some(g.anchor),
+            };
+            g = compute(in_force, &[], "PRO", 99_000, at(paid), Jakarta);
+            ends.push(g.end);
+        }
+        assert_eq!(
+            ends,
+            [
+                at("2027-03-31T09:00:00"),
+                at("2027-04-30T09:00:00"),
+                at("2027-05-31T09:00:00")
+            ]
+        );
+        // Paid in grace: the anchored month from the old end.
+        let grace = InForce {
+            plan: "PRO",
+            period_end: Some(at("2027-02-28T09:00:00")),
+            in_grace: true,
+            anchor: Some(g.anchor),
+        };
+        let late = compute(
+            grace,
+            &[],
+            "PRO",
+            99_000,
+            at("2027-03-02T00:00:00"),
+            Jakarta,
+        );
+        assert_eq!(late.end, at("2027-03-31T09:00:00"));
+        // Without a stored anchor (a subscription from before anchors), its
+        // end is the anchor: 28 February gives 28 March.
+        let legacy = compute(
+            InForce {
+                anchor: None,
+                ..grace
+            },
+            &[],
+            "PRO",
+            99_000,
+            at("2027-03-02T00:00:00"),
+            Jakarta,
+        );
+        assert_eq!(legacy.end, at("2027-03-28T09:00:00"));
+        // A plan change carrying unused time re-anchors on its end.
+        let pro = Running {
+            id: Uuid::nil(),
+            value: 99_000,
+            start: at("2027-03-31T09:00:00"),
+            end: at("2027-04-30T09:00:00"),
+            carried_seconds: 0,
+        };
+        let change = compute(
+            InForce {
+                plan: "PRO",
+                period_end: Some(pro.end),
+                in_grace: false,
+                anchor: Some(g.anchor),
+            },
+            &[pro],
+            "BASIC",
+            49_000,
+            at("2027-04-15T12:00:00"),
+            Jakarta,
+        );
+        assert!(change.carried_seconds > 0);
+        assert_eq!(
+            change.anchor,
+            super::super::anchor::Anchor::of(change.end, Jakarta)
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! verification, events recorded then settled, grants (the one value → time
 //! conversion) and what a refund takes back, reconciliation, the subscription, billing mails, and renewal.
 
+pub mod anchor;
 pub mod checkout;
 pub mod events;
 pub mod grant;

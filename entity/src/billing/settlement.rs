@@ -12,6 +12,7 @@
 //! time ([`Settled::AlreadySettled`]).
 
 use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IntoActiveModel,
     QueryFilter, QuerySelect, Set, TransactionSession, TransactionTrait,
@@ -112,16 +113,18 @@ pub struct Seen {
 }
 
 /// Settles the recorded event `event_id` (see the module docs). `request_id`
-/// goes into the audit row (the job's id).
+/// goes into the audit row (the job's id); `zone` is `BILLING_TIME_ZONE`,
+/// in which a grant's months are counted ([`super::anchor`]).
 pub async fn settle_event<C>(
     db: &C,
     event_id: Uuid,
+    zone: Tz,
     request_id: Option<String>,
 ) -> Result<Settled, SettleError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
-    settle_event_seen(db, event_id, None, request_id).await
+    settle_event_seen(db, event_id, None, zone, request_id).await
 }
 
 /// [`settle_event`] for an event its provider confirmed against the payment
@@ -134,6 +137,7 @@ pub async fn settle_event_seen<C>(
     db: &C,
     event_id: Uuid,
     seen: Option<Seen>,
+    zone: Tz,
     request_id: Option<String>,
 ) -> Result<Settled, SettleError>
 where
@@ -181,6 +185,7 @@ where
                 &event.order_id,
                 reported,
                 "webhook",
+                zone,
                 request_id.clone(),
             )
             .await?
@@ -270,13 +275,14 @@ pub async fn settle_status_check<C>(
     db: &C,
     order_id: &str,
     reported: PaymentStatus,
+    zone: Tz,
     request_id: Option<String>,
 ) -> Result<Settled, SettleError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
     let txn = begin_write(db).await?;
-    let outcome = apply(&txn, order_id, reported, "status_check", request_id).await?;
+    let outcome = apply(&txn, order_id, reported, "status_check", zone, request_id).await?;
     txn.commit().await?;
     Ok(outcome)
 }
@@ -290,6 +296,7 @@ async fn apply<T: ConnectionTrait>(
     order_id: &str,
     reported: PaymentStatus,
     source: &str,
+    zone: Tz,
     request_id: Option<String>,
 ) -> Result<Settled, DbErr> {
     let postgres = txn.get_database_backend() == DbBackend::Postgres;
@@ -322,12 +329,24 @@ async fn apply<T: ConnectionTrait>(
         let g = match pay.renewal_id {
             Some(rid) => {
                 let (g, fit, outcome) =
-                    settle::grant(txn, &pay, rid, sub.as_ref(), now, request_id.clone()).await?;
+                    settle::grant(txn, &pay, rid, sub.as_ref(), now, zone, request_id.clone())
+                        .await?;
                 renewal_fit = Some(fit);
                 renewal_outcome = outcome;
                 g
             }
-            None => grant::plan(txn, pay.user_id, sub.as_ref(), &pay.plan, pay.amount, now).await?,
+            None => {
+                grant::plan(
+                    txn,
+                    pay.user_id,
+                    sub.as_ref(),
+                    &pay.plan,
+                    pay.amount,
+                    now,
+                    zone,
+                )
+                .await?
+            }
         };
         grant::store(txn, pay.id, &g).await?;
         period_end = Some(g.end);
@@ -351,6 +370,8 @@ async fn apply<T: ConnectionTrait>(
                 am.cancel_at_period_end = Set(false);
                 am.current_period_start = Set(Some(g.start));
                 am.current_period_end = Set(Some(g.end));
+                am.billing_anchor_day = Set(Some(g.anchor.day_column()));
+                am.billing_anchor_time = Set(Some(g.anchor.time));
                 am.canceled_at = Set(None);
                 am.updated_at = Set(now);
                 am.update(txn).await?;
@@ -367,6 +388,8 @@ async fn apply<T: ConnectionTrait>(
                     created_at: Set(now),
                     updated_at: Set(now),
                     renewal_plan: Set(None),
+                    billing_anchor_day: Set(Some(g.anchor.day_column())),
+                    billing_anchor_time: Set(Some(g.anchor.time)),
                 }
                 .insert(txn)
                 .await?;
@@ -374,7 +397,7 @@ async fn apply<T: ConnectionTrait>(
         }
         granted = Some(g);
     } else if to == PaymentStatus::Refunded {
-        taken_back = super::take_back::take_back(txn, &pay, now, request_id.clone()).await?;
+        taken_back = super::take_back::take_back(txn, &pay, now, zone, request_id.clone()).await?;
         if taken_back.is_some() {
             renewal::void_open(txn, pay.user_id, now).await?;
         }

@@ -5,6 +5,7 @@
 //! a later, separately paid grant.
 
 use chrono::{DateTime, Months, Utc};
+use chrono_tz::Tz;
 use sea_orm::{
     sea_query::Expr, ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait,
     IntoActiveModel, PaginatorTrait, QueryFilter, QuerySelect, Set,
@@ -12,7 +13,8 @@ use sea_orm::{
 use serde_json::json;
 use uuid::Uuid;
 
-use super::grant::{micros, month_after};
+use super::anchor::{month_after, Anchor};
+use super::grant::micros;
 use crate::{
     base::{audit, plans::FREE},
     entities::{
@@ -35,6 +37,7 @@ use crate::{
 async fn carried_share<T: ConnectionTrait>(
     txn: &T,
     refunded: &payments::Model,
+    zone: Tz,
 ) -> Result<Option<(payments::Model, i64)>, DbErr> {
     let (Some(mut start), Some(mut end)) = (refunded.grant_start, refunded.grant_end) else {
         return Ok(None);
@@ -67,7 +70,7 @@ async fn carried_share<T: ConnectionTrait>(
     let Some(into) = last.filter(|p| p.amount > 0 && next.is_none()) else {
         return Ok(None);
     };
-    let month = micros(month_after(start) - start);
+    let month = micros(month_after(start, zone) - start);
     let share_us = money * month / (i128::from(into.amount) * 1_000_000);
     let secs = i64::try_from((share_us + 999_999) / 1_000_000).unwrap_or(i64::MAX);
     let secs = secs.min(into.carried_seconds.unwrap_or(0));
@@ -104,6 +107,7 @@ pub async fn take_back<T: ConnectionTrait>(
     txn: &T,
     refunded: &payments::Model,
     now: DateTime<Utc>,
+    zone: Tz,
     request_id: Option<String>,
 ) -> Result<Option<serde_json::Value>, DbErr> {
     // A payment that never became PAID (a refund notice for a checkout
@@ -128,7 +132,7 @@ pub async fn take_back<T: ConnectionTrait>(
         refunded.grant_end,
     ) {
         (Some(_), Some(_), Some(_)) if refunded.carried_into.is_some() => {
-            let Some((into, secs)) = carried_share(txn, refunded).await? else {
+            let Some((into, secs)) = carried_share(txn, refunded, zone).await? else {
                 return Ok(None);
             };
             if into.grant_plan.as_deref() != Some(sub.plan.as_str()) || secs <= 0 {
@@ -241,11 +245,18 @@ pub async fn take_back<T: ConnectionTrait>(
     } else {
         start
     };
+    // Removing a whole anchored month keeps the anchor; any other end
+    // re-anchors on it.
+    let anchor = super::anchor::of_subscription(&sub)
+        .filter(|a| a.holds(new_end, zone))
+        .unwrap_or_else(|| Anchor::of(new_end, zone));
     let mut am = sub.into_active_model();
     let new = if new_end > now && plan != FREE {
         am.plan = Set(plan.clone());
         am.current_period_start = Set(Some(source_start.unwrap_or(now).min(new_end)));
         am.current_period_end = Set(Some(new_end));
+        am.billing_anchor_day = Set(Some(anchor.day_column()));
+        am.billing_anchor_time = Set(Some(anchor.time));
         json!({ "plan": plan, "period_end": new_end })
     } else {
         am.plan = Set(FREE.to_string());
@@ -253,6 +264,8 @@ pub async fn take_back<T: ConnectionTrait>(
         am.cancel_at_period_end = Set(false);
         am.current_period_start = Set(None);
         am.current_period_end = Set(None);
+        am.billing_anchor_day = Set(None);
+        am.billing_anchor_time = Set(None);
         json!({ "plan": FREE, "period_end": null })
     };
     am.updated_at = Set(now);

@@ -61,6 +61,11 @@ pub struct Model {
     /// (`change`); `None`: the current plan.
     #[sea_orm(column_type = "Text", nullable)]
     pub renewal_plan: Option<String>,
+    /// The billing anchor's day of the month, 1–31 (`billing::anchor`);
+    /// `None` on free plans and on subscriptions stored before anchors.
+    pub billing_anchor_day: Option<i16>,
+    /// The billing anchor's local time of day in `BILLING_TIME_ZONE`.
+    pub billing_anchor_time: Option<Time>,
 }
 
 /// A subscription belongs to one user.

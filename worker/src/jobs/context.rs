@@ -20,6 +20,8 @@ pub struct JobContext {
     pub providers: Providers,
     /// The billing mails' templates, loaded at start.
     pub billing: Arc<crate::mailer::billing::BillingTemplates>,
+    /// `BILLING_TIME_ZONE`: the zone a grant's months are counted in.
+    pub billing_zone: chrono_tz::Tz,
 }
 
 /// How a job attempt ended when it did not succeed.

@@ -233,6 +233,7 @@ async fn settle_stale(
             &state.db,
             &p.order_id,
             reported,
+            state.settings.billing_time_zone,
             None,
         ))
         .await?

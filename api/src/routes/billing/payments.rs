@@ -366,7 +366,14 @@ async fn quote_inner(
     let g = state
         .bounded_db(
             "computing the quote",
-            grant::quote(&state.db, user.user_id, &plan.id, plan.price, None),
+            grant::quote(
+                &state.db,
+                user.user_id,
+                &plan.id,
+                plan.price,
+                None,
+                state.settings.billing_time_zone,
+            ),
         )
         .await?;
     Ok(Quote::of(&g, plan.price, &state.plans.currency))
@@ -404,7 +411,14 @@ async fn quote_of(state: &AppState, p: &payments::Model) -> Result<Quote, ApiErr
     let g = state
         .bounded_db(
             "computing the quote",
-            grant::quote(&state.db, p.user_id, &p.plan, p.amount, Some(p.created_at)),
+            grant::quote(
+                &state.db,
+                p.user_id,
+                &p.plan,
+                p.amount,
+                Some(p.created_at),
+                state.settings.billing_time_zone,
+            ),
         )
         .await?;
     Ok(Quote::of(&g, p.amount, &p.currency))

@@ -588,6 +588,8 @@ where
     am.cancel_at_period_end = Set(false);
     am.current_period_start = Set(None);
     am.current_period_end = Set(None);
+    am.billing_anchor_day = Set(None);
+    am.billing_anchor_time = Set(None);
     am.renewal_plan = Set(None);
     am.updated_at = Set(now);
     am.update(&txn).await?;
