@@ -41,6 +41,7 @@ mod m20261213_000002_add_payment_grants;
 mod m20261214_000001_create_renewals;
 mod m20261215_000001_create_renewal_claims;
 mod m20261216_000001_add_billing_anchor;
+mod m20261216_000002_add_grace_times;
 
 mod lock;
 pub use lock::{up_locked, MIGRATION_LOCK_KEY};
@@ -78,6 +79,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261214_000001_create_renewals::Migration),
             Box::new(m20261215_000001_create_renewal_claims::Migration),
             Box::new(m20261216_000001_add_billing_anchor::Migration),
+            Box::new(m20261216_000002_add_grace_times::Migration),
         ]
     }
 }

@@ -87,7 +87,17 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The billing anchor's columns first.
+    // The grace's times first, then the billing anchor's columns.
+    for column in ["past_due_at", "grace_ends_at"] {
+        assert!(manager.has_column("subscriptions", column).await?);
+    }
+    Migrator::down(db, Some(1)).await?;
+    for column in ["past_due_at", "grace_ends_at"] {
+        assert!(
+            !manager.has_column("subscriptions", column).await?,
+            "{column} after down"
+        );
+    }
     for column in ["billing_anchor_day", "billing_anchor_time"] {
         assert!(manager.has_column("subscriptions", column).await?);
     }
@@ -148,8 +158,9 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The billing anchor, renewal_claims, renewals, grants, billing mails.
-    const BILLING_STEPS: usize = 5;
+    // The grace's times, the billing anchor, renewal_claims, renewals,
+    // grants, billing mails.
+    const BILLING_STEPS: usize = 6;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

@@ -62,6 +62,8 @@ fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveMod
         renewal_plan: Set(None),
         billing_anchor_day: Set(None),
         billing_anchor_time: Set(None),
+        past_due_at: Set(None),
+        grace_ends_at: Set(None),
     }
 }
 

@@ -274,11 +274,13 @@ async fn grace_ends_then_free_once() {
         })
         .await
     );
+    // The grace runs an hour from the past-due notice.
+    let s = tests::subscription_row(&db, user).await;
+    let (told, ends) = (s.past_due_at.unwrap(), s.grace_ends_at.unwrap());
+    assert_eq!(ends - told, Span::hours(1), "{s:?}");
+    assert!(told > s.current_period_end.unwrap(), "{s:?}");
     // The grace passes (by the database's clock): back to FREE, once.
-    set_subscription(&db, user, |s| {
-        s.current_period_end = Set(Some(Utc::now() - Span::hours(2)))
-    })
-    .await;
+    time_passes(&db, user, Span::hours(2)).await;
     assert!(
         wait_until(Duration::from_secs(30), || async {
             tests::subscription_row(&db, user).await.plan == "FREE"
@@ -441,9 +443,16 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
     }
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 
-    // Outlived: the grace (3 days by default) ended before the click.
+    // Outlived: the grace (3 days by default from the past-due notice)
+    // ended before the click.
     let end = Utc::now() - Span::days(4);
-    set_subscription(&db, user, |s| s.current_period_end = Set(Some(end))).await;
+    set_subscription(&db, user, |s| {
+        s.current_period_end = Set(Some(end));
+        s.status = Set(SubscriptionStatus::PastDue);
+        s.past_due_at = Set(Some(end + Span::minutes(1)));
+        s.grace_ends_at = Set(Some(end + Span::minutes(1) + Span::days(3)));
+    })
+    .await;
     let mut r2 = renewal.clone().into_active_model();
     r2.period_end = Set(end);
     r2.update(&db).await.unwrap();
@@ -477,8 +486,9 @@ async fn more_ticks(workers: &[&Proc], n: usize) {
     assert!(ticked, "the schedulers tick");
 }
 
-/// Moves every time of `user`'s subscription and renewals `by` earlier (as
-/// if that much time had passed), in one transaction.
+/// Moves every time of `user`'s subscription (its period end and grace)
+/// and renewals `by` earlier (as if that much time had passed), in one
+/// transaction.
 async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Span) {
     use sea_orm::{ConnectionTrait, TransactionTrait};
     let secs = by.num_seconds();
@@ -487,8 +497,9 @@ async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Span) {
     let txn = db.begin().await.unwrap();
     for sql in [
         format!(
-            "UPDATE subscriptions SET current_period_end = current_period_end - make_interval(secs => {secs}) \
-             WHERE user_id = '{user}'"
+            "UPDATE subscriptions SET current_period_end = current_period_end - make_interval(secs => {secs}), \
+             past_due_at = past_due_at - make_interval(secs => {secs}), \
+             grace_ends_at = grace_ends_at - make_interval(secs => {secs}) WHERE user_id = '{user}'"
         ),
         format!(
             "UPDATE renewals SET period_end = period_end - make_interval(secs => {secs}), \

@@ -398,6 +398,92 @@ async fn the_renewal_loop_waits_while_payments_are_off() {
     );
 }
 
+/// Grace always warns, and a pause gives nothing away: while payments are
+/// off a cancelling PRO lapses at its end (it owes nothing), and a PRO that
+/// ended unpaid keeps its plan untold; once they are back, a period that
+/// ended four days ago (grace three) is told past due with its pay link and
+/// gets its whole grace from that notice, instead of lapsing unwarned.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_neither_keeps_a_cancelled_plan_nor_lapses_one_untold() {
+    let stack = Stack::new().await;
+    let on = env(&stack)
+        .with("RENEWAL_GRACE_SECS", "259200")
+        // Every tick logs "scheduler tick", idle ones too (counted below).
+        .with("RUST_LOG", "info,worker::scheduler=debug");
+    let off = on.clone().with("NEXT_PUBLIC_ENABLE_PAYMENTS", "false");
+    let api = stack.api(&off).await;
+    let db = connect_db(&stack).await;
+    let pool = stack.db.pool().await;
+    let owing = free_user(&db).await;
+    let cancelling = free_user(&db).await;
+    let worker = stack.worker(&off).await;
+    let pro = pay(&api, &db, owing, "PRO", 99_000).await;
+    move_period(&pool, &pro, 31, -4).await;
+    let pro = pay(&api, &db, cancelling, "PRO", 99_000).await;
+    move_period(&pool, &pro, 31, 0).await;
+    sea_orm::sqlx::query("UPDATE subscriptions SET cancel_at_period_end = true WHERE user_id = $1")
+        .bind(cancelling)
+        .execute(&pool)
+        .await
+        .expect("cancel at period end");
+
+    let lapsed = wait_until(Duration::from_secs(30), || async {
+        tests::subscription_row(&db, cancelling).await.plan == "FREE"
+    })
+    .await;
+    assert!(lapsed, "paused, a cancelling plan still lapses at its end");
+    let ticks = |w: &Proc| w.stderr().matches("scheduler tick").count();
+    let seen = ticks(&worker);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            ticks(&worker) >= seen + 3
+        })
+        .await
+    );
+    let s = tests::subscription_row(&db, owing).await;
+    assert_eq!(
+        (s.plan.as_str(), s.status),
+        ("PRO", SubscriptionStatus::Active)
+    );
+    assert_eq!(s.grace_ends_at, None, "not told while paused");
+    drop(worker);
+
+    // Payments back: told past due first, with a pay link, and the whole
+    // grace from the notice.
+    let worker = stack.worker(&on).await;
+    let told = wait_until(Duration::from_secs(30), || async {
+        tests::subscription_row(&db, owing).await.status == SubscriptionStatus::PastDue
+    })
+    .await;
+    assert!(told, "{:?}", tests::subscription_row(&db, owing).await);
+    let s = tests::subscription_row(&db, owing).await;
+    let (at, ends) = (s.past_due_at.unwrap(), s.grace_ends_at.unwrap());
+    assert_eq!(ends - at, chrono::Duration::days(3), "{s:?}");
+    assert!(
+        at > s.current_period_end.unwrap() + chrono::Duration::days(4)
+            - chrono::Duration::minutes(1)
+    );
+    let notice = audit_rows(&db, &owing.to_string(), "subscription.past_due").await;
+    assert_eq!(notice.len(), 1);
+    assert!(me(&api, owing).await["subscription"]["renewal"]["pay_url"].is_string());
+    // Ticks later it still runs its grace.
+    let seen = ticks(&worker);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            ticks(&worker) >= seen + 3
+        })
+        .await
+    );
+    let s = tests::subscription_row(&db, owing).await;
+    assert_eq!(
+        (s.plan.as_str(), s.status),
+        ("PRO", SubscriptionStatus::PastDue)
+    );
+    assert!(audit_rows(&db, &owing.to_string(), "subscription.expire")
+        .await
+        .is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_embedded_mode_renews_too() {
     use sea_orm::{ActiveModelTrait, IntoActiveModel, Set};

@@ -121,11 +121,18 @@ async fn lapsed_subscriptions_and_stale_payments_expire_once_with_two_workers() 
     assert!(done, "the scheduled jobs ran");
     // Let several more ticks pass with both workers: nothing happens twice.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        audits(&db, &user.to_string()).await,
-        1,
-        "one expiry audit row"
-    );
+    // Told past due first (grace always warns, even a grace of 0), then
+    // expired: once each.
+    for action in ["subscription.past_due", "subscription.expire"] {
+        let n = audit_logs::Entity::find()
+            .filter(audit_logs::Column::TargetId.eq(user.to_string()))
+            .filter(audit_logs::Column::Action.eq(action))
+            .count(&db)
+            .await
+            .unwrap();
+        assert_eq!(n, 1, "{action}");
+    }
+    assert_eq!(audits(&db, &user.to_string()).await, 2);
     assert_eq!(audits(&db, &stale).await, 1, "one payment audit row");
     assert_eq!(status(&db, &fresh).await, PaymentStatus::Pending);
     let s = subscriptions::Entity::find_by_id(user)

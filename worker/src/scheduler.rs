@@ -180,13 +180,17 @@ async fn queue_renewals(
     crate::metrics::past_due(renewal::past_due_count(db).await?);
     let lease = chrono::Duration::from_std(settings.renewal_claim).unwrap_or(chrono::Duration::MAX);
     scan::delete_stale_claims(db, now - lease).await?;
-    if renewal::paused(&entity::Features::compute(settings)) {
-        tracing::info!("renewal loop paused: payments are switched off or not ready");
-        return Ok(0);
-    }
     let policy = renewal::Policy::from_settings(settings);
+    // Paused: only cancelling subscriptions lapse (at their end, owing
+    // nothing); no offer, reminder, past-due notice or lapse after grace.
+    let steps: &[renewal::Step] = if policy.paused {
+        tracing::info!("renewal loop paused: payments are switched off or not ready");
+        &[renewal::Step::Lapse]
+    } else {
+        &renewal::Step::ALL
+    };
     let mut queued = 0;
-    for step in renewal::Step::ALL {
+    for &step in steps {
         let mut after = None;
         loop {
             let page = scan::claim_page(db, step, &policy, now, lease, after, BATCH).await?;

@@ -401,6 +401,8 @@ where
             renewal_plan: Set(None),
             billing_anchor_day: Set(None),
             billing_anchor_time: Set(None),
+            past_due_at: Set(None),
+            grace_ends_at: Set(None),
         },
     )
     .await?;

@@ -372,6 +372,8 @@ async fn apply<T: ConnectionTrait>(
                 am.current_period_end = Set(Some(g.end));
                 am.billing_anchor_day = Set(Some(g.anchor.day_column()));
                 am.billing_anchor_time = Set(Some(g.anchor.time));
+                am.past_due_at = Set(None);
+                am.grace_ends_at = Set(None);
                 am.canceled_at = Set(None);
                 am.updated_at = Set(now);
                 am.update(txn).await?;
@@ -390,6 +392,8 @@ async fn apply<T: ConnectionTrait>(
                     renewal_plan: Set(None),
                     billing_anchor_day: Set(Some(g.anchor.day_column())),
                     billing_anchor_time: Set(Some(g.anchor.time)),
+                    past_due_at: Set(None),
+                    grace_ends_at: Set(None),
                 }
                 .insert(txn)
                 .await?;

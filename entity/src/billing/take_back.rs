@@ -266,6 +266,8 @@ pub async fn take_back<T: ConnectionTrait>(
         am.current_period_end = Set(None);
         am.billing_anchor_day = Set(None);
         am.billing_anchor_time = Set(None);
+        am.past_due_at = Set(None);
+        am.grace_ends_at = Set(None);
         json!({ "plan": FREE, "period_end": null })
     };
     am.updated_at = Set(now);

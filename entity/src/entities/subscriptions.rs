@@ -66,6 +66,13 @@ pub struct Model {
     pub billing_anchor_day: Option<i16>,
     /// The billing anchor's local time of day in `BILLING_TIME_ZONE`.
     pub billing_anchor_time: Option<Time>,
+    /// When the past-due notice was recorded (the period ended unpaid);
+    /// `None` unless `past_due` (and on `past_due` rows older than it).
+    pub past_due_at: Option<DateTimeUtc>,
+    /// When the renewal grace ends: `past_due_at` plus
+    /// `RENEWAL_GRACE_SECS` (extended by any pause of the renewal loop);
+    /// the plan lapses to FREE after it unless paid.
+    pub grace_ends_at: Option<DateTimeUtc>,
 }
 
 /// A subscription belongs to one user.

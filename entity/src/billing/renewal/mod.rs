@@ -17,12 +17,15 @@
 //!   no renewal and counts as [`Outcome::Unpriced`].
 //! * [`Step::Remind`]: an open renewal whose `next_reminder_at` passed gets
 //!   the reminder of the latest offset due (earlier offsets not sent late).
-//! * [`Step::PastDue`]: a paid `active` subscription past its period end,
-//!   not cancelling, becomes `past_due` (the plan stays in force) for
-//!   [`Policy::grace`].
-//! * [`Step::Lapse`]: a paid subscription whose period ended more than the
-//!   grace ago (a cancelling one: at its end, without grace) returns to FREE,
-//!   its open renewal is voided, an audit row is written.
+//! * [`Step::PastDue`]: a paid `active` subscription past its period end
+//!   (however long ago), not cancelling, becomes `past_due` (the plan stays
+//!   in force): the transaction that records the past-due mail stores
+//!   `past_due_at` and `grace_ends_at` = then + [`Policy::grace`].
+//! * [`Step::Lapse`]: a `past_due` subscription whose grace has ended
+//!   ([`grace_end`]; a cancelling one: at its end, without grace) returns to
+//!   FREE, its open renewal is voided, an audit row is written. Grace always
+//!   warns: nothing lapses without a recorded past-due notice but a
+//!   cancelling subscription, which owes nothing.
 //!
 //! Every time is the database's ([`crate::base::db::now`]); each row is re-checked
 //! under its lock, so a pass that runs twice changes nothing the second time.
@@ -82,19 +85,40 @@ async fn mail<C: ConnectionTrait>(
 
 /// Whether the renewal loop waits: while payments are switched off
 /// (`NEXT_PUBLIC_ENABLE_PAYMENTS`) or not ready (the provider's credentials
-/// missing), no renewal can be paid, so none is offered, no reminder is sent
-/// and no subscription goes `past_due` or lapses; everything resumes where it
-/// stood once payments are back (reminders already past are not sent late).
+/// missing), no renewal can be paid, so none is offered, no reminder is sent,
+/// no subscription goes `past_due` and none in its grace lapses; a
+/// cancelling subscription, owing nothing, still lapses at its end.
+/// Everything resumes where it stood once payments are back (reminders
+/// already past are not sent late; a period that ended meanwhile is told
+/// past due first, with its whole grace).
 /// `GET /api/health` shows it as `renewals: "paused"`.
 pub fn paused(features: &crate::Features) -> bool {
     !features.get(crate::Feature::Payments).ready()
 }
 
+/// When the renewal grace of `s` ends: its stored `grace_ends_at` (the
+/// past-due notice plus `grace`, extended by pauses); a `past_due` row
+/// stored before those times were: `grace` after its period end. `None`
+/// unless `past_due`: an `active` subscription past its end has not been
+/// told yet, and its grace starts only when it is.
+pub fn grace_end(s: &subscriptions::Model, grace: Duration) -> Option<DateTime<Utc>> {
+    if s.status != SubscriptionStatus::PastDue {
+        return None;
+    }
+    s.grace_ends_at
+        .or_else(|| s.current_period_end.map(|e| later(e, grace)))
+}
+
+/// `t + d`, or the latest time when that is past it.
+fn later(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    t.checked_add_signed(d).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 /// The renewal settings in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    /// How long after the period end a `past_due` subscription keeps its
-    /// plan (`RENEWAL_GRACE_SECS`).
+    /// How long after its past-due notice a subscription keeps its plan
+    /// (`RENEWAL_GRACE_SECS`).
     pub grace: Duration,
     /// Reminder offsets in days before the period end, largest first
     /// (`RENEWAL_REMINDER_DAYS`).
@@ -103,6 +127,8 @@ pub struct Policy {
     pub pay_secret: Option<String>,
     /// `API_EXTERNAL_URL`, the base of pay links.
     pub api_url: String,
+    /// The loop waits ([`paused`]): only cancelling subscriptions lapse.
+    pub paused: bool,
 }
 
 impl Policy {
@@ -113,6 +139,7 @@ impl Policy {
             reminder_days: settings.renewal_reminder_days.clone(),
             pay_secret: settings.backend_service_role_key.clone(),
             api_url: settings.api_external_url.trim_end_matches('/').to_string(),
+            paused: paused(&crate::Features::compute(settings)),
         }
     }
 
@@ -334,7 +361,7 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
         )
         || sub.cancel_at_period_end
         || end > now + policy.lead()
-        || end < now - policy.grace
+        || grace_end(&sub, policy.grace).is_some_and(|g| g <= now)
     {
         return Ok(vec![]);
     }
@@ -504,15 +531,17 @@ where
     let Some(end) = sub.current_period_end else {
         return Ok(None);
     };
+    // However long ago the period ended (the loop paused meanwhile), the
+    // customer is told first and gets the whole grace from now.
     let due = sub.plan != FREE
         && sub.status == SubscriptionStatus::Active
         && !sub.cancel_at_period_end
         && end < now
-        && end >= now - policy.grace;
+        && !policy.paused;
     if !due {
         return Ok(None);
     }
-    let grace_end = end + policy.grace;
+    let grace_end = later(now, policy.grace);
     let plan = sub.plan.clone();
     // A subscription already past its end when first seen (or whose offer
     // was voided) gets its renewal now, so the mail can carry its link.
@@ -541,6 +570,8 @@ where
     .await?;
     let mut am = sub.into_active_model();
     am.status = Set(SubscriptionStatus::PastDue);
+    am.past_due_at = Set(Some(now));
+    am.grace_ends_at = Set(Some(grace_end));
     am.updated_at = Set(now);
     am.update(&txn).await?;
     audit(
@@ -572,8 +603,12 @@ where
     let Some(end) = sub.current_period_end else {
         return Ok(None);
     };
-    let due =
-        sub.plan != FREE && (end < now - policy.grace || (sub.cancel_at_period_end && end < now));
+    // A cancelling subscription at its end (owing nothing, also while the
+    // loop is paused); any other only once its grace, which starts with the
+    // past-due notice, has ended.
+    let due = sub.plan != FREE
+        && ((sub.cancel_at_period_end && end < now)
+            || (!policy.paused && grace_end(&sub, policy.grace).is_some_and(|g| g <= now)));
     if !due {
         return Ok(None);
     }
@@ -590,6 +625,8 @@ where
     am.current_period_end = Set(None);
     am.billing_anchor_day = Set(None);
     am.billing_anchor_time = Set(None);
+    am.past_due_at = Set(None);
+    am.grace_ends_at = Set(None);
     am.renewal_plan = Set(None);
     am.updated_at = Set(now);
     am.update(&txn).await?;
@@ -742,6 +779,7 @@ mod tests {
     fn reminders_latest_due_only_then_the_next() {
         let p = Policy {
             grace: Duration::days(3),
+            paused: false,
             reminder_days: vec![7, 3, 1],
             pay_secret: None,
             api_url: String::new(),
@@ -757,6 +795,7 @@ mod tests {
         assert_eq!(p.after(end, 1), None);
         let none = Policy {
             grace: Duration::zero(),
+            paused: false,
             reminder_days: vec![],
             pay_secret: None,
             api_url: String::new(),

@@ -130,7 +130,13 @@ pub async fn resolve<C: ConnectionTrait>(
     {
         return Ok(Link::Closed(Closed::Changed));
     }
-    if now > r.period_end + grace {
+    // Payable until the grace ends (which starts with the past-due notice,
+    // [`crate::billing::renewal::grace_end`]).
+    if sub
+        .as_ref()
+        .and_then(|s| crate::billing::renewal::grace_end(s, grace))
+        .is_some_and(|g| now > g)
+    {
         return Ok(Link::Outlived);
     }
     Ok(match latest_payment(db, r.id).await? {

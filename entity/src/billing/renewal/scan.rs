@@ -124,7 +124,7 @@ fn due_condition(step: Step, policy: &Policy, now: DateTime<Utc>) -> Condition {
             .add(S::Status.is_in([SubscriptionStatus::Active, SubscriptionStatus::PastDue]))
             .add(S::CancelAtPeriodEnd.eq(false))
             .add(S::CurrentPeriodEnd.lte(now + policy.lead()))
-            .add(S::CurrentPeriodEnd.gte(now - policy.grace))
+            .add(in_grace_or_active(policy, now))
             .add(
                 Expr::exists(
                     Query::select()
@@ -149,17 +149,47 @@ fn due_condition(step: Step, policy: &Policy, now: DateTime<Utc>) -> Condition {
         Step::PastDue => Condition::all()
             .add(S::Status.eq(SubscriptionStatus::Active))
             .add(S::CancelAtPeriodEnd.eq(false))
-            .add(S::CurrentPeriodEnd.lt(now))
-            .add(S::CurrentPeriodEnd.gte(now - policy.grace)),
-        Step::Lapse => Condition::any()
-            .add(S::CurrentPeriodEnd.lt(now - policy.grace))
-            .add(
-                S::CancelAtPeriodEnd
-                    .eq(true)
-                    .and(S::CurrentPeriodEnd.lt(now)),
-            ),
+            .add(S::CurrentPeriodEnd.lt(now)),
+        Step::Lapse => {
+            let cancelling = S::CancelAtPeriodEnd
+                .eq(true)
+                .and(S::CurrentPeriodEnd.lt(now));
+            if policy.paused {
+                return Condition::any().add(cancelling);
+            }
+            Condition::any().add(cancelling).add(
+                Condition::all()
+                    .add(S::Status.eq(SubscriptionStatus::PastDue))
+                    .add(
+                        Condition::any().add(S::GraceEndsAt.lte(now)).add(
+                            Condition::all()
+                                .add(S::GraceEndsAt.is_null())
+                                .add(S::CurrentPeriodEnd.lt(before(now, policy.grace))),
+                        ),
+                    ),
+            )
+        }
         Step::Remind => unreachable!("renewals, not subscriptions"),
     }
+}
+
+/// An `active` subscription, or a `past_due` one whose grace has not ended
+/// ([`super::grace_end`] in SQL).
+fn in_grace_or_active(policy: &Policy, now: DateTime<Utc>) -> Condition {
+    use subscriptions::Column as S;
+    Condition::any()
+        .add(S::Status.eq(SubscriptionStatus::Active))
+        .add(S::GraceEndsAt.gt(now))
+        .add(
+            Condition::all()
+                .add(S::GraceEndsAt.is_null())
+                .add(S::CurrentPeriodEnd.gte(before(now, policy.grace))),
+        )
+}
+
+/// `t − d`, or the earliest time when that is before it.
+fn before(t: DateTime<Utc>, d: chrono::Duration) -> DateTime<Utc> {
+    t.checked_sub_signed(d).unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// [`due_page`] of rows not claimed for `step` within `lease` of `now`, each

@@ -3,7 +3,8 @@
 //! that every worker takes a share of a large batch. Each row is re-checked
 //! under its lock by the database's clock, so a repeated or concurrent batch
 //! changes nothing twice. A batch run while the renewal loop is paused
-//! (payments switched off) changes nothing and gives its claims back.
+//! (payments switched off) changes nothing and gives its claims back, but a
+//! lapse page, which then lapses only cancelling subscriptions.
 //! Outcomes are counted in `billing_renewals_total{outcome}`.
 
 use std::sync::OnceLock;
@@ -43,8 +44,10 @@ pub async fn handle(
 ) -> Result<(), JobError> {
     // Payments switched off since the page was queued (or on this worker):
     // the loop waits, so the page changes nothing and its claims are given
-    // back for the scheduler to queue again once payments are on.
-    if renewal::paused(&entity::Features::compute(ctx.providers.settings())) {
+    // back for the scheduler to queue again once payments are on. A lapse
+    // page runs: paused, it lapses only cancelling subscriptions.
+    let policy = renewal::Policy::from_settings(ctx.providers.settings());
+    if policy.paused && job.step != renewal::Step::Lapse {
         renewal::scan::release_claims(&ctx.db, job.step, &job.ids)
             .await
             .map_err(|e| JobError::Retry(format!("releasing the claims: {e}")))?;
@@ -52,7 +55,6 @@ pub async fn handle(
         return Ok(());
     }
     let catalogue = catalogue(ctx)?;
-    let policy = renewal::Policy::from_settings(ctx.providers.settings());
     let now = entity::base::db::now(&ctx.db)
         .await
         .map_err(|e| JobError::Retry(format!("reading the database clock: {e}")))?;
