@@ -42,6 +42,7 @@ mod m20261214_000001_create_renewals;
 mod m20261215_000001_create_renewal_claims;
 mod m20261216_000001_add_billing_anchor;
 mod m20261216_000002_add_grace_times;
+mod m20261216_000003_add_email_change_verified;
 
 mod lock;
 pub use lock::{up_locked, MIGRATION_LOCK_KEY};
@@ -80,6 +81,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261215_000001_create_renewal_claims::Migration),
             Box::new(m20261216_000001_add_billing_anchor::Migration),
             Box::new(m20261216_000002_add_grace_times::Migration),
+            Box::new(m20261216_000003_add_email_change_verified::Migration),
         ]
     }
 }

@@ -87,7 +87,21 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The grace's times first, then the billing anchor's columns.
+    // The email change's verified half first.
+    assert!(
+        manager
+            .has_column("auth_accounts", "email_change_verified")
+            .await?
+    );
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager
+            .has_column("auth_accounts", "email_change_verified")
+            .await?,
+        "email_change_verified after down"
+    );
+
+    // Then the grace's times, then the billing anchor's columns.
     for column in ["past_due_at", "grace_ends_at"] {
         assert!(manager.has_column("subscriptions", column).await?);
     }
@@ -158,9 +172,9 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The grace's times, the billing anchor, renewal_claims, renewals,
-    // grants, billing mails.
-    const BILLING_STEPS: usize = 6;
+    // The email change's verified half, the grace's times, the billing
+    // anchor, renewal_claims, renewals, grants, billing mails.
+    const BILLING_STEPS: usize = 7;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

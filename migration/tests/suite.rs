@@ -3,6 +3,7 @@
 //! link of the dependency tree instead of one per file).
 
 mod common;
+mod email_change_rules;
 mod model_rules;
 mod outbox_rules;
 mod roundtrip;

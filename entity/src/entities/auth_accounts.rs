@@ -42,6 +42,11 @@ pub struct Model {
     /// `user_metadata` as JSON text (`{}` by default).
     #[sea_orm(column_type = "Text")]
     pub user_metadata: String,
+    /// The half of the pending email change verified first: `<request id>
+    /// <address it was mailed to>` (`account::apply_email_change`); `None`
+    /// until one is, and again after each new request and once applied.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub email_change_verified: Option<String>,
     /// Created (UTC).
     pub created_at: DateTimeUtc,
     /// Last changed (UTC).

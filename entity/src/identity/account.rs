@@ -130,6 +130,7 @@ pub async fn create<C: ConnectionTrait + TransactionTrait>(
             email_confirmed_at: Set(new.confirmed.then_some(now)),
             signup_id: Set(if new.confirmed { None } else { new.signup_id }),
             email_change: Set(None),
+            email_change_verified: Set(None),
             confirmation_sent_at: Set(None),
             recovery_sent_at: Set(None),
             magiclink_sent_at: Set(None),
@@ -606,6 +607,10 @@ pub async fn request_email_change<C: ConnectionTrait>(
     }
     acc::Entity::update_many()
         .col_expr(acc::Column::EmailChange, Expr::value(new_email))
+        .col_expr(
+            acc::Column::EmailChangeVerified,
+            Expr::value(Option::<String>::None),
+        )
         .filter(acc::Column::UserId.eq(user_id))
         .exec(db)
         .await?;
@@ -619,14 +624,18 @@ pub async fn begin<C: TransactionTrait>(db: &C) -> Result<C::Transaction, Identi
 }
 
 /// After the email-change token `consumed` was consumed: applies the change
-/// once both halves of its request are (returns `true`), else nothing
-/// (`false`, the first half). Only the address that request named is
-/// applied: the new address's half must have been mailed to the pending
-/// address (`email_change`, written in the transaction that issued both
-/// halves), and the change applies in one conditional UPDATE only while no
-/// email-change token of the account is outstanding (a later request's
-/// would be). Applying voids the account's outstanding recovery, magic-link
-/// and email-change tokens (mailed to the old address).
+/// once both halves of its request are verified (returns `true`), else
+/// records this half as verified (`false`, the first half). Proof is
+/// recorded, never inferred: the first half verified is stored on the
+/// account (`email_change_verified`: its request and the address it was
+/// mailed to), and only the other address's half of the same request
+/// applies the change, in one conditional UPDATE on that record, the
+/// pending address and no email-change token of the account outstanding (a
+/// later request's would be). A half voided by a password change, expired
+/// or replaced is never taken for verified. Only the address that request
+/// named is applied (`email_change`, written in the transaction that issued
+/// both halves). Applying voids the account's outstanding recovery,
+/// magic-link and email-change tokens (mailed to the old address).
 ///
 /// # Errors
 /// [`IdentityError::OtpExpired`] when the token does not belong to the
@@ -651,9 +660,28 @@ pub async fn apply_email_change<C: ConnectionTrait>(
         Some(to) if to == norm || to == a.email_norm => {}
         _ => return Err(IdentityError::OtpExpired),
     }
-    if super::otp::other_half_outstanding(db, user_id, consumed.signup_id).await? {
+    let request = consumed
+        .signup_id
+        .map(|r| r.to_string())
+        .unwrap_or_default();
+    let this_half = format!("{request} {}", consumed.relates_to.as_deref().unwrap_or(""));
+    let other_half_verified = a.email_change_verified.as_deref().filter(|v| {
+        v.split_once(' ')
+            .is_some_and(|(r, to)| r == request && Some(to) != consumed.relates_to.as_deref())
+    });
+    let Some(other_half) = other_half_verified.map(str::to_string) else {
+        // The first half: recorded, on the same pending change.
+        let res = acc::Entity::update_many()
+            .col_expr(acc::Column::EmailChangeVerified, Expr::value(this_half))
+            .filter(acc::Column::UserId.eq(user_id))
+            .filter(acc::Column::EmailChange.eq(new_email.as_str()))
+            .exec(db)
+            .await?;
+        if res.rows_affected != 1 {
+            return Err(IdentityError::OtpExpired);
+        }
         return Ok(false);
-    }
+    };
     let outstanding = Query::select()
         .expr(Expr::val(1))
         .from(ott::Entity)
@@ -671,9 +699,14 @@ pub async fn apply_email_change<C: ConnectionTrait>(
             acc::Column::EmailChange,
             Expr::value(Option::<String>::None),
         )
+        .col_expr(
+            acc::Column::EmailChangeVerified,
+            Expr::value(Option::<String>::None),
+        )
         .col_expr(acc::Column::UpdatedAt, Expr::value(now))
         .filter(acc::Column::UserId.eq(user_id))
         .filter(acc::Column::EmailChange.eq(new_email.as_str()))
+        .filter(acc::Column::EmailChangeVerified.eq(other_half))
         .filter(Expr::exists(outstanding).not())
         .exec(db)
         .await;

@@ -175,6 +175,7 @@ pub async fn sign_in<C: ConnectionTrait + TransactionTrait>(
             email_confirmed_at: Set(verified.then_some(now)),
             signup_id: Set((!verified).then_some(request_id)),
             email_change: Set(None),
+            email_change_verified: Set(None),
             confirmation_sent_at: Set(None),
             recovery_sent_at: Set(None),
             magiclink_sent_at: Set(None),

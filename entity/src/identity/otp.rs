@@ -501,23 +501,6 @@ pub async fn void_kinds<C: ConnectionTrait>(
     Ok(())
 }
 
-/// Whether `user_id` still has an outstanding email-change token of the
-/// request `request_id` (the other half of that change).
-pub async fn other_half_outstanding<C: ConnectionTrait>(
-    db: &C,
-    user_id: Uuid,
-    request_id: Option<Uuid>,
-) -> Result<bool, IdentityError> {
-    let mut q = ott::Entity::find()
-        .filter(ott::Column::UserId.eq(user_id))
-        .filter(ott::Column::Kind.eq(MailKind::EmailChange.as_str()));
-    q = match request_id {
-        Some(r) => q.filter(ott::Column::SignupId.eq(r)),
-        None => q.filter(ott::Column::SignupId.is_null()),
-    };
-    Ok(q.one(db).await?.is_some())
-}
-
 /// Whether `user_id` still has an outstanding `kind` token (the other half
 /// of an email change).
 pub async fn outstanding<C: ConnectionTrait>(
