@@ -29,6 +29,11 @@
 //!
 //! Every time is the database's ([`crate::base::db::now`]); each row is re-checked
 //! under its lock, so a pass that runs twice changes nothing the second time.
+//!
+//! Long (about 800 lines with its tests) because the four passes share the
+//! subscription's lock, the billing mails and the audit rows, each pass one
+//! transaction per row; the pay link ([`pay`]), the scans ([`scan`]) and a
+//! renewal's settlement ([`settle`]) are their own files.
 
 pub mod pay;
 pub mod scan;
