@@ -155,6 +155,7 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     let ctx = JobContext {
         billing,
         billing_zone: settings.billing_time_zone,
+        renewal_policy: Arc::new(entity::billing::renewal::Policy::from_settings(&settings)),
         db,
         mailer,
         storage,

@@ -50,15 +50,11 @@ impl Anchor {
     /// `end`'s local month.
     pub fn next_end(&self, end: DateTime<Utc>, zone: Tz) -> DateTime<Utc> {
         let local = end.with_timezone(&zone).naive_local();
-        let first = NaiveDate::from_ymd_opt(local.year(), local.month(), 1)
-            .and_then(|d| d.checked_add_months(Months::new(1)))
-            .expect("a month after a real date is representable");
-        let last = first
+        let first = first_of_month(local.date())
             .checked_add_months(Months::new(1))
-            .and_then(|d| d.pred_opt())
-            .expect("the last day of a real month");
+            .expect("a month after a real date is representable");
         let date = first
-            .with_day(self.day.min(last.day()))
+            .with_day(self.day_in(first))
             .expect("a day within the month");
         resolve(date.and_time(self.time), zone)
     }
@@ -67,11 +63,17 @@ impl Anchor {
     /// its day the anchor's day clamped to its month).
     pub fn holds(&self, t: DateTime<Utc>, zone: Tz) -> bool {
         let local = t.with_timezone(&zone).naive_local();
-        let last = NaiveDate::from_ymd_opt(local.year(), local.month(), 1)
-            .and_then(|d| d.checked_add_months(Months::new(1)))
+        local.time() == self.time && local.day() == self.day_in(first_of_month(local.date()))
+    }
+
+    /// The anchor's day in the month that starts on `first`: the day,
+    /// clamped to that month's last.
+    fn day_in(&self, first: NaiveDate) -> u32 {
+        let last = first
+            .checked_add_months(Months::new(1))
             .and_then(|d| d.pred_opt())
-            .map_or(31, |d| d.day());
-        local.time() == self.time && local.day() == self.day.min(last)
+            .map_or(28, |d| d.day());
+        self.day.min(last)
     }
 
     /// The day as stored (`SMALLINT`).
@@ -89,6 +91,11 @@ pub fn of_subscription(s: &crate::entities::subscriptions::Model) -> Option<Anch
 /// the next month's last day) and time.
 pub fn month_after(t: DateTime<Utc>, zone: Tz) -> DateTime<Utc> {
     Anchor::of(t, zone).next_end(t, zone)
+}
+
+/// The first day of `d`'s month.
+fn first_of_month(d: NaiveDate) -> NaiveDate {
+    d.with_day(1).expect("every month has a first day")
 }
 
 /// The instant of local `at` in `zone`: the earlier of two in a repeated

@@ -22,6 +22,9 @@ pub struct JobContext {
     pub billing: Arc<crate::mailer::billing::BillingTemplates>,
     /// `BILLING_TIME_ZONE`: the zone a grant's months are counted in.
     pub billing_zone: chrono_tz::Tz,
+    /// The renewal settings in force (computed once: the settings do not
+    /// change while the process runs).
+    pub renewal_policy: Arc<entity::billing::renewal::Policy>,
 }
 
 /// How a job attempt ended when it did not succeed.

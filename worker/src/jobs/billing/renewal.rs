@@ -46,7 +46,7 @@ pub async fn handle(
     // the loop waits, so the page changes nothing and its claims are given
     // back for the scheduler to queue again once payments are on. A lapse
     // page runs: paused, it lapses only cancelling subscriptions.
-    let policy = renewal::Policy::from_settings(ctx.providers.settings());
+    let policy = &ctx.renewal_policy;
     if policy.paused && job.step != renewal::Step::Lapse {
         renewal::scan::release_claims(&ctx.db, job.step, &job.ids)
             .await
@@ -58,7 +58,7 @@ pub async fn handle(
     let now = entity::base::db::now(&ctx.db)
         .await
         .map_err(|e| JobError::Retry(format!("reading the database clock: {e}")))?;
-    let report = renewal::run_batch(&ctx.db, job.step, &policy, catalogue, now, &job.ids)
+    let report = renewal::run_batch(&ctx.db, job.step, policy, catalogue, now, &job.ids)
         .await
         .map_err(|e| JobError::Retry(format!("renewal batch {:?}: {e}", job.step)))?;
     for outcome in &report.outcomes {
