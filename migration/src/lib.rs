@@ -43,6 +43,7 @@ mod m20261215_000001_create_renewal_claims;
 mod m20261216_000001_add_billing_anchor;
 mod m20261216_000002_add_grace_times;
 mod m20261216_000003_add_email_change_verified;
+mod m20261217_000001_create_renewal_pauses;
 
 mod lock;
 pub use lock::{up_locked, MIGRATION_LOCK_KEY};
@@ -82,6 +83,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261216_000001_add_billing_anchor::Migration),
             Box::new(m20261216_000002_add_grace_times::Migration),
             Box::new(m20261216_000003_add_email_change_verified::Migration),
+            Box::new(m20261217_000001_create_renewal_pauses::Migration),
         ]
     }
 }

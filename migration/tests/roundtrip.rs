@@ -87,7 +87,15 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The email change's verified half first.
+    // The renewal loop's pauses first.
+    assert!(manager.has_table("renewal_pauses").await?);
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager.has_table("renewal_pauses").await?,
+        "renewal_pauses after down"
+    );
+
+    // Then the email change's verified half.
     assert!(
         manager
             .has_column("auth_accounts", "email_change_verified")
@@ -172,9 +180,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The email change's verified half, the grace's times, the billing
-    // anchor, renewal_claims, renewals, grants, billing mails.
-    const BILLING_STEPS: usize = 7;
+    // The renewal pauses, the email change's verified half, the grace's
+    // times, the billing anchor, renewal_claims, renewals, grants, billing
+    // mails.
+    const BILLING_STEPS: usize = 8;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

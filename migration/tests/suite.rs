@@ -6,6 +6,7 @@ mod common;
 mod email_change_rules;
 mod model_rules;
 mod outbox_rules;
+mod pause_rules;
 mod roundtrip;
 mod session_rules;
 mod signup_rules;

@@ -181,6 +181,16 @@ async fn queue_renewals(
     let lease = chrono::Duration::from_std(settings.renewal_claim).unwrap_or(chrono::Duration::MAX);
     scan::delete_stale_claims(db, now - lease).await?;
     let policy = renewal::Policy::from_settings(settings);
+    // A pause must not eat a grace: its end extends the running ones.
+    match renewal::pause::note(db, policy.paused, now).await? {
+        renewal::pause::Noted::Closed { lasted, extended } => tracing::info!(
+            lasted_ms = lasted.num_milliseconds(),
+            extended,
+            "renewal loop resumed: running graces extended by the pause"
+        ),
+        renewal::pause::Noted::Opened => tracing::info!("renewal loop pause recorded"),
+        renewal::pause::Noted::Unchanged => {}
+    }
     // Paused: only cancelling subscriptions lapse (at their end, owing
     // nothing); no offer, reminder, past-due notice or lapse after grace.
     let steps: &[renewal::Step] = if policy.paused {

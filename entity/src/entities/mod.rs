@@ -77,6 +77,7 @@ pub mod job_outbox;
 pub mod payments;
 pub mod profiles;
 pub mod renewal_claims;
+pub mod renewal_pauses;
 pub mod renewals;
 pub mod subscriptions;
 pub mod user_roles;

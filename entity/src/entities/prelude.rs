@@ -8,6 +8,7 @@ pub use super::job_outbox::Entity as JobOutbox;
 pub use super::payments::Entity as Payments;
 pub use super::profiles::Entity as Profiles;
 pub use super::renewal_claims::Entity as RenewalClaims;
+pub use super::renewal_pauses::Entity as RenewalPauses;
 pub use super::renewals::Entity as Renewals;
 pub use super::subscriptions::Entity as Subscriptions;
 pub use super::user_roles::Entity as UserRoles;

@@ -35,6 +35,7 @@
 //! transaction per row; the pay link ([`pay`]), the scans ([`scan`]) and a
 //! renewal's settlement ([`settle`]) are their own files.
 
+pub mod pause;
 pub mod pay;
 pub mod scan;
 pub mod settle;
@@ -95,7 +96,8 @@ async fn mail<C: ConnectionTrait>(
 /// cancelling subscription, owing nothing, still lapses at its end.
 /// Everything resumes where it stood once payments are back (reminders
 /// already past are not sent late; a period that ended meanwhile is told
-/// past due first, with its whole grace).
+/// past due first, with its whole grace; a grace that was running is
+/// extended by the pause's length, [`pause`]).
 /// `GET /api/health` shows it as `renewals: "paused"`.
 pub fn paused(features: &crate::Features) -> bool {
     !features.get(crate::Feature::Payments).ready()
