@@ -521,3 +521,74 @@ pub async fn subscription_row(db: &DatabaseConnection, user: Uuid) -> subscripti
         .unwrap()
         .expect("subscription")
 }
+
+/// provider_b's client id that [`Stack::session_env`] configures.
+pub const B_CLIENT: &str = "client-test";
+/// provider_b's secret key that [`Stack::session_env`] configures.
+pub const B_SECRET: &str = "secret-test";
+
+/// A session token of `user` (address `{user}@example.com`), signed HS256
+/// with `jwt_secret` as the auth platform signs it.
+pub fn user_token(jwt_secret: &str, user: Uuid) -> String {
+    crate::hs256_token(
+        jwt_secret.as_bytes(),
+        &crate::session_claims(&user.to_string(), Some(&format!("{user}@example.com"))),
+    )
+}
+
+/// `GET /api/me` as `user` (see [`user_token`]): asserts 200, answers the JSON.
+pub async fn me(api: &crate::Proc, jwt_secret: &str, user: Uuid) -> serde_json::Value {
+    let r = crate::Reply::send(
+        crate::client()
+            .get(api.url("/api/me"))
+            .bearer_auth(user_token(jwt_secret, user)),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json
+}
+
+/// Sends provider_b's SUCCESS notice for `order` (with the credentials of
+/// [`Stack::session_env`]) and waits until the payment is PAID.
+pub async fn settle(api: &crate::Proc, db: &DatabaseConnection, order: &str, amount: i64) {
+    send_provider_b_notice(api, B_CLIENT, B_SECRET, order, amount, "SUCCESS").await;
+    wait_payment_status(db, order, PaymentStatus::Paid).await;
+}
+
+/// Pays `plan` at `amount` for `user`: a checkout's PENDING provider_b
+/// payment row, settled by its notice ([`settle`]). Answers the order id.
+pub async fn pay(
+    api: &crate::Proc,
+    db: &DatabaseConnection,
+    user: Uuid,
+    plan: &str,
+    amount: i64,
+) -> String {
+    let order = pending_plan_payment(db, user, plan, amount, "provider_b").await;
+    settle(api, db, &order, amount).await;
+    order
+}
+
+/// Sends provider_b's REFUND notice for `order` at `amount` and waits until
+/// the payment is REFUNDED.
+pub async fn refund(api: &crate::Proc, db: &DatabaseConnection, order: &str, amount: i64) {
+    send_provider_b_notice(api, B_CLIENT, B_SECRET, order, amount, "REFUND").await;
+    wait_payment_status(db, order, PaymentStatus::Refunded).await;
+}
+
+/// The audit rows of `action` on `target`, oldest first.
+pub async fn audit_trail(
+    db: &DatabaseConnection,
+    target: &str,
+    action: &str,
+) -> Vec<entity::entities::audit_logs::Model> {
+    use entity::entities::audit_logs;
+    use sea_orm::{ColumnTrait, QueryFilter, QueryOrder};
+    audit_logs::Entity::find()
+        .filter(audit_logs::Column::TargetId.eq(target))
+        .filter(audit_logs::Column::Action.eq(action))
+        .order_by_asc(audit_logs::Column::CreatedAt)
+        .all(db)
+        .await
+        .unwrap()
+}

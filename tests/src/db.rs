@@ -81,3 +81,11 @@ impl Drop for TestDb {
         });
     }
 }
+
+/// The database's time (`clock_timestamp()`): what the product decides by.
+pub async fn db_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .expect("the database's time")
+}

@@ -16,7 +16,7 @@
 //! test executable (`target/debug/`).
 //!
 //! One module per concern (`db`, `redis`, `stack`, `proc`, `http`, `smtp`,
-//! `h2c`, `proxy`, `s3`, `tls_redis`, `tokens`, `util`); every public name is re-exported here.
+//! `h2c`, `identity`, `proxy`, `renewal`, `s3`, `tls_redis`, `tokens`, `util`); every public name is re-exported here.
 
 use std::{
     collections::BTreeMap,
@@ -49,9 +49,11 @@ mod billing;
 mod db;
 mod h2c;
 mod http;
+mod identity;
 mod proc;
 mod proxy;
 mod redis;
+mod renewal;
 mod s3;
 mod smtp;
 mod stack;
@@ -63,9 +65,11 @@ pub use billing::*;
 pub use db::*;
 pub use h2c::*;
 pub use http::*;
+pub use identity::*;
 pub use proc::*;
 pub use proxy::*;
 pub use redis::*;
+pub use renewal::*;
 pub use s3::*;
 pub use smtp::*;
 pub use stack::*;

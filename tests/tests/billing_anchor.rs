@@ -7,32 +7,16 @@
 //! each end before it is paid; a plan change with a carry re-anchors.
 
 use chrono::{DateTime, Datelike, Months, NaiveDate, TimeZone, Utc};
-use entity::entities::payments::PaymentStatus;
-use sea_orm::DatabaseConnection;
 use tests::{
-    client, connect_db, free_user, hs256_token, months_after, payment_row, pending_plan_payment,
-    session_claims, wait_payment_status, Proc, Reply, Stack, BILLING_ZONE,
+    client, connect_db, free_user, months_after, pay, payment_row, user_token, Proc, Reply, Stack,
+    BILLING_ZONE,
 };
 use uuid::Uuid;
 
 const JWT: &str = "billing-anchor-jwt-secret-0123456789abcdef0123";
 const SERVICE: &str = "billing-anchor-service-role-0123456789abcdef";
-// The provider_b credentials `Stack::session_env` configures.
-const B_CLIENT: &str = "client-test";
-const B_SECRET: &str = "secret-test";
-
-async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount: i64) -> String {
-    let order = pending_plan_payment(db, user, plan, amount, "provider_b").await;
-    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, &order, amount, "SUCCESS").await;
-    wait_payment_status(db, &order, PaymentStatus::Paid).await;
-    order
-}
-
 async fn quote_end(api: &Proc, user: Uuid, plan: &str) -> DateTime<Utc> {
-    let token = hs256_token(
-        JWT.as_bytes(),
-        &session_claims(&user.to_string(), Some(&format!("{user}@example.com"))),
-    );
+    let token = user_token(JWT, user);
     let q = Reply::send(
         client()
             .get(api.url(&format!("/api/payments/quote?plan={plan}")))

@@ -514,12 +514,16 @@ async fn provider_down_is_502_and_fails_the_payment() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let api = stack.api(&env_b(&stack, &format!("http://{closed}"))).await;
+    // The FAILED mark is written before the answer, bounded by
+    // DEPENDENCY_TIMEOUT_MS: a loaded machine must not cut it short here.
+    let env = env_b(&stack, &format!("http://{closed}")).with("DEPENDENCY_TIMEOUT_MS", "30000");
+    let api = stack.api(&env).await;
     let db = connect_db(&stack).await;
     let user = Uuid::new_v4();
+    // A 502 (not the client's 30 s timeout): the refused connection ended
+    // the checkout.
     let r = pay(&api, Some(user), json!({"plan": "BASIC"}), None).await;
     assert_provider_error(&r, &[]);
-    assert!(r.elapsed < Duration::from_secs(3), "{:?}", r.elapsed);
     assert_failed(&db, user).await;
 }
 

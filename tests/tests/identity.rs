@@ -4,206 +4,9 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tests::{random_ip, reqwest, Reply, SmtpSink, Stack};
-
-const PASSWORD: &str = "correct horse battery";
-const APP: &str = "https://app.example.com";
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-/// A running provider: api + worker + SMTP sink.
-struct Idp {
-    api: tests::Proc,
-    _worker: Option<tests::Proc>,
-    sink: SmtpSink,
-    ip: String,
-    stack: Option<Stack>,
-    _dir: Option<tests::TempDir>,
-    env: Option<tests::EnvMap>,
-}
-
-impl Idp {
-    async fn start(extra: &[(&str, &str)]) -> Idp {
-        let stack = Stack::new().await;
-        let sink = SmtpSink::start().await;
-        let mut env = stack
-            .env()
-            .with("SMTP_URL", sink.url())
-            .with("APP_URL", APP)
-            .with("JOB_RETRY_BASE_SECS", "1")
-            .with("AUTH_RATE_LIMIT_PER_5MIN", "100000")
-            .with("AUTH_RATE_LIMIT_REFRESH_PER_5MIN", "100000");
-        for (k, v) in extra {
-            env = env.with(k, *v);
-        }
-        let api = stack.api(&env).await;
-        let worker = stack.worker(&env).await;
-        Idp {
-            api,
-            _worker: Some(worker),
-            sink,
-            ip: random_ip(),
-            stack: Some(stack),
-            _dir: None,
-            env: Some(env),
-        }
-    }
-
-    /// `POST /token?grant_type=password` with [`PASSWORD`].
-    async fn sign_in(&self, email: &str) -> Reply {
-        self.post(
-            "/token?grant_type=password",
-            &json!({"email": email, "password": PASSWORD}),
-        )
-        .await
-    }
-
-    /// Another api process on the same database, Redis prefix and keys.
-    async fn another_api(&self) -> tests::Proc {
-        let (stack, env) = (self.stack.as_ref().unwrap(), self.env.as_ref().unwrap());
-        stack.api(env).await
-    }
-
-    /// The embedded default: no DATABASE_URL, no REDIS_URL, `api --with-worker`.
-    async fn embedded() -> Idp {
-        let dir = tests::TempDir::new();
-        let sink = SmtpSink::start().await;
-        let env = tests::EnvMap::default()
-            .with("PORT", "0")
-            .with("PLANS_FILE", tests::plans_file().display().to_string())
-            .with("SMTP_URL", sink.url())
-            .with("EMAIL_FROM", tests::EMAIL_FROM)
-            .with("APP_URL", APP);
-        let api = tests::Proc::api(&env, &["--with-worker"], dir.path()).await;
-        Idp {
-            api,
-            _worker: None,
-            sink,
-            ip: random_ip(),
-            stack: None,
-            _dir: Some(dir),
-            env: None,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        self.api.url(&format!("/auth/v1{path}"))
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> Reply {
-        Reply::send(
-            client()
-                .post(self.url(path))
-                .header("x-forwarded-for", &self.ip)
-                .header("x-supabase-api-version", "2024-01-01")
-                .header("content-type", "application/json;charset=UTF-8")
-                .body(body.to_string()),
-        )
-        .await
-    }
-
-    async fn post_legacy(&self, path: &str, body: &Value) -> Reply {
-        Reply::send(
-            client()
-                .post(self.url(path))
-                .header("x-forwarded-for", &self.ip)
-                .json(body),
-        )
-        .await
-    }
-
-    async fn get_auth(&self, path: &str, token: &str) -> Reply {
-        Reply::send(
-            client()
-                .get(self.url(path))
-                .header("x-supabase-api-version", "2024-01-01")
-                .bearer_auth(token),
-        )
-        .await
-    }
-
-    async fn put_auth(&self, path: &str, token: &str, body: &Value) -> Reply {
-        Reply::send(
-            client()
-                .put(self.url(path))
-                .header("x-supabase-api-version", "2024-01-01")
-                .bearer_auth(token)
-                .json(body),
-        )
-        .await
-    }
-
-    /// Runs `sql` on the provider's database: how a test moves a row past an
-    /// interval on the database's clock instead of sleeping through it.
-    async fn sql(&self, sql: &str) {
-        let pool = self
-            .stack
-            .as_ref()
-            .expect("a PostgreSQL stack")
-            .db
-            .pool()
-            .await;
-        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql.to_string()))
-            .execute(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        pool.close().await;
-    }
-
-    /// Waits for mail number `n` (1-based) and returns (to, text with the
-    /// quoted-printable soft breaks undone).
-    async fn mail(&self, n: usize) -> (String, String) {
-        let mails = self.sink.wait_for(n, Duration::from_secs(30)).await;
-        let m = &mails[n - 1];
-        let text = m.searchable();
-        (m.envelope_to.join(","), text)
-    }
-
-    async fn signup(&self, email: &str) -> Reply {
-        self.post("/signup", &json!({"email": email, "password": PASSWORD, "data": {"name": "Ann"}, "gotrue_meta_security": {}, "code_challenge": null, "code_challenge_method": null}))
-            .await
-    }
-
-    /// Sign-up + confirmation through `POST /verify {token_hash}`: the session.
-    async fn confirmed_user(&self, email: &str, mail_no: usize) -> Value {
-        let r = self.signup(email).await;
-        assert_eq!(r.status, 200, "{}", r.text);
-        let (_, text) = self.mail(mail_no).await;
-        let r = self
-            .post(
-                "/verify",
-                &json!({"type": "signup", "token_hash": token_hash(&text)}),
-            )
-            .await;
-        assert_eq!(r.status, 200, "{}", r.text);
-        r.json
-    }
-}
-
-fn token_hash(text: &str) -> String {
-    let i = text.find("token=").expect("a link with token= in the mail");
-    let rest = &text[i + 6..];
-    let end = rest.find(['&', '"', '\r', '\n', ' ']).unwrap_or(rest.len());
-    rest[..end].to_string()
-}
-
-fn code(text: &str) -> String {
-    let i = text.find("code: ").expect("a code in the mail");
-    text[i + 6..i + 12].to_string()
-}
-
-fn assert_error(r: &Reply, status: u16, code: &str) {
-    assert_eq!(r.status, status, "{}", r.text);
-    assert_eq!(r.json["code"], code, "{}", r.text);
-    assert!(r.json["message"].is_string(), "{}", r.text);
-    assert_eq!(r.header("x-supabase-api-version"), Some("2024-01-01"));
-}
+use tests::{
+    assert_error, auth_client as client, code, random_ip, token_hash, Idp, Reply, APP, PASSWORD,
+};
 
 fn assert_session(s: &Value) {
     assert!(
@@ -227,8 +30,10 @@ fn assert_session(s: &Value) {
 async fn signup_confirm_sign_in_user_refresh_and_logout() {
     // A reuse interval no loaded machine outlasts between two requests; the
     // test then moves the rotation past it on the database's clock.
-    let idp = Idp::start(&[("AUTH_REFRESH_REUSE_INTERVAL_SECS", "60")]).await;
-    let r = idp.signup("Ann@Example.com").await;
+    let idp = Idp::start(&[("AUTH_REFRESH_REUSE_INTERVAL_SECS", "60")])
+        .await
+        .from_one_ip();
+    let r = idp.signup_as_auth_js("Ann@Example.com").await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["email"], "Ann@Example.com");
     assert!(r.json["email_confirmed_at"].is_null(), "{}", r.text);
@@ -237,7 +42,7 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
     assert_eq!(r.json["user_metadata"]["name"], "Ann");
 
     // Unconfirmed: 400 email_not_confirmed.
-    let r = idp.sign_in("ann@example.com").await;
+    let r = idp.sign_in("ann@example.com", PASSWORD).await;
     assert_error(&r, 400, "email_not_confirmed");
 
     let (to, text) = idp.mail(1).await;
@@ -356,7 +161,7 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
         "the active token again"
     );
     // After the interval, reusing the parent revokes the session.
-    idp.sql(
+    idp.execute(
         "UPDATE auth_refresh_tokens SET revoked_at = revoked_at - interval '1 hour' \
          WHERE revoked_at IS NOT NULL",
     )
@@ -383,7 +188,7 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
     assert_error(&r, 403, "session_not_found");
 
     // A new session; logout (global) ends it.
-    let r = idp.sign_in("ann@example.com").await;
+    let r = idp.sign_in("ann@example.com", PASSWORD).await;
     let s2 = r.json.clone();
     let access2 = s2["access_token"].as_str().unwrap();
     let r = Reply::send(
@@ -407,7 +212,7 @@ async fn signup_confirm_sign_in_user_refresh_and_logout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn errors_use_the_platform_codes_in_both_formats() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start(&[]).await.from_one_ip();
     let s = idp.confirmed_user("bob@example.com", 1).await;
     let access = s["access_token"].as_str().unwrap();
 
@@ -522,8 +327,8 @@ async fn errors_use_the_platform_codes_in_both_formats() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn repeated_sign_up_does_not_reveal_the_account() {
-    let idp = Idp::start(&[]).await;
-    let fresh = idp.signup("dora@example.com").await;
+    let idp = Idp::start(&[]).await.from_one_ip();
+    let fresh = idp.signup_as_auth_js("dora@example.com").await;
     assert_eq!(fresh.status, 200, "{}", fresh.text);
     // Confirm, then sign up again with the same (and a differently cased) email.
     let (_, text) = idp.mail(1).await;
@@ -534,7 +339,7 @@ async fn repeated_sign_up_does_not_reveal_the_account() {
         )
         .await;
     assert_eq!(r.status, 200);
-    let again = idp.signup("DORA@example.com").await;
+    let again = idp.signup_as_auth_js("DORA@example.com").await;
     assert_eq!(again.status, fresh.status, "{}", again.text);
     let keys = |v: &Value| {
         let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
@@ -549,22 +354,26 @@ async fn repeated_sign_up_does_not_reveal_the_account() {
     );
     assert_eq!(again.json["identities"].as_array().unwrap().len(), 1);
     // The real password still works; the new one does not.
-    let r = idp.sign_in("dora@example.com").await;
+    let r = idp.sign_in("dora@example.com", PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
 
     // With autoconfirm the platform says so: 422 user_already_exists.
-    let idp = Idp::start(&[("AUTH_AUTOCONFIRM", "true")]).await;
-    let r = idp.signup("erin@example.com").await;
+    let idp = Idp::start(&[("AUTH_AUTOCONFIRM", "true")])
+        .await
+        .from_one_ip();
+    let r = idp.signup_as_auth_js("erin@example.com").await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_session(&r.json);
-    let r = idp.signup("erin@example.com").await;
+    let r = idp.signup_as_auth_js("erin@example.com").await;
     assert_error(&r, 422, "user_already_exists");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn otp_codes_expire_and_are_single_use() {
     // No mail interval: two magic links in a row below.
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
+        .await
+        .from_one_ip();
     let r = idp
         .post("/otp", &json!({"email": "finn@example.com", "create_user": true, "data": {}, "gotrue_meta_security": {}, "code_challenge": null, "code_challenge_method": null}))
         .await;
@@ -601,7 +410,7 @@ async fn otp_codes_expire_and_are_single_use() {
     // mail is read first, then its token is aged past AUTH_OTP_EXPIRY_SECS
     // (3600 s by default) on the database's clock; the first is tried by
     // its code, the second by its link's `token_hash`.
-    let pool = idp.stack.as_ref().unwrap().db.pool().await;
+    let pool = idp.pool().clone();
     let magic_link_aged = |n: usize| {
         let (idp, pool) = (&idp, &pool);
         async move {
@@ -654,7 +463,7 @@ async fn otp_codes_expire_and_are_single_use() {
 async fn pkce_magic_link_redirects_with_a_code_exchanged_once() {
     use base64::Engine as _;
     use sha2::Digest as _;
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start(&[]).await.from_one_ip();
     idp.confirmed_user("gus@example.com", 1).await;
     let verifier = "0123456789abcdef".repeat(7);
     let challenge = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -709,9 +518,11 @@ async fn pkce_magic_link_redirects_with_a_code_exchanged_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn verify_links_redirect_only_to_the_app() {
-    let idp = Idp::start(&[("AUTH_REDIRECT_ALLOW_LIST", "https://*.partner.example/**")]).await;
+    let idp = Idp::start(&[("AUTH_REDIRECT_ALLOW_LIST", "https://*.partner.example/**")])
+        .await
+        .from_one_ip();
     // Implicit flow: the session in the fragment.
-    idp.signup("hana@example.com").await;
+    idp.signup_as_auth_js("hana@example.com").await;
     let (_, text) = idp.mail(1).await;
     let r = Reply::send(client().get(format!(
         "{}?token={}&type=signup&redirect_to=https%3A%2F%2Fapp.example.com%2Fdone",
@@ -794,7 +605,9 @@ async fn the_mail_interval_is_a_setting() {
     // 120 s: a second recovery mail at once is refused with the seconds
     // left, and goes once they are over (the last mail moved back past them
     // on the database's clock: no sleep races a loaded machine).
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "120")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "120")])
+        .await
+        .from_one_ip();
     idp.confirmed_user("una@example.com", 1).await;
     let body = json!({"email": "una@example.com"});
     let recover = || idp.post("/recover", &body);
@@ -804,7 +617,7 @@ async fn the_mail_interval_is_a_setting() {
     let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
     // More than the 60 s default: the setting, not the default, decides.
     assert!((61..=120).contains(&wait), "{wait}");
-    idp.sql(
+    idp.execute(
         "UPDATE auth_mail_slots SET last_sent_at = last_sent_at - interval '121 seconds' \
          WHERE email_norm = 'una@example.com' AND kind = 'recovery'",
     )
@@ -813,7 +626,9 @@ async fn the_mail_interval_is_a_setting() {
     idp.mail(3).await;
 
     // 0: no interval; every request mails (the per-IP limits still bound them).
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
+        .await
+        .from_one_ip();
     let session = idp.confirmed_user("una@example.com", 1).await;
     let token = session["access_token"].as_str().unwrap();
     for _ in 0..3 {
@@ -830,7 +645,7 @@ async fn the_mail_interval_is_a_setting() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_mail_per_kind_per_60_s_and_per_ip_limits_under_concurrency() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start(&[]).await.from_one_ip();
     idp.confirmed_user("ivy@example.com", 1).await;
     // 20 concurrent recovery requests from 20 IPs: one mail, 19 × 429.
     let mut tasks = Vec::new();
@@ -872,7 +687,9 @@ async fn one_mail_per_kind_per_60_s_and_per_ip_limits_under_concurrency() {
     assert_eq!((r.status.as_u16(), r.json.clone()), (200, json!({})));
 
     // Per-IP limit: 20 concurrent sign-ins from one IP with a limit of 5.
-    let idp = Idp::start(&[("AUTH_RATE_LIMIT_PER_5MIN", "5")]).await;
+    let idp = Idp::start(&[("AUTH_RATE_LIMIT_PER_5MIN", "5")])
+        .await
+        .from_one_ip();
     let ip = random_ip();
     let mut tasks = Vec::new();
     for _ in 0..20 {
@@ -918,7 +735,8 @@ async fn our_tokens_work_on_logged_in_routes_and_health_names_the_provider() {
         ),
         ("ADMIN_EMAILS", "boss@example.com"),
     ])
-    .await;
+    .await
+    .from_one_ip();
     let h = tests::get(&idp.api.url("/api/health")).await;
     assert_eq!(h.json["auth_provider"], "builtin", "{}", h.text);
     assert_eq!(h.json["features"]["auth"]["enabled"], true, "{}", h.text);
@@ -944,7 +762,7 @@ async fn our_tokens_work_on_logged_in_routes_and_health_names_the_provider() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text);
     // ADMIN_EMAILS applies once the email is confirmed; the default rows exist.
-    let pool = idp.stack.as_ref().unwrap().db.pool().await;
+    let pool = idp.pool().clone();
     let uid: uuid::Uuid = s["user"]["id"].as_str().unwrap().parse().unwrap();
     let (role,): (String,) =
         sea_orm::sqlx::query_as("SELECT role FROM user_roles WHERE user_id = $1")
@@ -973,7 +791,7 @@ async fn our_tokens_work_on_logged_in_routes_and_health_names_the_provider() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_embedded_default_runs_the_provider_on_sqlite() {
-    let idp = Idp::embedded().await;
+    let idp = Idp::embedded().await.from_one_ip();
     let h = tests::get(&idp.api.url("/api/health")).await;
     assert_eq!(h.json["auth_provider"], "builtin", "{}", h.text);
     assert_eq!(h.json["features"]["auth"]["enabled"], true, "{}", h.text);
@@ -1034,15 +852,17 @@ async fn the_embedded_default_runs_the_provider_on_sqlite() {
 /// and that token rotates once more.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_refreshes_of_one_token_rotate_it_once() {
-    let idp = Idp::start(&[("AUTH_AUTOCONFIRM", "true")]).await;
-    let r = idp.signup("tabs@example.com").await;
+    let idp = Idp::start(&[("AUTH_AUTOCONFIRM", "true")])
+        .await
+        .from_one_ip();
+    let r = idp.signup_as_auth_js("tabs@example.com").await;
     assert_eq!(r.status, 200, "{}", r.text);
     let first = r.json["refresh_token"].as_str().unwrap().to_string();
     let mut tasks = Vec::new();
     for _ in 0..20 {
         let (url, ip, token) = (
             idp.url("/token?grant_type=refresh_token"),
-            idp.ip.clone(),
+            idp.ip(),
             first.clone(),
         );
         tasks.push(tokio::spawn(async move {
@@ -1088,7 +908,8 @@ async fn user_answers_follow_changes_made_through_another_api_process() {
         ("AUTH_AUTOCONFIRM", "true"),
         ("AUTH_REFRESH_REUSE_INTERVAL_SECS", "1"),
     ])
-    .await;
+    .await
+    .from_one_ip();
     let b = idp.another_api().await;
     let user_on_b = |token: String| {
         let url = b.url("/auth/v1/user");
@@ -1102,7 +923,7 @@ async fn user_answers_follow_changes_made_through_another_api_process() {
             .await
         }
     };
-    let r = idp.signup("cache@example.com").await;
+    let r = idp.signup_as_auth_js("cache@example.com").await;
     assert_eq!(r.status, 200, "{}", r.text);
     let s1 = r.json.clone();
     let access1 = s1["access_token"].as_str().unwrap().to_string();
@@ -1132,7 +953,7 @@ async fn user_answers_follow_changes_made_through_another_api_process() {
     // A second session (password sign-in through A) moves last_sign_in_at.
     let before = r.json["last_sign_in_at"].clone();
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let r = idp.sign_in("cache@example.com").await;
+    let r = idp.sign_in("cache@example.com", PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let s2 = r.json.clone();
     let access2 = s2["access_token"].as_str().unwrap().to_string();
@@ -1182,13 +1003,13 @@ async fn user_answers_follow_changes_made_through_another_api_process() {
 
     // Writers that are not an api: an operator's SQL on the account, and the
     // deletion of a session (as the worker's clean-ups do).
-    let r = idp.sign_in("cache@example.com").await;
+    let r = idp.sign_in("cache@example.com", PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let access3 = r.json["access_token"].as_str().unwrap().to_string();
     let user_id: uuid::Uuid = r.json["user"]["id"].as_str().unwrap().parse().unwrap();
     let r = user_on_b(access3.clone()).await;
     assert_eq!(r.json["user_metadata"]["name"], "Bob", "{}", r.text);
-    let pool = idp.stack.as_ref().unwrap().db.pool().await;
+    let pool = idp.pool().clone();
     sea_orm::sqlx::query(
         "UPDATE auth_accounts SET user_metadata = '{\"name\": \"Cy\"}' WHERE user_id = $1",
     )

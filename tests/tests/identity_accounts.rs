@@ -7,225 +7,10 @@
 
 use std::time::Duration;
 
-use base64::Engine as _;
 use serde_json::{json, Value};
-use sha2::Digest as _;
-use tests::{random_ip, reqwest, Reply, SmtpSink, Stack};
-
-const PASSWORD: &str = "correct horse battery";
-const ATTACKER_PASSWORD: &str = "attacker's own password";
-const APP: &str = "https://app.example.com";
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-/// An address in a /64 of its own.
-fn random_v6() -> String {
-    let b = uuid::Uuid::new_v4().into_bytes();
-    format!(
-        "2001:db8:{:x}:{:x}::{:x}",
-        u16::from_be_bytes([b[0], b[1]]),
-        u16::from_be_bytes([b[2], b[3]]),
-        u16::from_be_bytes([b[4], b[5]]).max(1)
-    )
-}
-
-/// A running provider: api + worker + SMTP sink, and a pool on its database.
-struct Idp {
-    api: tests::Proc,
-    _worker: tests::Proc,
-    sink: SmtpSink,
-    pool: sea_orm::sqlx::PgPool,
-    _stack: Stack,
-}
-
-impl Idp {
-    async fn start(extra: &[(&str, &str)]) -> Idp {
-        let stack = Stack::new().await;
-        let sink = SmtpSink::start().await;
-        let mut env = stack
-            .env()
-            .with("SMTP_URL", sink.url())
-            .with("APP_URL", APP)
-            .with("JOB_RETRY_BASE_SECS", "1")
-            .with("AUTH_RATE_LIMIT_PER_5MIN", "100000")
-            .with("AUTH_RATE_LIMIT_REFRESH_PER_5MIN", "100000");
-        for (k, v) in extra {
-            env = env.with(k, *v);
-        }
-        let api = stack.api(&env).await;
-        let worker = stack.worker(&env).await;
-        let pool = stack.db.pool().await;
-        Idp {
-            api,
-            _worker: worker,
-            sink,
-            pool,
-            _stack: stack,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        self.api.url(&format!("/auth/v1{path}"))
-    }
-
-    /// `POST /auth/v1{path}` from a fresh IPv6 /64 each time.
-    async fn post(&self, path: &str, body: &Value) -> Reply {
-        Reply::send(
-            client()
-                .post(self.url(path))
-                .header("x-forwarded-for", random_v6())
-                .header("x-supabase-api-version", "2024-01-01")
-                .json(body),
-        )
-        .await
-    }
-
-    async fn put_user(&self, token: &str, body: &Value, ip: &str) -> Reply {
-        Reply::send(
-            client()
-                .put(self.url("/user"))
-                .header("x-forwarded-for", ip)
-                .header("x-supabase-api-version", "2024-01-01")
-                .bearer_auth(token)
-                .json(body),
-        )
-        .await
-    }
-
-    /// Waits for mail number `n` (1-based): (to, text with the
-    /// quoted-printable soft breaks undone).
-    async fn mail(&self, n: usize) -> (String, String) {
-        let mails = self.sink.wait_for(n, Duration::from_secs(30)).await;
-        let m = &mails[n - 1];
-        let text = m.searchable();
-        (m.envelope_to.join(","), text)
-    }
-
-    async fn signup(&self, email: &str, password: &str) -> Reply {
-        self.post("/signup", &json!({"email": email, "password": password}))
-            .await
-    }
-
-    async fn signup_pkce(&self, email: &str, password: &str, verifier: &str) -> Reply {
-        self.post(
-            "/signup",
-            &json!({"email": email, "password": password,
-                    "code_challenge": challenge(verifier), "code_challenge_method": "s256"}),
-        )
-        .await
-    }
-
-    async fn sign_in(&self, email: &str, password: &str) -> Reply {
-        self.post(
-            "/token?grant_type=password",
-            &json!({"email": email, "password": password}),
-        )
-        .await
-    }
-
-    async fn verify_hash(&self, kind: &str, text: &str) -> Reply {
-        self.post(
-            "/verify",
-            &json!({"type": kind, "token_hash": token_hash(text)}),
-        )
-        .await
-    }
-
-    async fn verify_code(&self, kind: &str, email: &str, code: &str) -> Reply {
-        self.post(
-            "/verify",
-            &json!({"type": kind, "email": email, "token": code}),
-        )
-        .await
-    }
-
-    /// Follows a mail's link (`GET /verify`): the `Location`.
-    async fn follow_link(&self, text: &str, kind: &str) -> String {
-        let r = Reply::send(client().get(format!(
-            "{}?token={}&type={kind}&redirect_to=https%3A%2F%2Fapp.example.com%2Fwelcome",
-            self.url("/verify"),
-            token_hash(text)
-        )))
-        .await;
-        assert_eq!(r.status, 303, "{}", r.text);
-        r.header("location").unwrap().to_string()
-    }
-
-    async fn exchange(&self, auth_code: &str, verifier: &str) -> Reply {
-        self.post(
-            "/token?grant_type=pkce",
-            &json!({"auth_code": auth_code, "code_verifier": verifier}),
-        )
-        .await
-    }
-
-    async fn scalar(&self, sql: &str, arg: &str) -> i64 {
-        sea_orm::sqlx::query_scalar(sea_orm::sqlx::AssertSqlSafe(sql.to_string()))
-            .bind(arg)
-            .fetch_one(&self.pool)
-            .await
-            .expect(sql)
-    }
-
-    /// The confirmation tokens mailed to `address` whose code still counts.
-    async fn live_codes(&self, address: &str) -> i64 {
-        self.scalar(
-            "SELECT COUNT(*) FROM auth_one_time_tokens WHERE relates_to = $1 AND failed_attempts < 5",
-            address,
-        )
-        .await
-    }
-
-    async fn role_of(&self, user: &str) -> String {
-        sea_orm::sqlx::query_scalar("SELECT role FROM user_roles WHERE user_id::text = $1")
-            .bind(user)
-            .fetch_one(&self.pool)
-            .await
-            .expect("role row")
-    }
-}
-
-fn challenge(verifier: &str) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(sha2::Sha256::digest(verifier.as_bytes()))
-}
-
-fn token_hash(text: &str) -> String {
-    let i = text.find("token=").expect("a link with token= in the mail");
-    let rest = &text[i + 6..];
-    let end = rest.find(['&', '"', '\r', '\n', ' ']).unwrap_or(rest.len());
-    rest[..end].to_string()
-}
-
-fn code(text: &str) -> String {
-    let i = text.find("code: ").expect("a code in the mail");
-    text[i + 6..i + 12].to_string()
-}
-
-/// A 6-digit code that is not `c`.
-fn wrong(c: &str, k: u32) -> String {
-    let n: u32 = c.parse().expect("6 digits");
-    format!("{:06}", (n + k) % 1_000_000)
-}
-
-fn assert_error(r: &Reply, status: u16, code: &str) {
-    assert_eq!(r.status, status, "{}", r.text);
-    assert_eq!(r.json["code"], code, "{}", r.text);
-}
-
-fn auth_code(location: &str) -> String {
-    assert!(
-        location.starts_with("https://app.example.com/welcome?code="),
-        "{location}"
-    );
-    location.split("code=").nth(1).unwrap().to_string()
-}
+use tests::{
+    assert_error, auth_code, code, random_ip, wrong, Idp, Reply, ATTACKER_PASSWORD, PASSWORD,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
@@ -235,7 +20,8 @@ async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
         ("ADMIN_EMAILS", "vic@example.com"),
         ("AUTH_MAIL_INTERVAL_SECS", "3600"),
     ])
-    .await;
+    .await
+    .from_fresh_v6();
     let victim = "vic@example.com";
     let r = idp.signup(victim, PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -280,7 +66,7 @@ async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
         "five wrong codes void the code"
     );
     assert_eq!(
-        idp.scalar(
+        idp.count(
             "SELECT COUNT(*) FROM auth_one_time_tokens WHERE relates_to = $1",
             victim
         )
@@ -337,7 +123,7 @@ async fn wrong_codes_are_counted_per_address_and_never_block_the_link() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn four_wrong_codes_then_the_right_one_is_accepted() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start(&[]).await.from_fresh_v6();
     let email = "quinn@example.com";
     let r = idp.signup(email, PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -358,7 +144,9 @@ async fn four_wrong_codes_then_the_right_one_is_accepted() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_live_code_per_address_whatever_sent_it() {
     // No interval here, so every request mails and the rule itself is tested.
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
+        .await
+        .from_fresh_v6();
     let target = "target@example.com";
     for n in 0..3 {
         let r = idp
@@ -408,7 +196,9 @@ async fn one_live_code_per_address_whatever_sent_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn contested_confirmations_in_the_implicit_flow() {
     // An interval no run outlasts (the held-back sign-ups below).
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "3600")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "3600")])
+        .await
+        .from_fresh_v6();
 
     // Attacker first: the victim's own sign-up is held back by the interval,
     // so the only mail in the inbox is the one issued for the attacker's.
@@ -475,7 +265,9 @@ async fn contested_confirmations_in_the_implicit_flow() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_later_sent_sign_up_voids_earlier_codes_not_links() {
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
+        .await
+        .from_fresh_v6();
     // Attacker first, then the victim's sign-up is mailed: the account is
     // contested (two passwords before the mailbox was proven), so even the
     // victim's own mail keeps no password: it signs the owner in, and the
@@ -535,7 +327,8 @@ async fn the_newest_mail_of_a_contested_sign_up_keeps_no_password() {
         ("AUTH_MAIL_INTERVAL_SECS", "0"),
         ("ADMIN_EMAILS", "gil@example.com"),
     ])
-    .await;
+    .await
+    .from_fresh_v6();
     let refused = |r: Reply| assert_error(&r, 400, "invalid_credentials");
 
     // Victim first, the attacker's sign-up mailed after it; the owner opens
@@ -573,12 +366,14 @@ async fn the_newest_mail_of_a_contested_sign_up_keeps_no_password() {
 
     // The attacker's sign-up held back by the interval, then the mail sent
     // again by `/resend` (the owner's own "resend" button).
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "60")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "60")])
+        .await
+        .from_fresh_v6();
     let victim = "ida@example.com";
     assert_eq!(idp.signup(victim, PASSWORD).await.status, 200);
     idp.mail(1).await;
     assert_eq!(idp.signup(victim, ATTACKER_PASSWORD).await.status, 200);
-    idp.scalar(
+    idp.count(
         "WITH moved AS (UPDATE auth_mail_slots SET last_sent_at = last_sent_at - interval '61 seconds' \
          WHERE email_norm = $1 RETURNING 1) SELECT COUNT(*) FROM moved",
         victim,
@@ -597,7 +392,7 @@ async fn the_newest_mail_of_a_contested_sign_up_keeps_no_password() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn contested_confirmations_in_the_pkce_flow() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start(&[]).await.from_fresh_v6();
     let victims_verifier = "v".repeat(64);
     let attackers_verifier = "a".repeat(64);
 
@@ -704,7 +499,7 @@ fn shape(v: &Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn answers_do_not_tell_registered_addresses_from_unknown_ones() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start(&[]).await.from_fresh_v6();
     let body = |email: &str| json!({"email": email, "password": PASSWORD, "data": {"name": "N"}});
     // A registered (unconfirmed) address, signed up again, against a new one.
     let first = idp.post("/signup", &body("gil@example.com")).await;
@@ -782,7 +577,9 @@ async fn answers_do_not_tell_registered_addresses_from_unknown_ones() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn password_and_email_changes_are_rate_limited_per_user() {
-    let idp = Idp::start(&[("AUTH_RATE_LIMIT_PER_5MIN", "5")]).await;
+    let idp = Idp::start(&[("AUTH_RATE_LIMIT_PER_5MIN", "5")])
+        .await
+        .from_fresh_v6();
     let email = "kim@example.com";
     assert_eq!(idp.signup(email, PASSWORD).await.status, 200);
     let (_, text) = idp.mail(1).await;
@@ -830,7 +627,9 @@ async fn password_and_email_changes_are_rate_limited_per_user() {
 /// voids the earlier codes only; the first link used voids the others.
 #[tokio::test(flavor = "multi_thread")]
 async fn asking_again_never_voids_the_owners_recovery_or_magic_link() {
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")])
+        .await
+        .from_fresh_v6();
     let owner = "kay@example.com";
     assert_eq!(idp.signup(owner, PASSWORD).await.status, 200);
     let (_, confirmation) = idp.mail(1).await;
@@ -857,13 +656,13 @@ async fn asking_again_never_voids_the_owners_recovery_or_magic_link() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn resend_then_otp_answers_alike_for_a_confirmed_address_and_an_unknown_one() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start(&[]).await.from_fresh_v6();
     // A confirmed account whose last mail is long past (its slot cleared).
     assert_eq!(idp.signup("kim@example.com", PASSWORD).await.status, 200);
     let (_, text) = idp.mail(1).await;
     assert_eq!(idp.verify_hash("signup", &text).await.status, 200);
     let cleared = idp
-        .scalar(
+        .count(
             "WITH d AS (DELETE FROM auth_mail_slots WHERE email_norm = $1 RETURNING 1) \
              SELECT COUNT(*) FROM d",
             "kim@example.com",

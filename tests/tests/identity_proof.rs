@@ -8,218 +8,14 @@
 use std::{collections::HashMap, time::Duration};
 
 use serde_json::{json, Value};
-use tests::{random_ip, reqwest, Reply, SmtpSink, Stack};
+use tests::{
+    access, assert_error, auth_client as client, challenge, code, token_hash, Idp, Reply, SmtpSink,
+    APP, ATTACKER_PASSWORD, PASSWORD,
+};
 use wiremock::{
     matchers::{method, path},
     Mock, MockServer, ResponseTemplate,
 };
-
-const PASSWORD: &str = "correct horse battery";
-const ATTACKER_PASSWORD: &str = "attacker's own password";
-const APP: &str = "https://app.example.com";
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-/// A running provider: api + worker + SMTP sink, and a pool on its database.
-struct Idp {
-    api: tests::Proc,
-    _worker: tests::Proc,
-    sink: SmtpSink,
-    pool: sea_orm::sqlx::PgPool,
-    _stack: Stack,
-}
-
-impl Idp {
-    async fn start(extra: &[(&str, String)]) -> Idp {
-        let stack = Stack::new().await;
-        let sink = SmtpSink::start().await;
-        let mut env = stack
-            .env()
-            .with("SMTP_URL", sink.url())
-            .with("APP_URL", APP)
-            .with("JOB_RETRY_BASE_SECS", "1")
-            .with("AUTH_RATE_LIMIT_PER_5MIN", "100000")
-            .with("AUTH_RATE_LIMIT_REFRESH_PER_5MIN", "100000");
-        for (k, v) in extra {
-            env = env.with(k, v.as_str());
-        }
-        let api = stack.api(&env).await;
-        let worker = stack.worker(&env).await;
-        let pool = stack.db.pool().await;
-        Idp {
-            api,
-            _worker: worker,
-            sink,
-            pool,
-            _stack: stack,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        self.api.url(&format!("/auth/v1{path}"))
-    }
-
-    /// `POST /auth/v1{path}` from a fresh client IP each time.
-    async fn post(&self, path: &str, body: &Value) -> Reply {
-        Reply::send(
-            client()
-                .post(self.url(path))
-                .header("x-forwarded-for", random_ip())
-                .header("x-supabase-api-version", "2024-01-01")
-                .json(body),
-        )
-        .await
-    }
-
-    async fn get_auth(&self, path: &str, token: &str) -> Reply {
-        Reply::send(
-            client()
-                .get(self.url(path))
-                .header("x-supabase-api-version", "2024-01-01")
-                .bearer_auth(token),
-        )
-        .await
-    }
-
-    async fn put_auth(&self, path: &str, token: &str, body: &Value) -> Reply {
-        Reply::send(
-            client()
-                .put(self.url(path))
-                .header("x-supabase-api-version", "2024-01-01")
-                .bearer_auth(token)
-                .json(body),
-        )
-        .await
-    }
-
-    /// Waits for `n` mails; all of them as (to, text with the
-    /// quoted-printable soft breaks undone).
-    async fn mails(&self, n: usize) -> Vec<(String, String)> {
-        self.sink
-            .wait_for(n, Duration::from_secs(30))
-            .await
-            .iter()
-            .map(|m| (m.envelope_to.join(","), m.searchable()))
-            .collect()
-    }
-
-    /// Mail number `n` (1-based).
-    async fn mail(&self, n: usize) -> (String, String) {
-        self.mails(n).await.swap_remove(n - 1)
-    }
-
-    /// The text of the last of the first `n` mails that went to `to`.
-    async fn last_mail_to(&self, n: usize, to: &str) -> String {
-        self.mails(n)
-            .await
-            .into_iter()
-            .rev()
-            .find(|(t, _)| t.contains(to))
-            .unwrap_or_else(|| panic!("a mail to {to} among the first {n}"))
-            .1
-    }
-
-    async fn signup(&self, email: &str, password: &str) -> Reply {
-        self.post("/signup", &json!({"email": email, "password": password}))
-            .await
-    }
-
-    async fn sign_in(&self, email: &str, password: &str) -> Reply {
-        self.post(
-            "/token?grant_type=password",
-            &json!({"email": email, "password": password}),
-        )
-        .await
-    }
-
-    async fn verify_hash(&self, kind: &str, text: &str) -> Reply {
-        self.post(
-            "/verify",
-            &json!({"type": kind, "token_hash": token_hash(text)}),
-        )
-        .await
-    }
-
-    async fn verify_code(&self, kind: &str, email: &str, code: &str) -> Reply {
-        self.post(
-            "/verify",
-            &json!({"type": kind, "email": email, "token": code}),
-        )
-        .await
-    }
-
-    /// Sign-up + confirmation by link (mail `mail_no`): the session.
-    async fn confirmed_user(&self, email: &str, mail_no: usize) -> Value {
-        let r = self.signup(email, PASSWORD).await;
-        assert_eq!(r.status, 200, "{}", r.text);
-        let (_, text) = self.mail(mail_no).await;
-        let r = self.verify_hash("signup", &text).await;
-        assert_eq!(r.status, 200, "{}", r.text);
-        r.json
-    }
-
-    async fn text(&self, query: &str, bind: &str) -> Option<String> {
-        sea_orm::sqlx::query_scalar::<_, Option<String>>(sea_orm::sqlx::AssertSqlSafe(
-            query.to_string(),
-        ))
-        .bind(bind)
-        .fetch_optional(&self.pool)
-        .await
-        .expect(query)
-        .flatten()
-    }
-
-    async fn count(&self, query: &str, bind: &str) -> i64 {
-        sea_orm::sqlx::query_scalar::<_, i64>(sea_orm::sqlx::AssertSqlSafe(query.to_string()))
-            .bind(bind)
-            .fetch_one(&self.pool)
-            .await
-            .expect(query)
-    }
-
-    async fn sql(&self, statement: &str, bind: &str) -> u64 {
-        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(statement.to_string()))
-            .bind(bind)
-            .execute(&self.pool)
-            .await
-            .expect(statement)
-            .rows_affected()
-    }
-
-    async fn role_of(&self, user: &str) -> String {
-        self.text("SELECT role FROM user_roles WHERE user_id::text = $1", user)
-            .await
-            .expect("role row")
-    }
-}
-
-fn token_hash(text: &str) -> String {
-    let i = text.find("token=").expect("a link with token= in the mail");
-    let rest = &text[i + 6..];
-    let end = rest.find(['&', '"', '\r', '\n', ' ']).unwrap_or(rest.len());
-    rest[..end].to_string()
-}
-
-fn code(text: &str) -> String {
-    let i = text.find("code: ").expect("a code in the mail");
-    text[i + 6..i + 12].to_string()
-}
-
-fn assert_error(r: &Reply, status: u16, code: &str) {
-    assert_eq!(r.status, status, "{}", r.text);
-    assert_eq!(r.json["code"], code, "{}", r.text);
-}
-
-fn access(s: &Value) -> &str {
-    s["access_token"].as_str().expect("access_token")
-}
 
 /// Attack 1: `PUT {email: V}`, `PUT {email: A2}`, `PUT {email: V}` refused
 /// by V's mail interval. The refused request must change nothing, and
@@ -227,7 +23,7 @@ fn access(s: &Value) -> &str {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_email_change_changes_nothing_and_a_change_applies_its_own_address() {
     // `/api/me` below writes through the server-side key.
-    let idp = Idp::start(&[(
+    let idp = Idp::start_with(&[(
         "BACKEND_SERVICE_ROLE_KEY",
         "identity-proof-service-role-key-0123456789".into(),
     )])
@@ -317,7 +113,7 @@ async fn a_refused_email_change_changes_nothing_and_a_change_applies_its_own_add
 /// halves apply nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_earlier_email_change_request_applies_nothing() {
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let idp = Idp::start_with(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
     let (a, first, second) = ("bea@example.com", "bea@example.net", "bea@example.org");
     let s = idp.confirmed_user(a, 1).await;
     let r = idp
@@ -344,7 +140,7 @@ async fn an_earlier_email_change_request_applies_nothing() {
 /// account's recovery and magic links usable.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_password_change_voids_outstanding_recovery_and_magic_links() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start_with(&[]).await;
     let email = "cal@example.com";
     let s = idp.confirmed_user(email, 1).await;
     let r = idp.post("/recover", &json!({"email": email})).await;
@@ -380,7 +176,7 @@ async fn a_password_change_voids_outstanding_recovery_and_magic_links() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_code_sign_up_then_a_password_sign_up_keeps_no_password() {
     let victim = "root@example.com";
-    let idp = Idp::start(&[
+    let idp = Idp::start_with(&[
         ("AUTH_MAIL_INTERVAL_SECS", "0".into()),
         ("ADMIN_EMAILS", victim.into()),
     ])
@@ -411,7 +207,7 @@ async fn a_code_sign_up_then_a_password_sign_up_keeps_no_password() {
 /// The same on an address that is not an admin's: contested, no password.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_password_sign_up_after_a_code_sign_up_contests_the_account() {
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let idp = Idp::start_with(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
     let victim = "dora@example.com";
     let r = idp.post("/otp", &json!({"email": victim})).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -434,7 +230,7 @@ async fn a_password_sign_up_after_a_code_sign_up_contests_the_account() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_admin_address_keeps_no_pre_proof_password() {
     let boss = "boss@example.com";
-    let idp = Idp::start(&[("ADMIN_EMAILS", boss.into())]).await;
+    let idp = Idp::start_with(&[("ADMIN_EMAILS", boss.into())]).await;
     let r = idp.signup(boss, ATTACKER_PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let (_, text) = idp.mail(1).await;
@@ -456,7 +252,7 @@ async fn an_admin_address_keeps_no_pre_proof_password() {
 /// recovery link someone asked for before it, too).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_first_proof_voids_the_other_mails_of_the_account() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start_with(&[]).await;
     let email = "eli@example.com";
     let r = idp.signup(email, PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -480,7 +276,7 @@ async fn the_first_proof_voids_the_other_mails_of_the_account() {
 /// alike for a new and a known address; `PUT /user` refuses only growth.
 #[tokio::test(flavor = "multi_thread")]
 async fn user_metadata_is_capped_and_refused_alike() {
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let idp = Idp::start_with(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
     let big = json!({"bio": "x".repeat(5000)});
     let known = "fay@example.com";
     let r = idp.signup(known, PASSWORD).await;
@@ -608,7 +404,7 @@ fn fragment_of(url: &str) -> HashMap<String, String> {
 async fn an_unverified_oauth_identity_does_not_survive_the_first_proof() {
     let victim = "gil@example.com";
     let github = fake_github(victim, false).await;
-    let idp = Idp::start(&github_env(&github)).await;
+    let idp = Idp::start_with(&github_env(&github)).await;
     // No session for an address GitHub did not verify: only the
     // confirmation mail, which goes to the address's owner.
     let back = github_sign_in(&idp, 1).await;
@@ -689,7 +485,7 @@ fn github_env(github: &MockServer) -> Vec<(&'static str, String)> {
 async fn an_unverified_oauth_sign_in_has_a_session_only_after_its_mail_is_followed() {
     let email = "ida@example.com";
     let github = fake_github(email, false).await;
-    let idp = Idp::start(&github_env(&github)).await;
+    let idp = Idp::start_with(&github_env(&github)).await;
     let back = github_sign_in(&idp, 1).await;
     assert_needs_verification(&back);
     assert_eq!(
@@ -732,7 +528,7 @@ async fn an_unverified_oauth_sign_in_has_a_session_only_after_its_mail_is_follow
 async fn oauth_sign_ins_racing_the_first_proof_keep_no_session() {
     let victim = "jon@example.com";
     let github = fake_github(victim, false).await;
-    let idp = Idp::start(&github_env(&github)).await;
+    let idp = Idp::start_with(&github_env(&github)).await;
     assert_needs_verification(&github_sign_in(&idp, 1).await);
     idp.mail(1).await;
     // The owner proves the mailbox by a recovery mail (not the sign-in's).
@@ -771,7 +567,7 @@ async fn oauth_sign_ins_racing_the_first_proof_keep_no_session() {
 /// one. The answers must be alike.
 #[tokio::test(flavor = "multi_thread")]
 async fn resend_then_sign_up_answers_alike_for_known_and_unknown_addresses() {
-    let idp = Idp::start(&[]).await;
+    let idp = Idp::start_with(&[]).await;
     let known = "hal@example.com";
     let r = idp.signup(known, PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -809,7 +605,7 @@ async fn resend_then_sign_up_answers_alike_for_known_and_unknown_addresses() {
 #[tokio::test(flavor = "multi_thread")]
 async fn authorize_is_limited_per_client_and_expired_states_are_purged() {
     let github = fake_github("jo@example.com", true).await;
-    let idp = Idp::start(&[
+    let idp = Idp::start_with(&[
         ("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id".into()),
         (
             "OAUTH_GITHUB_CLIENT_SECRET",
@@ -852,19 +648,12 @@ async fn authorize_is_limited_per_client_and_expired_states_are_purged() {
     }
 }
 
-fn challenge(verifier: &str) -> String {
-    use base64::Engine;
-    use sha2::Digest;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(sha2::Sha256::digest(verifier.as_bytes()))
-}
-
 /// A PKCE flow's parked password is installed only while no password was
 /// set since: the owner who proved the mailbox and chose a password before
 /// the exchange keeps theirs.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_parked_pkce_password_never_replaces_one_set_after_the_proof() {
-    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
+    let idp = Idp::start_with(&[("AUTH_MAIL_INTERVAL_SECS", "0".into())]).await;
     let email = "kit@example.com";
     let (verifier, other) = ("v".repeat(64), "a".repeat(64));
     for (password, v) in [(PASSWORD, &verifier), (ATTACKER_PASSWORD, &other)] {
@@ -917,7 +706,7 @@ async fn a_parked_pkce_password_never_replaces_one_set_after_the_proof() {
 async fn a_verified_oauth_sign_in_confirms_the_pending_account_and_drops_its_password() {
     let owner = "lou@example.com";
     let github = fake_github(owner, true).await;
-    let idp = Idp::start(&github_env(&github)).await;
+    let idp = Idp::start_with(&github_env(&github)).await;
     let r = idp.signup(owner, ATTACKER_PASSWORD).await;
     assert_eq!(r.status, 200, "{}", r.text);
     idp.mail(1).await;
@@ -1023,7 +812,7 @@ async fn an_email_change_on_sqlite_applies_and_a_refused_one_changes_nothing() {
 /// an account.
 #[tokio::test(flavor = "multi_thread")]
 async fn resends_that_send_nothing_leave_the_owner_the_days_confirmation_mails() {
-    let idp = Idp::start(&[
+    let idp = Idp::start_with(&[
         ("AUTH_MAIL_INTERVAL_SECS", "0".into()),
         ("AUTH_CONFIRMATION_MAILS_PER_DAY", "2".into()),
     ])

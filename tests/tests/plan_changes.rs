@@ -16,38 +16,23 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use entity::entities::payments::PaymentStatus;
-use sea_orm::DatabaseConnection;
 use serde_json::Value;
 use tests::{
-    client, connect_db, free_user, hs256_token, move_period, payment_row, pending_plan_payment,
-    session_claims, wait_payment_status, Proc, Reply, SmtpSink, Stack,
+    client, connect_db, free_user, hs256_token, move_period, pay, payment_row, refund,
+    session_claims, Proc, Reply, SmtpSink, Stack,
 };
 use uuid::Uuid;
 use worker::mailer::billing::human_duration;
 
 const SECRET: &str = "plan-change-test-secret-0123456789abcdef0123456789";
 const SERVICE_KEY: &str = "service-role-plan-change-key-0123456789";
-const B_CLIENT: &str = "BRN-0001-PLAN-CHANGES";
-const B_SECRET: &str = "SK-plan-change-tests";
 const DAY: i64 = 86_400;
 
 async fn start(stack: &Stack, sink: &SmtpSink) -> Proc {
     let env = stack
         .session_env(SECRET, SERVICE_KEY)
-        .with("PROVIDER_B_CLIENT_ID", B_CLIENT)
-        .with("PROVIDER_B_SECRET_KEY", B_SECRET)
         .with("SMTP_URL", sink.url());
     stack.api_with_worker(&env).await
-}
-
-/// Pays `plan` at `amount` for `user` through provider_b's notice; answers
-/// the order id once it is PAID.
-async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount: i64) -> String {
-    let order = pending_plan_payment(db, user, plan, amount, "provider_b").await;
-    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, &order, amount, "SUCCESS").await;
-    wait_payment_status(db, &order, PaymentStatus::Paid).await;
-    order
 }
 
 async fn quote(api: &Proc, user: Option<Uuid>, plan: Option<&str>) -> Reply {
@@ -168,8 +153,7 @@ async fn a_downgrade_carries_exactly_and_its_refund_gives_the_old_plan_back() {
 
     // Refunded: the month goes, the carried value returns to PRO, whose
     // period end comes back.
-    tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, &basic, 49_000, "REFUND").await;
-    wait_payment_status(&db, &basic, PaymentStatus::Refunded).await;
+    refund(&api, &db, &basic, 49_000).await;
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(
         (s.plan.as_str(), s.current_period_end),
@@ -330,8 +314,7 @@ async fn refunding_a_grant_carried_into_another_plan_takes_the_carried_time_back
         Some(own_month + chrono::Duration::seconds(carried))
     );
 
-    tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, &pro, 99_000, "REFUND").await;
-    wait_payment_status(&db, &pro, PaymentStatus::Refunded).await;
+    refund(&api, &db, &pro, 99_000).await;
 
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(
@@ -360,8 +343,7 @@ async fn refunding_both_sides_of_a_plan_change_leaves_nothing_paid() {
     move_period(&pool, &pro, 0, 30).await;
     let basic = pay(&api, &db, user, "BASIC", 49_000).await;
     for (order, amount) in [(&pro, 99_000), (&basic, 49_000)] {
-        tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, order, amount, "REFUND").await;
-        wait_payment_status(&db, order, PaymentStatus::Refunded).await;
+        refund(&api, &db, order, amount).await;
     }
     let s = tests::subscription_row(&db, user).await;
     assert_eq!(

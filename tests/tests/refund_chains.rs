@@ -14,42 +14,20 @@
 //!   later, separately paid month.
 
 use chrono::Utc;
-use entity::entities::{audit_logs, payments::PaymentStatus};
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter};
+use entity::entities::audit_logs;
+use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
 use tests::{
-    connect_db, free_user, month_after, move_period, payment_row, pending_plan_payment,
-    wait_payment_status, Proc, Stack,
+    connect_db, free_user, month_after, move_period, pay, payment_row, pending_plan_payment,
+    refund, Proc, Stack,
 };
-use uuid::Uuid;
 
 const SECRET: &str = "refund-chain-test-secret-0123456789abcdef0123456789";
 const SERVICE_KEY: &str = "service-role-refund-chain-key-0123456789";
-const B_CLIENT: &str = "BRN-0001-REFUND-CHAINS";
-const B_SECRET: &str = "SK-refund-chain-tests";
 const DAY: i64 = 86_400;
 
 async fn start(stack: &Stack) -> Proc {
-    let env = stack
-        .session_env(SECRET, SERVICE_KEY)
-        .with("PROVIDER_B_CLIENT_ID", B_CLIENT)
-        .with("PROVIDER_B_SECRET_KEY", B_SECRET);
+    let env = stack.session_env(SECRET, SERVICE_KEY);
     stack.api_with_worker(&env).await
-}
-
-async fn notify(api: &Proc, order: &str, amount: i64, status: &str) {
-    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, order, amount, status).await;
-}
-
-async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount: i64) -> String {
-    let order = pending_plan_payment(db, user, plan, amount, "provider_b").await;
-    notify(api, &order, amount, "SUCCESS").await;
-    wait_payment_status(db, &order, PaymentStatus::Paid).await;
-    order
-}
-
-async fn refund(api: &Proc, db: &DatabaseConnection, order: &str, amount: i64) {
-    notify(api, order, amount, "REFUND").await;
-    wait_payment_status(db, order, PaymentStatus::Refunded).await;
 }
 
 fn us(d: chrono::Duration) -> i128 {

@@ -29,8 +29,7 @@ use sea_orm::{
 };
 use serde_json::{json, Value};
 use tests::{
-    client, connect_db, free_user, hs256_token, session_claims, wait_until, EnvMap, Proc, Reply,
-    Stack,
+    client, connect_db, free_user, me, more_ticks, user_token, wait_until, EnvMap, Reply, Stack,
 };
 use uuid::Uuid;
 use wiremock::{
@@ -48,19 +47,6 @@ fn env(stack: &Stack) -> EnvMap {
         .with("APP_URL", APP_URL)
         .with("SCHEDULER_TICK_SECS", "1")
         .with("PROVIDER_TIMEOUT_MS", "2000")
-}
-
-fn token(user: Uuid) -> String {
-    hs256_token(
-        JWT.as_bytes(),
-        &session_claims(&user.to_string(), Some(&format!("{user}@example.com"))),
-    )
-}
-
-async fn me(api: &Proc, user: Uuid) -> Value {
-    let r = Reply::send(client().get(api.url("/api/me")).bearer_auth(token(user))).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.json
 }
 
 /// A user on `plan` whose paid period ends `ends_in` from now.
@@ -171,7 +157,7 @@ async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     // No payment row until someone opens the link.
     assert_eq!(payments::Entity::find().count(&db).await.unwrap(), 0);
 
-    let m = me(&api, due[0]).await;
+    let m = me(&api, JWT, due[0]).await;
     let r = &m["subscription"]["renewal"];
     assert_eq!(r["plan"], "PRO", "{m}");
     assert_eq!(r["amount"], 99_000);
@@ -185,8 +171,8 @@ async fn one_open_renewal_per_period_under_two_workers_shown_in_me() {
     );
     let pay_url = r["pay_url"].as_str().expect("a pay link");
     assert!(pay_url.contains("/api/payments/pay/"), "{pay_url}");
-    assert!(me(&api, later).await["subscription"]["renewal"].is_null());
-    assert!(me(&api, free).await["subscription"]["renewal"].is_null());
+    assert!(me(&api, JWT, later).await["subscription"]["renewal"].is_null());
+    assert!(me(&api, JWT, free).await["subscription"]["renewal"].is_null());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -212,7 +198,7 @@ async fn grace_keeps_the_plan_and_its_ai_limits_then_lapses_to_free() {
     assert_eq!(audits(&db, cancelling, "subscription.expire").await, 1);
     assert_eq!(audits(&db, cancelling, "subscription.past_due").await, 0);
 
-    let m = me(&api, user).await;
+    let m = me(&api, JWT, user).await;
     assert_eq!(m["subscription"]["plan"], "PRO", "{m}");
     assert_eq!(m["subscription"]["status"], "past_due");
     // PRO's own AI limits, as the catalogue states them; FREE's after.
@@ -224,21 +210,21 @@ async fn grace_keeps_the_plan_and_its_ai_limits_then_lapses_to_free() {
         limit_of("PRO"),
         "grace keeps PRO's AI limits: {m}"
     );
-    let free_m = me(&api, cancelling).await;
+    let free_m = me(&api, JWT, cancelling).await;
     assert_eq!(free_m["subscription"]["plan"], "FREE");
     assert_eq!(free_m["ai_usage"]["tokens_limit"], limit_of("FREE"));
     // The link still works in grace: a renewal is offered for the ended
     // period (also when the subscription came into range after its end).
     let offered = wait_until(Duration::from_secs(30), || async {
-        !me(&api, user).await["subscription"]["renewal"].is_null()
+        !me(&api, JWT, user).await["subscription"]["renewal"].is_null()
     })
     .await;
-    assert!(offered, "{}", me(&api, user).await);
+    assert!(offered, "{}", me(&api, JWT, user).await);
     // Cancel is allowed in grace (and lapses at once: the end has passed).
     let r = Reply::send(
         client()
             .post(api.url("/api/subscription"))
-            .bearer_auth(token(user))
+            .bearer_auth(user_token(JWT, user))
             .json(&json!({"action": "cancel"})),
     )
     .await;
@@ -363,7 +349,7 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
     .await
     .expect("a renewal");
     drop(worker);
-    let m = me(&api, user).await;
+    let m = me(&api, JWT, user).await;
     let link = m["subscription"]["renewal"]["pay_url"]
         .as_str()
         .expect("pay_url")
@@ -403,7 +389,7 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
     let list = Reply::send(
         client()
             .get(api.url("/api/payments"))
-            .bearer_auth(token(user)),
+            .bearer_auth(user_token(JWT, user)),
     )
     .await;
     assert_eq!(list.json["items"][0]["order_id"], rows[0].order_id.as_str());
@@ -472,20 +458,6 @@ async fn the_pay_link_reuses_its_checkout_replaces_it_only_after_expiry_refuses_
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-/// Waits until `workers` have logged `n` more scheduler ticks between them
-/// (one worker takes each tick's lock; the env logs idle ticks too).
-async fn more_ticks(workers: &[&Proc], n: usize) {
-    let ticks = || {
-        workers
-            .iter()
-            .map(|w| w.stderr().matches("scheduler tick").count())
-            .sum::<usize>()
-    };
-    let seen = ticks();
-    let ticked = wait_until(Duration::from_secs(60), || async { ticks() >= seen + n }).await;
-    assert!(ticked, "the schedulers tick");
-}
-
 /// Moves every time of `user`'s subscription (its period end and grace)
 /// and renewals `by` earlier (as if that much time had passed), in one
 /// transaction.
@@ -534,15 +506,7 @@ async fn reminders_go_once_per_offset_only_the_latest_due_and_say_the_time_left(
         Some(format!("{user}@example.com").as_str())
     );
     // Several more ticks send nothing more.
-    let ticks = |w: &Proc| w.stderr().matches("scheduler tick").count();
-    let seen = ticks(&worker);
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            ticks(&worker) >= seen + 3
-        })
-        .await,
-        "the scheduler ticks"
-    );
+    more_ticks(&[&worker], 3).await;
     assert_eq!(sink.count(), 1, "one reminder per offset");
 
     // Two days pass: 12 hours left, the 1-day reminder is due, once.
@@ -553,14 +517,7 @@ async fn reminders_go_once_per_offset_only_the_latest_due_and_say_the_time_left(
         subject.contains("renews in 11 hours") || subject.contains("renews in 12 hours"),
         "{subject}"
     );
-    let seen = ticks(&worker);
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            ticks(&worker) >= seen + 3
-        })
-        .await,
-        "the scheduler ticks"
-    );
+    more_ticks(&[&worker], 3).await;
     assert_eq!(
         sink.count(),
         2,
@@ -590,15 +547,7 @@ async fn a_plan_gone_from_the_catalogue_gets_no_renewal_and_one_mail() {
         "{subject}"
     );
     assert!(mails[0].body().contains("/billing"), "{}", mails[0].body());
-    let ticks = |w: &Proc| w.stderr().matches("scheduler tick").count();
-    let seen = ticks(&worker);
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            ticks(&worker) >= seen + 3
-        })
-        .await,
-        "the scheduler ticks"
-    );
+    more_ticks(&[&worker], 3).await;
     assert_eq!(sink.count(), 1, "told once per period");
     assert!(
         renewals_of(&db, user).await.is_empty(),

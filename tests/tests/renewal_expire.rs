@@ -18,10 +18,7 @@ use entity::entities::{
 };
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter, Set};
 use serde_json::json;
-use tests::{
-    client, connect_db, free_user, hs256_token, poll_until, session_claims, EnvMap, Proc, Reply,
-    Stack,
-};
+use tests::{client, connect_db, free_user, poll_until, user_token, EnvMap, Proc, Reply, Stack};
 use uuid::Uuid;
 use wiremock::{
     matchers::{method, path, path_regex},
@@ -45,13 +42,6 @@ fn env(stack: &Stack, fake: &MockServer) -> EnvMap {
         .with("PROVIDER_TIMEOUT_MS", "2000")
 }
 
-fn token(user: Uuid) -> String {
-    hs256_token(
-        JWT.as_bytes(),
-        &session_claims(&user.to_string(), Some(&format!("{user}@example.com"))),
-    )
-}
-
 /// A PRO subscriber whose period ends in two days, with the open renewal
 /// the worker offers; answers the user and the pay link (on `api`).
 async fn renewing_user(db: &DatabaseConnection, api: &Proc) -> (Uuid, String) {
@@ -64,9 +54,13 @@ async fn renewing_user(db: &DatabaseConnection, api: &Proc) -> (Uuid, String) {
     let m = poll_until(
         Duration::from_secs(30),
         || async {
-            Reply::send(client().get(api.url("/api/me")).bearer_auth(token(user)))
-                .await
-                .json
+            Reply::send(
+                client()
+                    .get(api.url("/api/me"))
+                    .bearer_auth(user_token(JWT, user)),
+            )
+            .await
+            .json
         },
         |m| m["subscription"]["renewal"]["pay_url"].is_string(),
     )
@@ -104,7 +98,7 @@ async fn cancel(api: &Proc, user: Uuid) {
     let r = Reply::send(
         client()
             .post(api.url("/api/subscription"))
-            .bearer_auth(token(user))
+            .bearer_auth(user_token(JWT, user))
             .json(&json!({"action": "cancel"})),
     )
     .await;

@@ -12,7 +12,7 @@ use entity::entities::renewals::{self, RenewalStatus};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter,
 };
-use tests::{connect_db, wait_until, EnvMap, Proc, Stack};
+use tests::{connect_db, more_ticks, ticks, wait_until, EnvMap, Stack};
 
 /// Subscriptions seeded: two full pages of 500 and one of 100.
 const SUBS: u64 = 1_100;
@@ -56,20 +56,6 @@ async fn seed(db: &DatabaseConnection, n: u64) {
     }
 }
 
-fn ticks(w: &Proc) -> usize {
-    w.stderr().matches("scheduler tick").count()
-}
-
-/// Waits until `w` has logged `n` more scheduler ticks.
-async fn more_ticks(w: &Proc, n: usize) {
-    let seen = ticks(w);
-    assert!(
-        wait_until(Duration::from_secs(30), || async { ticks(w) >= seen + n }).await,
-        "the scheduler ticks; stderr:\n{}",
-        w.stderr()
-    );
-}
-
 async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
     use sea_orm::{FromQueryResult, JsonValue, Statement};
     let row = JsonValue::find_by_statement(Statement::from_string(db.get_database_backend(), sql))
@@ -107,7 +93,7 @@ async fn a_page_waiting_in_the_queue_is_queued_once_and_a_lost_one_again_after_i
         "the pages are queued; stderr:\n{}",
         scheduler.stderr()
     );
-    more_ticks(&scheduler, 4).await;
+    more_ticks(&[&scheduler], 4).await;
     assert_eq!(
         queued().await,
         PAGES,
@@ -131,7 +117,7 @@ async fn a_page_waiting_in_the_queue_is_queued_once_and_a_lost_one_again_after_i
         .query_async(&mut c)
         .await
         .expect("DEL");
-    more_ticks(&scheduler, 2).await;
+    more_ticks(&[&scheduler], 2).await;
     assert_eq!(queued().await, 0, "not before the lease is over");
     db.execute_unprepared(
         "UPDATE renewal_claims SET claimed_at = claimed_at - interval '3601 seconds'",
@@ -145,7 +131,7 @@ async fn a_page_waiting_in_the_queue_is_queued_once_and_a_lost_one_again_after_i
         .await,
         "the lost pages are queued again after their lease"
     );
-    more_ticks(&scheduler, 3).await;
+    more_ticks(&[&scheduler], 3).await;
     assert_eq!(queued().await, PAGES, "once again, not once per tick");
 
     // A worker serving the settlement queue runs them: one renewal each,
@@ -180,7 +166,7 @@ async fn a_page_waiting_in_the_queue_is_queued_once_and_a_lost_one_again_after_i
         0,
         "the next reminder is the 1-day one"
     );
-    more_ticks(&scheduler, 3).await;
+    more_ticks(&[&scheduler], 3).await;
     assert_eq!(open().await, SUBS, "nothing created twice");
     assert_eq!(
         count(&db, "SELECT count(*) AS n FROM renewals").await,

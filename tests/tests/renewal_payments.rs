@@ -10,54 +10,33 @@
 //!   on the plan in force at that plan's rate;
 //! * `change` makes the next renewal bill another plan (shown in
 //!   `/api/me`), and paying it switches plan carrying the unused time;
-//! * while payments are switched off the loop waits: nothing lapses;
 //! * the embedded mode (SQLite, its own queue) renews too.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use entity::entities::{
-    audit_logs,
     payments::PaymentStatus,
     renewals::{self, RenewalStatus},
     subscriptions::SubscriptionStatus,
 };
-use sea_orm::{
-    ColumnTrait, DatabaseConnection, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder,
-};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
 use serde_json::{json, Value};
 use tests::{
-    client, connect_db, free_user, hs256_token, month_after, move_period, payment_row,
-    pending_plan_payment, session_claims, wait_payment_status, wait_until, EnvMap, Proc, Reply,
-    Stack,
+    audit_trail, client, connect_db, free_user, hs256_token, me, month_after, move_period, pay,
+    payment_row, pending_plan_payment, session_claims, settle, user_token, wait_payment_status,
+    wait_until, EnvMap, Proc, Reply, Stack,
 };
 use uuid::Uuid;
 
 const JWT: &str = "renewal-pay-jwt-secret-0123456789abcdef0123456789";
 const SERVICE: &str = "renewal-pay-service-role-0123456789abcdef0123";
 const METRICS: &str = "renewal-pay-metrics-token-0123456789abcdef";
-// The provider_b credentials `Stack::session_env` configures.
-const B_CLIENT: &str = "client-test";
-const B_SECRET: &str = "secret-test";
-
 fn env(stack: &Stack) -> EnvMap {
     stack
         .session_env(JWT, SERVICE)
         .with("SCHEDULER_TICK_SECS", "1")
         .with("METRICS_TOKEN", METRICS)
-}
-
-fn token(user: Uuid) -> String {
-    hs256_token(
-        JWT.as_bytes(),
-        &session_claims(&user.to_string(), Some(&format!("{user}@example.com"))),
-    )
-}
-
-async fn me(api: &Proc, user: Uuid) -> Value {
-    let r = Reply::send(client().get(api.url("/api/me")).bearer_auth(token(user))).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    r.json
 }
 
 async fn renewal(db: &DatabaseConnection, id: Uuid) -> renewals::Model {
@@ -88,20 +67,6 @@ async fn offered(db: &DatabaseConnection, user: Uuid, end: DateTime<Utc>) -> ren
     .expect("the scheduler offers a renewal")
 }
 
-/// Sends provider_b's SUCCESS notice for `order` and waits until it is PAID.
-async fn settle(api: &Proc, db: &DatabaseConnection, order: &str, amount: i64) {
-    tests::send_provider_b_notice(api, B_CLIENT, B_SECRET, order, amount, "SUCCESS").await;
-    wait_payment_status(db, order, PaymentStatus::Paid).await;
-}
-
-/// Pays `plan` at `amount` for `user` (a checkout's payment row, settled by
-/// its notice); answers the order id.
-async fn pay(api: &Proc, db: &DatabaseConnection, user: Uuid, plan: &str, amount: i64) -> String {
-    let order = pending_plan_payment(db, user, plan, amount, "provider_b").await;
-    settle(api, db, &order, amount).await;
-    order
-}
-
 /// A PENDING payment made through renewal `r`'s pay link (the row the link
 /// creates; the link itself is tested in `renewal.rs`).
 async fn renewal_payment(
@@ -117,16 +82,6 @@ async fn renewal_payment(
         .await
         .expect("link the payment to its renewal");
     order
-}
-
-async fn audit_rows(db: &DatabaseConnection, target: &str, action: &str) -> Vec<audit_logs::Model> {
-    audit_logs::Entity::find()
-        .filter(audit_logs::Column::TargetId.eq(target))
-        .filter(audit_logs::Column::Action.eq(action))
-        .order_by_asc(audit_logs::Column::CreatedAt)
-        .all(db)
-        .await
-        .unwrap()
 }
 
 /// `billing_renewals_total{outcome}` on the worker's `/metrics`.
@@ -169,9 +124,9 @@ async fn a_paid_renewal_extends_a_month_and_a_second_payment_of_it_is_time_audit
         "a month from the old end"
     );
     assert_eq!(renewal(&db, r.id).await.status, RenewalStatus::Paid);
-    let m = me(&api, user).await;
+    let m = me(&api, JWT, user).await;
     assert_eq!(m["subscription"]["renewal"], Value::Null, "{m}");
-    assert_eq!(audit_rows(&db, &a, "renewal.duplicate").await.len(), 0);
+    assert_eq!(audit_trail(&db, &a, "renewal.duplicate").await.len(), 0);
 
     settle(&api, &db, &b, 99_000).await;
     let s = tests::subscription_row(&db, user).await;
@@ -180,7 +135,7 @@ async fn a_paid_renewal_extends_a_month_and_a_second_payment_of_it_is_time_audit
         Some(tests::months_after(end, 2)),
         "the second payment is honoured as another month"
     );
-    let dup = audit_rows(&db, &b, "renewal.duplicate").await;
+    let dup = audit_trail(&db, &b, "renewal.duplicate").await;
     assert_eq!(dup.len(), 1, "one duplicate audit row");
     assert_eq!(
         dup[0].new_value.as_ref().unwrap()["renewal_id"],
@@ -246,7 +201,7 @@ async fn a_renewal_paid_after_an_upgrade_does_not_move_the_plan_back() {
     let l = payment_row(&db, &late).await;
     assert_eq!(l.grant_plan.as_deref(), Some("PRO"));
     assert_eq!(l.grant_start, Some(pro_end));
-    let settle_row = audit_rows(&db, &late, "payment.settle").await;
+    let settle_row = audit_trail(&db, &late, "payment.settle").await;
     assert_eq!(settle_row.len(), 1);
     assert_eq!(
         settle_row[0].new_value.as_ref().unwrap()["renewal"],
@@ -258,7 +213,7 @@ async fn post_subscription(api: &Proc, user: Uuid, body: Value) -> Reply {
     Reply::send(
         client()
             .post(api.url("/api/subscription"))
-            .bearer_auth(token(user))
+            .bearer_auth(user_token(JWT, user))
             .json(&body),
     )
     .await
@@ -296,7 +251,7 @@ async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_ca
     assert_eq!(r.json["status"], "active");
     assert_eq!(renewal(&db, first.id).await.status, RenewalStatus::Void);
     // The plan in force does not change now; the next renewal bills BASIC.
-    let m = me(&api, user).await;
+    let m = me(&api, JWT, user).await;
     assert_eq!(m["subscription"]["plan"], "PRO", "{m}");
     assert_eq!(m["subscription"]["renewal_plan"], "BASIC");
     assert_eq!(m["subscription"]["renewal"]["plan"], "BASIC");
@@ -341,147 +296,6 @@ async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_ca
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["renewal_plan"], Value::Null);
     assert_eq!(tests::subscription_row(&db, user).await.renewal_plan, None);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_renewal_loop_waits_while_payments_are_off() {
-    let stack = Stack::new().await;
-    // No grace: a period that ended lapses at the next pass.
-    let on = env(&stack).with("RENEWAL_GRACE_SECS", "0");
-    let off = on.clone().with("NEXT_PUBLIC_ENABLE_PAYMENTS", "false");
-    let api = stack.api(&off).await;
-    let health = Reply::send(client().get(api.url("/api/health"))).await;
-    assert_eq!(health.json["renewals"], "paused", "{}", health.text);
-    let db = connect_db(&stack).await;
-    let pool = stack.db.pool().await;
-    let user = free_user(&db).await;
-    // Webhooks are taken while payments are off: the payment settles.
-    let worker = stack.worker(&off).await;
-    let pro = pay(&api, &db, user, "PRO", 99_000).await;
-    // Its period ended a day ago, unpaid; three paused passes after that
-    // (counted from the move, so none from before it count).
-    move_period(&pool, &pro, 31, -1).await;
-    let paused_passes = || worker.stderr().matches("renewal loop paused").count();
-    let before = paused_passes();
-    let paused = wait_until(Duration::from_secs(30), || async {
-        paused_passes() >= before + 3
-    })
-    .await;
-    assert!(paused, "worker stderr:\n{}", worker.stderr());
-    let s = tests::subscription_row(&db, user).await;
-    assert_eq!(
-        (s.plan.as_str(), s.status),
-        ("PRO", SubscriptionStatus::Active)
-    );
-    assert_eq!(
-        renewals::Entity::find()
-            .filter(renewals::Column::UserId.eq(user))
-            .count(&db)
-            .await
-            .unwrap(),
-        0
-    );
-    drop(worker);
-
-    // Payments back: the loop resumes and the period lapses.
-    let _worker = stack.worker(&on).await;
-    let lapsed = wait_until(Duration::from_secs(30), || async {
-        tests::subscription_row(&db, user).await.plan == "FREE"
-    })
-    .await;
-    assert!(lapsed, "{:?}", tests::subscription_row(&db, user).await);
-    assert_eq!(
-        audit_rows(&db, &user.to_string(), "subscription.expire")
-            .await
-            .len(),
-        1
-    );
-}
-
-/// Grace always warns, and a pause gives nothing away: while payments are
-/// off a cancelling PRO lapses at its end (it owes nothing), and a PRO that
-/// ended unpaid keeps its plan untold; once they are back, a period that
-/// ended four days ago (grace three) is told past due with its pay link and
-/// gets its whole grace from that notice, instead of lapsing unwarned.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pause_neither_keeps_a_cancelled_plan_nor_lapses_one_untold() {
-    let stack = Stack::new().await;
-    let on = env(&stack)
-        .with("RENEWAL_GRACE_SECS", "259200")
-        // Every tick logs "scheduler tick", idle ones too (counted below).
-        .with("RUST_LOG", "info,worker::scheduler=debug");
-    let off = on.clone().with("NEXT_PUBLIC_ENABLE_PAYMENTS", "false");
-    let api = stack.api(&off).await;
-    let db = connect_db(&stack).await;
-    let pool = stack.db.pool().await;
-    let owing = free_user(&db).await;
-    let cancelling = free_user(&db).await;
-    let worker = stack.worker(&off).await;
-    let pro = pay(&api, &db, owing, "PRO", 99_000).await;
-    move_period(&pool, &pro, 31, -4).await;
-    let pro = pay(&api, &db, cancelling, "PRO", 99_000).await;
-    move_period(&pool, &pro, 31, 0).await;
-    sea_orm::sqlx::query("UPDATE subscriptions SET cancel_at_period_end = true WHERE user_id = $1")
-        .bind(cancelling)
-        .execute(&pool)
-        .await
-        .expect("cancel at period end");
-
-    let lapsed = wait_until(Duration::from_secs(30), || async {
-        tests::subscription_row(&db, cancelling).await.plan == "FREE"
-    })
-    .await;
-    assert!(lapsed, "paused, a cancelling plan still lapses at its end");
-    let ticks = |w: &Proc| w.stderr().matches("scheduler tick").count();
-    let seen = ticks(&worker);
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            ticks(&worker) >= seen + 3
-        })
-        .await
-    );
-    let s = tests::subscription_row(&db, owing).await;
-    assert_eq!(
-        (s.plan.as_str(), s.status),
-        ("PRO", SubscriptionStatus::Active)
-    );
-    assert_eq!(s.grace_ends_at, None, "not told while paused");
-    drop(worker);
-
-    // Payments back: told past due first, with a pay link, and the whole
-    // grace from the notice.
-    let worker = stack.worker(&on).await;
-    let told = wait_until(Duration::from_secs(30), || async {
-        tests::subscription_row(&db, owing).await.status == SubscriptionStatus::PastDue
-    })
-    .await;
-    assert!(told, "{:?}", tests::subscription_row(&db, owing).await);
-    let s = tests::subscription_row(&db, owing).await;
-    let (at, ends) = (s.past_due_at.unwrap(), s.grace_ends_at.unwrap());
-    assert_eq!(ends - at, chrono::Duration::days(3), "{s:?}");
-    assert!(
-        at > s.current_period_end.unwrap() + chrono::Duration::days(4)
-            - chrono::Duration::minutes(1)
-    );
-    let notice = audit_rows(&db, &owing.to_string(), "subscription.past_due").await;
-    assert_eq!(notice.len(), 1);
-    assert!(me(&api, owing).await["subscription"]["renewal"]["pay_url"].is_string());
-    // Ticks later it still runs its grace.
-    let seen = ticks(&worker);
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            ticks(&worker) >= seen + 3
-        })
-        .await
-    );
-    let s = tests::subscription_row(&db, owing).await;
-    assert_eq!(
-        (s.plan.as_str(), s.status),
-        ("PRO", SubscriptionStatus::PastDue)
-    );
-    assert!(audit_rows(&db, &owing.to_string(), "subscription.expire")
-        .await
-        .is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -648,7 +462,15 @@ async fn after_a_refund_in_grace_an_outdated_cheaper_renewal_buys_its_share_not_
     .await;
     assert!(in_grace, "{:?}", tests::subscription_row(&db, user).await);
     // The ULTIMATE payment is refunded: its month is over, nothing to take.
-    tests::send_provider_b_notice(&api, B_CLIENT, B_SECRET, &ultimate, 299_000, "REFUNDED").await;
+    tests::send_provider_b_notice(
+        &api,
+        tests::B_CLIENT,
+        tests::B_SECRET,
+        &ultimate,
+        299_000,
+        "REFUNDED",
+    )
+    .await;
     wait_payment_status(&db, &ultimate, PaymentStatus::Refunded).await;
 
     settle(&api, &db, &stale, 49_000).await;

@@ -49,6 +49,7 @@ mod refunds;
 mod renewal;
 mod renewal_expire;
 mod renewal_pages;
+mod renewal_pauses;
 mod renewal_payments;
 mod replicas;
 mod resilience;
