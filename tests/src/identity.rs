@@ -18,16 +18,6 @@ pub const ATTACKER_PASSWORD: &str = "attacker's own password";
 /// `APP_URL`: the frontend's origin, where links land.
 pub const APP: &str = "https://app.example.com";
 
-/// A client that does not follow redirects (the tests read `Location`).
-pub fn auth_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
 /// An IPv6 address in a /64 of its own (the provider limits per /64).
 pub fn random_v6() -> String {
     let b = uuid::Uuid::new_v4().into_bytes();
@@ -163,7 +153,7 @@ impl Idp {
     /// with a charset).
     pub async fn post(&self, path: &str, body: &Value) -> Reply {
         Reply::send(
-            auth_client()
+            no_redirects()
                 .post(self.url(path))
                 .header("x-forwarded-for", self.ip())
                 .header("x-supabase-api-version", "2024-01-01")
@@ -176,7 +166,7 @@ impl Idp {
     /// `POST /auth/v1{path}` as older clients send it: no API version.
     pub async fn post_legacy(&self, path: &str, body: &Value) -> Reply {
         Reply::send(
-            auth_client()
+            no_redirects()
                 .post(self.url(path))
                 .header("x-forwarded-for", self.ip())
                 .json(body),
@@ -187,7 +177,7 @@ impl Idp {
     /// `GET /auth/v1{path}` with `token` as the bearer.
     pub async fn get_auth(&self, path: &str, token: &str) -> Reply {
         Reply::send(
-            auth_client()
+            no_redirects()
                 .get(self.url(path))
                 .header("x-supabase-api-version", "2024-01-01")
                 .bearer_auth(token),
@@ -198,7 +188,7 @@ impl Idp {
     /// `PUT /auth/v1{path}` with `token` as the bearer.
     pub async fn put_auth(&self, path: &str, token: &str, body: &Value) -> Reply {
         Reply::send(
-            auth_client()
+            no_redirects()
                 .put(self.url(path))
                 .header("x-supabase-api-version", "2024-01-01")
                 .bearer_auth(token)
@@ -210,7 +200,7 @@ impl Idp {
     /// `PUT /auth/v1/user` from the client address `ip`.
     pub async fn put_user(&self, token: &str, body: &Value, ip: &str) -> Reply {
         Reply::send(
-            auth_client()
+            no_redirects()
                 .put(self.url("/user"))
                 .header("x-forwarded-for", ip)
                 .header("x-supabase-api-version", "2024-01-01")
@@ -322,7 +312,7 @@ impl Idp {
     /// Follows a mail's link (`GET /verify`, back to `{APP}/welcome`): the
     /// `Location` of its 303.
     pub async fn follow_link(&self, text: &str, kind: &str) -> String {
-        let r = Reply::send(auth_client().get(format!(
+        let r = Reply::send(no_redirects().get(format!(
             "{}?token={}&type={kind}&redirect_to=https%3A%2F%2Fapp.example.com%2Fwelcome",
             self.url("/verify"),
             token_hash(text)

@@ -67,6 +67,17 @@ pub fn client() -> reqwest::Client {
         .expect("reqwest client")
 }
 
+/// [`client`] that does not follow redirects (the test reads each
+/// `Location`), with a 30 s timeout.
+pub fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("reqwest client")
+}
+
 /// `target/<profile>/` holding the binaries (from the test executable's path,
 /// `target/<profile>/deps/<test>-<hash>`; `CARGO_TARGET_DIR` is honoured).
 pub fn bin_dir() -> PathBuf {

@@ -24,16 +24,6 @@ const PUBLISHABLE: &str = "sb_publishable_confirm_test";
 /// A verifier as auth-js makes it: 112 hex characters.
 const VERIFIER: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-/// A client that does not follow redirects (the test reads each 303).
-fn browser() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(15))
-        .build()
-        .expect("client")
-}
-
 /// External-platform mode: the platform at `platform`, sessions HS256 with
 /// [`SECRET`], `APP_URL` = [`APP`].
 fn external_env(stack: &Stack, platform: &str) -> EnvMap {
@@ -76,7 +66,7 @@ fn not_configured_env(stack: &Stack) -> EnvMap {
 }
 
 async fn get(api: &Proc, path_and_query: &str, cookie: Option<&str>) -> Reply {
-    let mut req = browser().get(api.url(path_and_query));
+    let mut req = tests::no_redirects().get(api.url(path_and_query));
     if let Some(c) = cookie {
         req = req.header("cookie", c);
     }
@@ -163,7 +153,7 @@ fn assert_session_cookies(r: &Reply, expected_access: &str) -> String {
 }
 
 async fn save_profile(api: &Proc, cookie: &str, origin: Option<&str>, name: &str) -> Reply {
-    let mut req = browser()
+    let mut req = tests::no_redirects()
         .post(api.url("/api/profile"))
         .header("cookie", cookie)
         .json(&json!({ "full_name": name }));
@@ -435,7 +425,7 @@ async fn next_never_leaves_the_app_origin() {
     .enumerate()
     {
         let r = Reply::send(
-            browser()
+            tests::no_redirects()
                 .get(api.url(&format!(
                     "/auth/confirm?token_hash=t{i}&type=email&next={evil}"
                 )))
@@ -488,7 +478,7 @@ async fn cookie_sessions_refuse_cross_site_writes() {
     }
     // No Origin but the browser says cross-site.
     let r = Reply::send(
-        browser()
+        tests::no_redirects()
             .post(api.url("/api/profile"))
             .header("cookie", &jar)
             .header("sec-fetch-site", "cross-site")
@@ -499,7 +489,7 @@ async fn cookie_sessions_refuse_cross_site_writes() {
 
     // A bearer header is not ambient authority: any Origin is fine.
     let r = Reply::send(
-        browser()
+        tests::no_redirects()
             .post(api.url("/api/profile"))
             .bearer_auth(&token)
             .header("origin", "https://evil.example")
@@ -561,7 +551,7 @@ fn link_token(text: &str) -> String {
 
 async fn auth_v1(api: &Proc, path: &str, body: &Value) -> Reply {
     Reply::send(
-        browser()
+        tests::no_redirects()
             .post(api.url(&format!("/auth/v1{path}")))
             .header("x-forwarded-for", tests::random_ip())
             .json(body),
@@ -601,7 +591,12 @@ async fn built_in_signup_link_confirms_into_a_cookie_session() {
     // The cookie is a session of the new user on logged-in routes and /auth/v1/user.
     let saved = save_profile(&api, &format!("sb-access-token={access}"), Some(APP), "Dee").await;
     assert_eq!(saved.status.as_u16(), 200, "{}", saved.text);
-    let me = Reply::send(browser().get(api.url("/auth/v1/user")).bearer_auth(&access)).await;
+    let me = Reply::send(
+        tests::no_redirects()
+            .get(api.url("/auth/v1/user"))
+            .bearer_auth(&access),
+    )
+    .await;
     assert_eq!(me.json["id"], user.to_string(), "{}", me.text);
     assert!(me.json["email_confirmed_at"].is_string(), "{}", me.text);
     let pool = stack.db.pool().await;
@@ -651,7 +646,7 @@ async fn built_in_pkce_magic_link_confirms_with_the_verifier_cookie() {
     .await;
     assert_eq!(r.status.as_u16(), 200, "{}", r.text);
     let token = link_token(&mail(&sink, 2).await);
-    let r = Reply::send(browser().get(api.url(&format!(
+    let r = Reply::send(tests::no_redirects().get(api.url(&format!(
         "/auth/v1/verify?token={token}&type=magiclink&redirect_to=https%3A%2F%2Fapp.example.com%2Fauth%2Fconfirm%3Fnext%3D%2Fsettings"
     ))))
     .await;
@@ -675,7 +670,7 @@ async fn built_in_pkce_magic_link_confirms_with_the_verifier_cookie() {
     let cookies = set_cookies(&r);
     let access = cookie(&cookies, "sb-access-token").unwrap_or_else(|| panic!("{cookies:?}"));
     let me = Reply::send(
-        browser()
+        tests::no_redirects()
             .get(api.url("/auth/v1/user"))
             .bearer_auth(cookie_value(access)),
     )

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tests::{
-    assert_error, auth_client as client, code, random_ip, token_hash, Idp, Reply, APP, PASSWORD,
+    assert_error, code, no_redirects as client, random_ip, token_hash, Idp, Reply, APP, PASSWORD,
 };
 
 fn assert_session(s: &Value) {

@@ -9,8 +9,8 @@ use std::{collections::HashMap, time::Duration};
 
 use serde_json::{json, Value};
 use tests::{
-    access, assert_error, auth_client as client, challenge, code, token_hash, Idp, Reply, SmtpSink,
-    APP, ATTACKER_PASSWORD, PASSWORD,
+    access, assert_error, challenge, code, no_redirects as client, token_hash, Idp, Reply,
+    SmtpSink, APP, ATTACKER_PASSWORD, PASSWORD,
 };
 use wiremock::{
     matchers::{method, path},

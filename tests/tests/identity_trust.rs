@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tests::{
-    assert_error, auth_client as client, code, session_id, token_hash, wrong, Idp, Reply, Stack,
+    assert_error, code, no_redirects as client, session_id, token_hash, wrong, Idp, Reply, Stack,
     ATTACKER_PASSWORD, PASSWORD,
 };
 use uuid::Uuid;

@@ -29,15 +29,6 @@ const GOOGLE_ID: &str = "1234.apps.googleusercontent.com";
 const GOOGLE_SECRET: &str = "GOCSPX-google-secret";
 const GH_TOKEN: &str = "gho_16C7e42F292c6912E7710c838347Ae178B4a";
 
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(15))
-        .build()
-        .unwrap()
-}
-
 /// A fake GitHub: token endpoint, `/user`, `/user/emails`.
 async fn fake_github() -> MockServer {
     let server = MockServer::start().await;
@@ -146,7 +137,7 @@ fn fragment_of(url: &str) -> HashMap<String, String> {
 
 /// `GET /auth/v1/authorize?…` → the 302's `Location`.
 async fn authorize(api: &Proc, query: &[(&str, &str)]) -> Reply {
-    Reply::send(no_redirects().get(with_query(&api.url("/auth/v1/authorize"), query))).await
+    Reply::send(tests::no_redirects().get(with_query(&api.url("/auth/v1/authorize"), query))).await
 }
 
 fn location(r: &Reply) -> String {
@@ -162,7 +153,9 @@ fn location(r: &Reply) -> String {
 
 /// The provider sends the browser back: `GET /auth/v1/callback?code&state`.
 async fn callback(api: &Proc, query: &[(&str, &str)]) -> String {
-    let r = Reply::send(no_redirects().get(with_query(&api.url("/auth/v1/callback"), query))).await;
+    let r =
+        Reply::send(tests::no_redirects().get(with_query(&api.url("/auth/v1/callback"), query)))
+            .await;
     location(&r)
 }
 
@@ -337,7 +330,7 @@ async fn pkce_flow_gives_a_code_checked_against_the_verifier() {
         let to = to.clone();
         let challenge = challenge.clone();
         async move {
-            let r = Reply::send(no_redirects().get(with_query(
+            let r = Reply::send(tests::no_redirects().get(with_query(
                 &format!("{api_url}/auth/v1/authorize"),
                 &[
                     ("provider", "github"),
@@ -348,7 +341,7 @@ async fn pkce_flow_gives_a_code_checked_against_the_verifier() {
             )))
             .await;
             let state = query_of(&location(&r))["state"].clone();
-            let back = Reply::send(no_redirects().get(with_query(
+            let back = Reply::send(tests::no_redirects().get(with_query(
                 &format!("{api_url}/auth/v1/callback"),
                 &[("code", "gh-pkce"), ("state", state.as_str())],
             )))
@@ -457,7 +450,7 @@ async fn google_signs_in_and_bad_requests_are_refused() {
         vec![("provider", "github"), ("code_challenge_method", "s256")],
     ] {
         let r = Reply::send(
-            no_redirects()
+            tests::no_redirects()
                 .get(with_query(&api.url("/auth/v1/authorize"), &query))
                 .header("X-Supabase-Api-Version", "2024-01-01"),
         )
@@ -489,7 +482,7 @@ async fn a_disabled_provider_and_a_failing_provider() {
     let api = stack.api(&env(&stack, &github, None)).await;
 
     let r = Reply::send(
-        no_redirects()
+        tests::no_redirects()
             .get(with_query(
                 &api.url("/auth/v1/authorize"),
                 &[("provider", "google")],

@@ -558,11 +558,7 @@ async fn auth_v1_is_503_in_the_platforms_format_while_postgres_is_down() {
         let r = auth_post(&api, "/token?grant_type=password", &password, false).await;
         assert_auth_503(&r, "password sign-in", false, mode, &api);
         // The confirmation link says the server failed, not that the link is bad.
-        let link = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(15))
-            .build()
-            .unwrap()
+        let link = tests::no_redirects()
             .get(api.url(&format!("/auth/v1/verify?type=signup&token={bob_hash}")))
             .send()
             .await

@@ -307,17 +307,8 @@ impl wiremock::Respond for Pages {
     }
 }
 
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(15))
-        .build()
-        .unwrap()
-}
-
 async fn click(url: &str) -> Reply {
-    Reply::send(no_redirects().get(url)).await
+    Reply::send(tests::no_redirects().get(url)).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -77,11 +77,7 @@ async fn renewing_user(db: &DatabaseConnection, api: &Proc) -> (Uuid, String) {
 /// Clicks the pay link (no redirect followed); answers the `PENDING`
 /// payment it created.
 async fn open_checkout(db: &DatabaseConnection, user: Uuid, link: &str) -> payments::Model {
-    let c = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let r = Reply::send(c.get(link)).await;
+    let r = Reply::send(tests::no_redirects().get(link)).await;
     assert_eq!(r.status, 303, "{}", r.text);
     let p = payments::Entity::find()
         .filter(payments::Column::UserId.eq(user))
