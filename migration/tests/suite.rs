@@ -2,6 +2,7 @@
 //! each module is a file beside this one, `common` what they share (one
 //! link of the dependency tree instead of one per file).
 
+mod billing_histories;
 mod common;
 mod email_change_rules;
 mod model_rules;

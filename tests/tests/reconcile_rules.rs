@@ -46,7 +46,10 @@ async fn only_pending_payments_between_the_delays_are_due() {
         &db,
         &paid,
         PaymentStatus::Paid,
-        chrono_tz::Asia::Jakarta,
+        entity::billing::Terms {
+            zone: chrono_tz::Asia::Jakarta,
+            grace: chrono::Duration::days(3),
+        },
         None,
     )
     .await

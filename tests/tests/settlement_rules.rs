@@ -23,8 +23,12 @@ use serde_json::json;
 use tests::{free_user, TestDb};
 use uuid::Uuid;
 
-/// `BILLING_TIME_ZONE`'s default, in which grants count their months.
-const ZONE: chrono_tz::Tz = chrono_tz::Asia::Jakarta;
+/// The default billing terms: `BILLING_TIME_ZONE` (grants count their
+/// months in it) and a three-day `RENEWAL_GRACE_SECS`.
+const TERMS: entity::billing::Terms = entity::billing::Terms {
+    zone: chrono_tz::Asia::Jakarta,
+    grace: chrono::Duration::days(3),
+};
 
 /// A scratch database with the production schema.
 async fn migrated() -> (TestDb, DatabaseConnection) {
@@ -120,7 +124,7 @@ async fn a_settlement_event_pays_and_activates_once_even_when_settled_concurrent
     let runs = (0..20).map(|_| {
         let db = db.clone();
         tokio::spawn(
-            async move { settlement::settle_event(&db, ev, ZONE, Some("job".into())).await },
+            async move { settlement::settle_event(&db, ev, TERMS, Some("job".into())).await },
         )
     });
     let outcomes: Vec<Settled> = futures::future::join_all(runs)
@@ -166,7 +170,7 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
     let order = pending(&db, u, "PRO", "provider_b").await;
     let paid = event(&db, "provider_b", &order, "SUCCESS", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, paid, ZONE, None)
+        settlement::settle_event(&db, paid, TERMS, None)
             .await
             .unwrap(),
         Settled::Moved {
@@ -177,7 +181,7 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
 
     // A `pending` delivered late: refused, recorded with the reason, retried never.
     let late = event(&db, "provider_b", &order, "PENDING", json!({})).await;
-    let r = settlement::settle_event(&db, late, ZONE, None)
+    let r = settlement::settle_event(&db, late, TERMS, None)
         .await
         .unwrap();
     assert!(matches!(r, Settled::Refused(_)), "{r:?}");
@@ -193,14 +197,14 @@ async fn late_events_do_not_regress_and_a_refund_follows_a_payment() {
     // FAILED after PAID is refused too; REFUND moves it.
     let failed = event(&db, "provider_b", &order, "FAILED", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, failed, ZONE, None)
+        settlement::settle_event(&db, failed, TERMS, None)
             .await
             .unwrap(),
         Settled::Refused(_)
     ));
     let refund = event(&db, "provider_b", &order, "REFUNDED", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, refund, ZONE, None)
+        settlement::settle_event(&db, refund, TERMS, None)
             .await
             .unwrap(),
         Settled::Moved {
@@ -222,7 +226,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let first = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, ZONE, None)
+    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();
     let end1 = tests::subscription_row(&db, u)
@@ -230,7 +234,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
         .current_period_end
         .unwrap();
     let second = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, ZONE, None)
+    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();
     assert!(
@@ -244,7 +248,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     // A chargeback of the renewal: back to the first period's end.
     let chargeback = event(&db, "provider_a", &second, "chargeback", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, chargeback, ZONE, None)
+        settlement::settle_event(&db, chargeback, TERMS, None)
             .await
             .unwrap(),
         Settled::Moved {
@@ -266,7 +270,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
     )
     .await;
     assert_eq!(
-        settlement::settle_event(&db, part, ZONE, None)
+        settlement::settle_event(&db, part, TERMS, None)
             .await
             .unwrap(),
         Settled::Unchanged
@@ -280,7 +284,7 @@ async fn a_refund_ends_the_subscription_where_it_would_have_without_the_payment(
         json!({"gross_amount": "99000.00", "refund_amount": "99000.00"}),
     )
     .await;
-    settlement::settle_event(&db, whole, ZONE, None)
+    settlement::settle_event(&db, whole, TERMS, None)
         .await
         .unwrap();
     assert_eq!(payment(&db, &first).await.status, PaymentStatus::Refunded);
@@ -297,17 +301,17 @@ async fn a_refund_of_a_superseded_plan_takes_its_carried_time_back_from_the_late
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let pro = pending(&db, u, "PRO", "provider_b").await;
-    settlement::settle_status_check(&db, &pro, PaymentStatus::Paid, ZONE, None)
+    settlement::settle_status_check(&db, &pro, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();
     let ultimate = pending(&db, u, "ULTIMATE", "provider_b").await;
-    settlement::settle_status_check(&db, &ultimate, PaymentStatus::Paid, ZONE, None)
+    settlement::settle_status_check(&db, &ultimate, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();
     let before = tests::subscription_row(&db, u).await;
     let carried = payment(&db, &ultimate).await.carried_seconds.unwrap();
     assert!(carried > 0, "PRO's unused month was carried into ULTIMATE");
-    settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, ZONE, None)
+    settlement::settle_status_check(&db, &pro, PaymentStatus::Refunded, TERMS, None)
         .await
         .unwrap();
     assert_eq!(payment(&db, &pro).await.status, PaymentStatus::Refunded);
@@ -327,12 +331,12 @@ async fn a_late_payment_pays_and_is_audited_as_late() {
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let order = pending(&db, u, "PRO", "provider_b").await;
-    settlement::settle_status_check(&db, &order, PaymentStatus::Expired, ZONE, None)
+    settlement::settle_status_check(&db, &order, PaymentStatus::Expired, TERMS, None)
         .await
         .unwrap();
     let paid = event(&db, "provider_b", &order, "SUCCESS", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, paid, ZONE, None)
+        settlement::settle_event(&db, paid, TERMS, None)
             .await
             .unwrap(),
         Settled::Moved {
@@ -365,7 +369,7 @@ async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() 
     )
     .await;
     assert_eq!(
-        settlement::settle_event(&db, challenged, ZONE, None)
+        settlement::settle_event(&db, challenged, TERMS, None)
             .await
             .unwrap(),
         Settled::Unchanged
@@ -375,13 +379,13 @@ async fn a_challenged_capture_stays_pending_and_unknown_statuses_are_recorded() 
 
     let odd = event(&db, "provider_a", &order, "teleported", json!({})).await;
     assert!(matches!(
-        settlement::settle_event(&db, odd, ZONE, None)
+        settlement::settle_event(&db, odd, TERMS, None)
             .await
             .unwrap(),
         Settled::Invalid(_)
     ));
     assert_eq!(
-        settlement::settle_event(&db, Uuid::new_v4(), ZONE, None)
+        settlement::settle_event(&db, Uuid::new_v4(), TERMS, None)
             .await
             .unwrap(),
         Settled::UnknownEvent
@@ -417,7 +421,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
     let (_tdb, db) = migrated().await;
     let u = free_user(&db).await;
     let first = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, ZONE, None)
+    settlement::settle_status_check(&db, &first, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();
     let end1 = tests::subscription_row(&db, u)
@@ -426,7 +430,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
         .unwrap();
 
     let second = pending(&db, u, "PRO", "provider_a").await;
-    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, ZONE, None)
+    settlement::settle_status_check(&db, &second, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();
     let s = tests::subscription_row(&db, u).await;
@@ -435,7 +439,7 @@ async fn a_renewal_of_the_same_plan_extends_from_the_period_end() {
 
     // Another plan starts now.
     let other = pending(&db, u, "ULTIMATE", "provider_a").await;
-    settlement::settle_status_check(&db, &other, PaymentStatus::Paid, ZONE, None)
+    settlement::settle_status_check(&db, &other, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();
     let s = tests::subscription_row(&db, u).await;
@@ -500,7 +504,7 @@ async fn a_notification_is_recorded_once_even_when_delivered_concurrently() {
         events::unsettled_events(&db, later, 10).await.unwrap(),
         vec![new[0]]
     );
-    settlement::settle_event(&db, new[0], ZONE, None)
+    settlement::settle_event(&db, new[0], TERMS, None)
         .await
         .unwrap();
     assert!(events::unsettled_events(&db, later, 10)

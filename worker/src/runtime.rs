@@ -154,7 +154,7 @@ pub async fn run(settings: Arc<Settings>, shutdown: CancellationToken) -> anyhow
     );
     let ctx = JobContext {
         billing,
-        billing_zone: settings.billing_time_zone,
+        billing_terms: entity::billing::Terms::from_settings(&settings),
         renewal_policy: Arc::new(entity::billing::renewal::Policy::from_settings(&settings)),
         db,
         mailer,

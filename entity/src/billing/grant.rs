@@ -14,12 +14,13 @@
 //!   microseconds, summed, then rounded down to the second, never below
 //!   zero. Time of Q with no payment behind it carries nothing. The sources
 //!   are marked `carried_into` the new payment.
-//! * **In its renewal grace** (`past_due`: the period ended unpaid, the plan
-//!   is kept): a payment for any plan runs one calendar month from the old
-//!   end, so the grace days are paid for whichever plan is bought, and
-//!   carries nothing (the grace days have no payment behind them); unless
-//!   that month is over by `paid_at` (a payment never buys a period already
-//!   over: it starts at `paid_at`).
+//! * **In its renewal grace** ([`in_grace`]: `past_due` before its grace
+//!   ends, or ended and not yet told for at most the grace): a payment for
+//!   any plan runs one calendar month from the old end, so the grace days
+//!   are paid for whichever plan is bought, and carries nothing (the grace
+//!   days have no payment behind them); past the grace it starts at
+//!   `paid_at` (a payment never buys a period already over, nor more than a
+//!   grace's days of the past).
 //! * **Nothing paid in force** (FREE, lapsed): one calendar month from
 //!   `paid_at`.
 //!
@@ -30,7 +31,8 @@
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use sea_orm::{
-    sea_query::Expr, ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    sea_query::Expr, ColumnTrait, Condition, ConnectionTrait, DbErr, EntityTrait, QueryFilter,
+    QueryOrder,
 };
 use uuid::Uuid;
 
@@ -85,17 +87,28 @@ pub struct InForce<'a> {
     pub anchor: Option<Anchor>,
 }
 
-/// Whether `s` is in its renewal grace at `at`: `past_due`, or still
-/// `active` (not cancelling) on a paid plan whose period ended at or before
-/// `at` but which the scheduler has not yet moved to `past_due` (between two
-/// ticks, or while the renewal loop is paused): the plan is still in force,
-/// so a payment for it continues from the old end, never from `at`.
-pub fn in_grace(s: &subscriptions::Model, at: DateTime<Utc>) -> bool {
-    s.status == SubscriptionStatus::PastDue
-        || (s.status == SubscriptionStatus::Active
-            && s.plan != FREE
-            && !s.cancel_at_period_end
-            && s.current_period_end.is_some_and(|e| e <= at))
+/// Whether `s` is in its renewal grace at `at`, so a payment for it
+/// continues from the old end (the grace days are billed) instead of from
+/// `at`: `past_due` and its grace not over ([`super::renewal::grace_end`]);
+/// or still `active` (not cancelling) on a paid plan whose period ended at
+/// or before `at` but which the scheduler has not yet told (between two
+/// ticks, or while the renewal loop is paused), for at most `grace` after
+/// that end. Past either bound the payment starts at `at`: it never buys a
+/// period already over, nor more than a grace's days of the past.
+pub fn in_grace(s: &subscriptions::Model, at: DateTime<Utc>, grace: chrono::Duration) -> bool {
+    match s.status {
+        SubscriptionStatus::PastDue => {
+            super::renewal::grace_end(s, grace).is_some_and(|end| at < end)
+        }
+        SubscriptionStatus::Active => {
+            s.plan != FREE
+                && !s.cancel_at_period_end
+                && s.current_period_end.is_some_and(|e| {
+                    e <= at && e.checked_add_signed(grace).is_none_or(|until| at < until)
+                })
+        }
+        _ => false,
+    }
 }
 
 /// One running grant as the carry reads it.
@@ -240,7 +253,9 @@ pub fn compute(
 }
 
 /// The stored grants of `user`'s plan `plan` still running at `at`: `PAID`,
-/// not carried on, ending after `at`.
+/// not carried on, ending after `at`; and the carried part of a refunded
+/// one (its own month was taken back, [`super::take_back`]), worth what was
+/// carried into it.
 async fn running<C: ConnectionTrait>(
     db: &C,
     user: Uuid,
@@ -249,7 +264,15 @@ async fn running<C: ConnectionTrait>(
 ) -> Result<Vec<Running>, DbErr> {
     let rows = payments::Entity::find()
         .filter(payments::Column::UserId.eq(user))
-        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+        .filter(
+            Condition::any()
+                .add(payments::Column::Status.eq(PaymentStatus::Paid))
+                .add(
+                    Condition::all()
+                        .add(payments::Column::Status.eq(PaymentStatus::Refunded))
+                        .add(payments::Column::CarriedSeconds.gt(0)),
+                ),
+        )
         .filter(payments::Column::GrantPlan.eq(plan))
         .filter(payments::Column::CarriedInto.is_null())
         .filter(payments::Column::GrantEnd.gt(at))
@@ -258,12 +281,23 @@ async fn running<C: ConnectionTrait>(
     Ok(rows
         .into_iter()
         .filter_map(|p| {
+            let refunded = p.status == PaymentStatus::Refunded;
             Some(Running {
                 id: p.id,
-                value: p.amount - p.refunded_amount,
+                value: if refunded {
+                    p.carried_value.unwrap_or(0)
+                } else {
+                    p.amount - p.refunded_amount
+                },
                 start: p.grant_start?,
                 end: p.grant_end?,
-                carried_seconds: p.carried_seconds.unwrap_or(0),
+                // A refunded grant spans its carried part only, every second
+                // of it worth what was carried.
+                carried_seconds: if refunded {
+                    0
+                } else {
+                    p.carried_seconds.unwrap_or(0)
+                },
             })
         })
         .collect())
@@ -279,8 +313,9 @@ pub async fn plan<C: ConnectionTrait>(
     plan: &str,
     amount: i64,
     paid_at: DateTime<Utc>,
-    zone: Tz,
+    terms: super::Terms,
 ) -> Result<Grant, DbErr> {
+    let zone = terms.zone;
     let in_force = sub.map_or(
         InForce {
             plan: FREE,
@@ -291,7 +326,7 @@ pub async fn plan<C: ConnectionTrait>(
         |s| InForce {
             plan: &s.plan,
             period_end: s.current_period_end,
-            in_grace: in_grace(s, paid_at),
+            in_grace: in_grace(s, paid_at, terms.grace),
             anchor: super::anchor::of_subscription(s),
         },
     );
@@ -331,15 +366,16 @@ pub async fn as_time<C: ConnectionTrait>(
     plan_id: &str,
     amount: i64,
     paid_at: DateTime<Utc>,
-    zone: Tz,
+    terms: super::Terms,
 ) -> Result<Grant, DbErr> {
+    let zone = terms.zone;
     let other = sub.and_then(|s| {
-        let grace = in_grace(s, paid_at);
+        let grace = in_grace(s, paid_at, terms.grace);
         let end = s.current_period_end.filter(|e| grace || *e > paid_at)?;
         (s.plan != FREE && s.plan != plan_id).then_some((s, end))
     });
     let Some((s, end)) = other else {
-        return plan(db, user, sub, plan_id, amount, paid_at, zone).await;
+        return plan(db, user, sub, plan_id, amount, paid_at, terms).await;
     };
     let latest = payments::Entity::find()
         .filter(payments::Column::UserId.eq(user))
@@ -418,14 +454,14 @@ pub async fn quote<C: ConnectionTrait>(
     plan_id: &str,
     amount: i64,
     at: Option<DateTime<Utc>>,
-    zone: Tz,
+    terms: super::Terms,
 ) -> Result<Grant, DbErr> {
     let at = match at {
         Some(t) => t,
         None => crate::base::db::now(db).await?,
     };
     let sub = subscriptions::Entity::find_by_id(user).one(db).await?;
-    plan(db, user, sub.as_ref(), plan_id, amount, at, zone).await
+    plan(db, user, sub.as_ref(), plan_id, amount, at, terms).await
 }
 
 /// Records that partial refunds or chargebacks of `order_id` gave back

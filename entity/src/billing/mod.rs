@@ -15,3 +15,24 @@ pub mod settlement;
 pub mod subscription;
 pub mod take_back;
 pub mod webhook;
+
+/// The billing terms every grant is computed under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    /// `BILLING_TIME_ZONE`: months are counted in it (the billing anchor).
+    pub zone: chrono_tz::Tz,
+    /// `RENEWAL_GRACE_SECS`: how long after its notice an unpaid period may
+    /// still be paid from its old end ([`grant::in_grace`]).
+    pub grace: chrono::Duration,
+}
+
+impl Terms {
+    /// The terms of `settings`.
+    pub fn from_settings(settings: &crate::Settings) -> Self {
+        Self {
+            zone: settings.billing_time_zone,
+            grace: chrono::Duration::from_std(settings.renewal_grace)
+                .unwrap_or(chrono::Duration::MAX),
+        }
+    }
+}

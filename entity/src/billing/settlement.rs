@@ -12,7 +12,6 @@
 //! time ([`Settled::AlreadySettled`]).
 
 use chrono::{DateTime, Utc};
-use chrono_tz::Tz;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IntoActiveModel,
     QueryFilter, QuerySelect, Set, TransactionSession, TransactionTrait,
@@ -113,18 +112,18 @@ pub struct Seen {
 }
 
 /// Settles the recorded event `event_id` (see the module docs). `request_id`
-/// goes into the audit row (the job's id); `zone` is `BILLING_TIME_ZONE`,
-/// in which a grant's months are counted ([`super::anchor`]).
+/// goes into the audit row (the job's id); `terms` are the billing terms
+/// (the zone a grant's months are counted in, [`super::anchor`]; the grace).
 pub async fn settle_event<C>(
     db: &C,
     event_id: Uuid,
-    zone: Tz,
+    terms: super::Terms,
     request_id: Option<String>,
 ) -> Result<Settled, SettleError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
-    settle_event_seen(db, event_id, None, zone, request_id).await
+    settle_event_seen(db, event_id, None, terms, request_id).await
 }
 
 /// [`settle_event`] for an event its provider confirmed against the payment
@@ -137,7 +136,7 @@ pub async fn settle_event_seen<C>(
     db: &C,
     event_id: Uuid,
     seen: Option<Seen>,
-    zone: Tz,
+    terms: super::Terms,
     request_id: Option<String>,
 ) -> Result<Settled, SettleError>
 where
@@ -185,7 +184,7 @@ where
                 &event.order_id,
                 reported,
                 "webhook",
-                zone,
+                terms,
                 request_id.clone(),
             )
             .await?
@@ -275,14 +274,14 @@ pub async fn settle_status_check<C>(
     db: &C,
     order_id: &str,
     reported: PaymentStatus,
-    zone: Tz,
+    terms: super::Terms,
     request_id: Option<String>,
 ) -> Result<Settled, SettleError>
 where
     C: ConnectionTrait + TransactionTrait,
 {
     let txn = begin_write(db).await?;
-    let outcome = apply(&txn, order_id, reported, "status_check", zone, request_id).await?;
+    let outcome = apply(&txn, order_id, reported, "status_check", terms, request_id).await?;
     txn.commit().await?;
     Ok(outcome)
 }
@@ -296,7 +295,7 @@ async fn apply<T: ConnectionTrait>(
     order_id: &str,
     reported: PaymentStatus,
     source: &str,
-    zone: Tz,
+    terms: super::Terms,
     request_id: Option<String>,
 ) -> Result<Settled, DbErr> {
     let postgres = txn.get_database_backend() == DbBackend::Postgres;
@@ -329,7 +328,7 @@ async fn apply<T: ConnectionTrait>(
         let g = match pay.renewal_id {
             Some(rid) => {
                 let (g, fit, outcome) =
-                    settle::grant(txn, &pay, rid, sub.as_ref(), now, zone, request_id.clone())
+                    settle::grant(txn, &pay, rid, sub.as_ref(), now, terms, request_id.clone())
                         .await?;
                 renewal_fit = Some(fit);
                 renewal_outcome = outcome;
@@ -343,7 +342,7 @@ async fn apply<T: ConnectionTrait>(
                     &pay.plan,
                     pay.amount,
                     now,
-                    zone,
+                    terms,
                 )
                 .await?
             }
@@ -401,7 +400,8 @@ async fn apply<T: ConnectionTrait>(
         }
         granted = Some(g);
     } else if to == PaymentStatus::Refunded {
-        taken_back = super::take_back::take_back(txn, &pay, now, zone, request_id.clone()).await?;
+        taken_back =
+            super::take_back::take_back(txn, &pay, now, terms.zone, request_id.clone()).await?;
         if taken_back.is_some() {
             renewal::void_open(txn, pay.user_id, now).await?;
         }

@@ -70,11 +70,64 @@ async fn carried_share<T: ConnectionTrait>(
     let Some(into) = last.filter(|p| p.amount > 0 && next.is_none()) else {
         return Ok(None);
     };
-    let month = micros(month_after(start, zone) - start);
-    let share_us = money * month / (i128::from(into.amount) * 1_000_000);
+    // The grant's own rate, as its carry was priced: its amount over its
+    // own month (its period less the carried time), or for a grant whose
+    // own month was refunded, what was carried into it over its seconds.
+    let carried = i128::from(into.carried_seconds.unwrap_or(0).max(0)) * 1_000_000;
+    let own = micros(end - start) - carried;
+    let share_us = match into.carried_value {
+        Some(v) if into.status == PaymentStatus::Refunded && v > 0 => {
+            money * carried / (i128::from(v) * 1_000_000)
+        }
+        _ if own > 0 => money * own / (i128::from(into.amount) * 1_000_000),
+        _ => {
+            let month = micros(month_after(start, zone) - start);
+            money * month / (i128::from(into.amount) * 1_000_000)
+        }
+    };
     let secs = i64::try_from((share_us + 999_999) / 1_000_000).unwrap_or(i64::MAX);
     let secs = secs.min(into.carried_seconds.unwrap_or(0));
     Ok(Some((into, secs)))
+}
+
+/// Moves the stored grants of `plan` of `user` that start at or after
+/// `after` (the later ones, stacked after a grant that lost `by`) back by
+/// `by`, so each still spans the time its money buys; `except` is that
+/// grant.
+async fn shift_later<T: ConnectionTrait>(
+    txn: &T,
+    user: Uuid,
+    plan: &str,
+    except: Uuid,
+    after: DateTime<Utc>,
+    by: chrono::Duration,
+) -> Result<(), DbErr> {
+    if by <= chrono::Duration::zero() {
+        return Ok(());
+    }
+    let later = payments::Entity::find()
+        .filter(payments::Column::UserId.eq(user))
+        .filter(payments::Column::GrantPlan.eq(plan))
+        .filter(payments::Column::Id.ne(except))
+        .filter(payments::Column::CarriedInto.is_null())
+        .filter(payments::Column::GrantStart.gte(after))
+        .all(txn)
+        .await?;
+    for p in later {
+        payments::Entity::update_many()
+            .col_expr(
+                payments::Column::GrantStart,
+                Expr::value(p.grant_start.map(|t| t - by)),
+            )
+            .col_expr(
+                payments::Column::GrantEnd,
+                Expr::value(p.grant_end.map(|t| t - by)),
+            )
+            .filter(payments::Column::Id.eq(p.id))
+            .exec(txn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Takes back what the payment `refunded` (still `PAID` here; any other
@@ -95,8 +148,11 @@ async fn carried_share<T: ConnectionTrait>(
 ///   from: the replaced plan comes back, until the end of its source grants
 ///   still `PAID` (at most its old period end), and they run again; when no
 ///   source is still paid for, nothing comes back;
-/// * otherwise the subscription's end moves back by the payment's own
-///   month (`grant_end − grant_start − carried_seconds`);
+/// * otherwise the subscription's end moves back by what is still to come
+///   of the payment's own month (`grant_end − grant_start −
+///   carried_seconds`; the carried time runs first, so what has run of the
+///   grant is spent), the grant keeps its carried part, and later grants
+///   of the plan move back with it;
 /// * a period that then ends by `now` falls back to FREE at once.
 ///
 /// A payment paid before grants were stored moves the end of its plan back
@@ -141,11 +197,11 @@ pub async fn take_back<T: ConnectionTrait>(
             // Only what still runs of the grant it carried into: once that
             // grant is over, its carried time is spent, and a later,
             // separately paid grant of the same plan keeps all its time.
-            let Some(left) = into
-                .grant_end
-                .filter(|e| *e > now)
-                .map(|e| (e - now).num_seconds())
-            else {
+            // In whole seconds, a started second counted.
+            let Some(left) = into.grant_end.filter(|e| *e > now).map(|e| {
+                let d = e - now;
+                d.num_seconds() + i64::from(d > chrono::Duration::seconds(d.num_seconds()))
+            }) else {
                 return Ok(None);
             };
             let secs = secs.min(left);
@@ -153,11 +209,18 @@ pub async fn take_back<T: ConnectionTrait>(
                 return Ok(None);
             }
             let back = chrono::Duration::seconds(secs);
+            let carried = into.carried_seconds.unwrap_or(0);
+            // What the carried time is worth shrinks with it.
+            let worth = into.carried_value.map(|v| {
+                let left = i128::from(v) * i128::from(carried - secs) / i128::from(carried.max(1));
+                i64::try_from(left).unwrap_or(0).max(0)
+            });
             payments::Entity::update_many()
                 .col_expr(
                     payments::Column::CarriedSeconds,
-                    Expr::value(into.carried_seconds.unwrap_or(0) - secs),
+                    Expr::value(carried - secs),
                 )
+                .col_expr(payments::Column::CarriedValue, Expr::value(worth))
                 .col_expr(
                     payments::Column::GrantEnd,
                     Expr::value(into.grant_end.map(|e| e - back)),
@@ -165,6 +228,9 @@ pub async fn take_back<T: ConnectionTrait>(
                 .filter(payments::Column::Id.eq(into.id))
                 .exec(txn)
                 .await?;
+            if let (Some(plan), Some(into_end)) = (into.grant_plan.as_deref(), into.grant_end) {
+                shift_later(txn, refunded.user_id, plan, into.id, into_end, back).await?;
+            }
             (
                 sub.plan.clone(),
                 sub.current_period_start,
@@ -188,16 +254,27 @@ pub async fn take_back<T: ConnectionTrait>(
                 .count(txn)
                 .await?;
             // The replaced plan comes back only as far as grants still paid
-            // for carry it: a source refunded meanwhile took its time back.
+            // for carry it: its sources' months stacked again from the first
+            // one's start, those refunded meanwhile left out (they took
+            // their time back), so a refunded source's month never runs
+            // again on a later source's end.
             let sources_end = if later == 0 && refunded.grant_from_plan.is_some() {
-                payments::Entity::find()
+                let sources = payments::Entity::find()
                     .filter(payments::Column::CarriedInto.eq(refunded.id))
-                    .filter(payments::Column::Status.eq(PaymentStatus::Paid))
                     .all(txn)
-                    .await?
-                    .into_iter()
-                    .filter_map(|p| p.grant_end)
-                    .max()
+                    .await?;
+                let first = sources.iter().filter_map(|p| p.grant_start).min();
+                let paid: chrono::Duration = sources
+                    .iter()
+                    .filter(|p| p.status == PaymentStatus::Paid)
+                    .filter_map(|p| {
+                        let own = p.grant_end? - p.grant_start?;
+                        Some(own - chrono::Duration::seconds(p.carried_seconds.unwrap_or(0)))
+                    })
+                    .sum();
+                first
+                    .filter(|_| paid > chrono::Duration::zero())
+                    .map(|f| f + paid)
             } else {
                 None
             };
@@ -209,7 +286,31 @@ pub async fn take_back<T: ConnectionTrait>(
                 (Some(from), Some(from_end), Some(paid_end)) => {
                     (from.clone(), None, from_end.min(paid_end), true)
                 }
-                _ => (sub.plan.clone(), sub.current_period_start, end - own, false),
+                _ => {
+                    // Only what is still to come of its own month: the time
+                    // carried into it runs first, then its own month; what
+                    // of that has run is spent. Its grant keeps the carried
+                    // part (still worth what was carried, see
+                    // `grant::running`), and the later grants of the plan
+                    // move back by what was removed.
+                    let left = gend - gstart.max(now);
+                    let removed = own.min(left).max(chrono::Duration::zero());
+                    payments::Entity::update_many()
+                        .col_expr(
+                            payments::Column::GrantEnd,
+                            Expr::value(Some(gend - removed)),
+                        )
+                        .filter(payments::Column::Id.eq(refunded.id))
+                        .exec(txn)
+                        .await?;
+                    shift_later(txn, refunded.user_id, gplan, refunded.id, gend, removed).await?;
+                    (
+                        sub.plan.clone(),
+                        sub.current_period_start,
+                        end - removed,
+                        false,
+                    )
+                }
             }
         }
         _ if refunded.plan == sub.plan => {
@@ -219,9 +320,39 @@ pub async fn take_back<T: ConnectionTrait>(
         _ => return Ok(None),
     };
     if restore {
-        payments::Entity::update_many()
-            .col_expr(payments::Column::CarriedInto, Expr::value(None::<Uuid>))
+        // The sources still paid run again, their own months stacked from
+        // the first one's start (as `sources_end` counted them); what they
+        // had carried in from earlier plans is not revived (its money may
+        // have been refunded down the chain since).
+        let mut sources = payments::Entity::find()
             .filter(payments::Column::CarriedInto.eq(refunded.id))
+            .all(txn)
+            .await?;
+        sources.sort_by_key(|p| p.grant_start);
+        let mut cursor = sources.iter().filter_map(|p| p.grant_start).min();
+        for p in &sources {
+            let (Some(at), Some(s), Some(e)) = (cursor, p.grant_start, p.grant_end) else {
+                continue;
+            };
+            let mut update = payments::Entity::update_many()
+                .col_expr(payments::Column::CarriedInto, Expr::value(None::<Uuid>))
+                .filter(payments::Column::Id.eq(p.id));
+            if p.status == PaymentStatus::Paid {
+                let own = (e - s) - chrono::Duration::seconds(p.carried_seconds.unwrap_or(0));
+                update = update
+                    .col_expr(payments::Column::GrantStart, Expr::value(Some(at)))
+                    .col_expr(payments::Column::GrantEnd, Expr::value(Some(at + own)))
+                    .col_expr(payments::Column::CarriedSeconds, Expr::value(Some(0_i64)))
+                    .col_expr(payments::Column::CarriedValue, Expr::value(Some(0_i64)));
+                cursor = Some(at + own);
+            }
+            update.exec(txn).await?;
+        }
+        // Its carried value went back to them: it carries nothing now.
+        payments::Entity::update_many()
+            .col_expr(payments::Column::CarriedSeconds, Expr::value(Some(0_i64)))
+            .col_expr(payments::Column::CarriedValue, Expr::value(Some(0_i64)))
+            .filter(payments::Column::Id.eq(refunded.id))
             .exec(txn)
             .await?;
     }

@@ -20,8 +20,9 @@ pub struct JobContext {
     pub providers: Providers,
     /// The billing mails' templates, loaded at start.
     pub billing: Arc<crate::mailer::billing::BillingTemplates>,
-    /// `BILLING_TIME_ZONE`: the zone a grant's months are counted in.
-    pub billing_zone: chrono_tz::Tz,
+    /// The billing terms (`BILLING_TIME_ZONE`, `RENEWAL_GRACE_SECS`) grants
+    /// are computed under.
+    pub billing_terms: entity::billing::Terms,
     /// The renewal settings in force (computed once: the settings do not
     /// change while the process runs).
     pub renewal_policy: Arc<entity::billing::renewal::Policy>,

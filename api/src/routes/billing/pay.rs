@@ -233,7 +233,7 @@ async fn settle_stale(
             &state.db,
             &p.order_id,
             reported,
-            state.settings.billing_time_zone,
+            entity::billing::Terms::from_settings(&state.settings),
             None,
         ))
         .await?

@@ -372,7 +372,7 @@ async fn quote_inner(
                 &plan.id,
                 plan.price,
                 None,
-                state.settings.billing_time_zone,
+                entity::billing::Terms::from_settings(&state.settings),
             ),
         )
         .await?;
@@ -417,7 +417,7 @@ async fn quote_of(state: &AppState, p: &payments::Model) -> Result<Quote, ApiErr
                 &p.plan,
                 p.amount,
                 Some(p.created_at),
-                state.settings.billing_time_zone,
+                entity::billing::Terms::from_settings(&state.settings),
             ),
         )
         .await?;

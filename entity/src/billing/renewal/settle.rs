@@ -95,7 +95,7 @@ pub async fn grant<T: ConnectionTrait>(
     renewal_id: Uuid,
     sub: Option<&subscriptions::Model>,
     now: DateTime<Utc>,
-    zone: chrono_tz::Tz,
+    terms: crate::billing::Terms,
     request_id: Option<String>,
 ) -> Result<(Grant, Fit, Option<Outcome>), DbErr> {
     let mut find = renewals::Entity::find_by_id(renewal_id);
@@ -105,9 +105,11 @@ pub async fn grant<T: ConnectionTrait>(
     let r = find.one(txn).await?;
     let fit = fit(r.as_ref(), sub);
     let g = match fit {
-        Fit::Renews => grant::plan(txn, pay.user_id, sub, &pay.plan, pay.amount, now, zone).await?,
+        Fit::Renews => {
+            grant::plan(txn, pay.user_id, sub, &pay.plan, pay.amount, now, terms).await?
+        }
         Fit::Duplicate | Fit::Outdated => {
-            grant::as_time(txn, pay.user_id, sub, &pay.plan, pay.amount, now, zone).await?
+            grant::as_time(txn, pay.user_id, sub, &pay.plan, pay.amount, now, terms).await?
         }
     };
     let outcome = match (fit, r) {

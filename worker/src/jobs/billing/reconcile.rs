@@ -105,7 +105,7 @@ pub async fn handle(
         &ctx.db,
         order_id,
         report.reported,
-        ctx.billing_zone,
+        ctx.billing_terms,
         Some(task_id.to_string()),
     )
     .await
@@ -137,7 +137,7 @@ async fn expire(
         &ctx.db,
         order_id,
         PaymentStatus::Expired,
-        ctx.billing_zone,
+        ctx.billing_terms,
         Some(task_id.to_string()),
     )
     .await

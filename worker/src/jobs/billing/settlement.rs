@@ -73,7 +73,7 @@ pub async fn handle(
     let audit_id = job.request_id.clone().or_else(|| Some(task_id.to_string()));
     let outcome = match confirm(&job, ctx).await? {
         Confirmation::Settle(seen) => {
-            settlement::settle_event_seen(&ctx.db, job.event_id, seen, ctx.billing_zone, audit_id)
+            settlement::settle_event_seen(&ctx.db, job.event_id, seen, ctx.billing_terms, audit_id)
                 .await
         }
         Confirmation::Unconfirmed(reason) => {
