@@ -320,6 +320,8 @@ async fn admin_lists_redacted_dead_letters_and_redrives_one_delivered_once() {
         redirect_to: "http://127.0.0.1/".into(),
         site_url: "http://127.0.0.1".into(),
         request_id: None,
+        account_email: None,
+        new_email: None,
     };
     queues
         .push(worker::Job::SendAuthEmail(auth_mail))

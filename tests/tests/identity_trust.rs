@@ -393,6 +393,18 @@ async fn an_email_change_is_confirmed_by_both_addresses() {
         m.searchable()
     };
     let (to_new, to_old) = (text_to(new), text_to(old));
+    // Each mail names the account and where it moves, so the owner of the
+    // new address knows whose account a click would bring to them (red
+    // team: an unsolicited "confirm your new email" adopted an attacker's
+    // account with its password).
+    for text in [&to_new, &to_old] {
+        assert!(
+            text.contains(&format!("The account {old} on"))
+                && text.contains(&format!("change its email address to {new}"))
+                && text.contains("moves that account, with its password and sign-ins"),
+            "{text}"
+        );
+    }
     // The new address alone does not change it.
     let r = idp.verify_hash("email_change", &to_new).await;
     assert_eq!(r.status, 200, "{}", r.text);

@@ -30,6 +30,7 @@ mod health;
 mod identity;
 mod identity_accounts;
 mod identity_proof;
+mod identity_races;
 mod identity_trust;
 mod install;
 mod job_limits;

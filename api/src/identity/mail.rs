@@ -50,6 +50,9 @@ pub(super) struct Outgoing<'a> {
     /// The sign-up a confirmation mail is issued for, and its password hash
     /// (parked on the PKCE flow, if any).
     pub signup: Option<(Uuid, Option<String>)>,
+    /// An email change's addresses (the account's current one, the new
+    /// one), named in both of its mails.
+    pub change: Option<(&'a str, &'a str)>,
 }
 
 impl<'a> Outgoing<'a> {
@@ -66,6 +69,7 @@ impl<'a> Outgoing<'a> {
             slot: Slot::Claim,
             replace: true,
             signup: None,
+            change: None,
         }
     }
 
@@ -86,6 +90,11 @@ impl<'a> Outgoing<'a> {
 
     pub(super) fn slot(mut self, slot: Slot) -> Self {
         self.slot = slot;
+        self
+    }
+
+    pub(super) fn change(mut self, current: &'a str, new: &'a str) -> Self {
+        self.change = Some((current, new));
         self
     }
 
@@ -118,19 +127,7 @@ impl Idp {
                 (a.user_id, MailKind::Magiclink, Slot::Claim)
             }
             Some(a) => {
-                self.claim_slot(&norm, MailKind::Confirmation).await?;
-                // A code sign-up of a pending account is another request
-                // touching it: the account is contested, and no later
-                // confirmation keeps a pre-proof credential.
-                self.bounded(account::retake_pending(
-                    &self.db,
-                    a.user_id,
-                    None,
-                    meta,
-                    Some(account::CONTESTED),
-                ))
-                .await??;
-                self.user_changed(a.user_id);
+                self.contest_pending(&norm, a.user_id, meta).await?;
                 (a.user_id, MailKind::Confirmation, Slot::Claimed)
             }
             None if !req.create_user => {
@@ -151,17 +148,28 @@ impl Idp {
                             email: &email,
                             email_norm: &norm,
                             password_hash: None,
-                            user_metadata: meta,
+                            user_metadata: meta.clone(),
                             confirmed: false,
                             signup_id: Some(request),
                         },
                         &grant,
                     ))
                     .await??;
-                let a = match created {
-                    Created::New(a) | Created::Existing(a) => a,
-                };
-                (a.user_id, MailKind::Confirmation, Slot::Claim)
+                match created {
+                    Created::New(a) => (a.user_id, MailKind::Confirmation, Slot::Claim),
+                    // Another request made the account between the lookup
+                    // and the create (a racing sign-up): it is an existing
+                    // account, handled as above, so the code sign-up
+                    // contests it instead of leaving the other request's
+                    // credentials uncontested.
+                    Created::Existing(a) if a.email_confirmed_at.is_some() => {
+                        (a.user_id, MailKind::Magiclink, Slot::Claim)
+                    }
+                    Created::Existing(a) => {
+                        self.contest_pending(&norm, a.user_id, meta).await?;
+                        (a.user_id, MailKind::Confirmation, Slot::Claimed)
+                    }
+                }
             }
         };
         let mut mail = Outgoing::new(user_id, kind, &email, &norm)
@@ -173,6 +181,29 @@ impl Idp {
             mail = mail.signup(request, None);
         }
         self.send_mail(mail).await.map(|_| ())
+    }
+
+    /// A code sign-up of the pending account `user_id` at `norm`: another
+    /// request touching it, so once the confirmation's interval slot is
+    /// claimed the account is contested and its pre-proof credentials are
+    /// dropped ([`account::retake_pending`]); no later confirmation keeps one.
+    async fn contest_pending(
+        &self,
+        norm: &str,
+        user_id: Uuid,
+        meta: serde_json::Value,
+    ) -> Result<(), AuthApiError> {
+        self.claim_slot(norm, MailKind::Confirmation).await?;
+        self.bounded(account::retake_pending(
+            &self.db,
+            user_id,
+            None,
+            meta,
+            Some(account::CONTESTED),
+        ))
+        .await??;
+        self.user_changed(user_id);
+        Ok(())
     }
 
     /// Claims the interval slot of a `kind` mail to `norm`.
@@ -330,7 +361,8 @@ impl Idp {
             .pkce(pkce)
             .request(request_id.clone())
             .slot(Slot::Claimed)
-            .signup(change, None);
+            .signup(change, None)
+            .change(&acc.email, &new);
         let mut to_current = Outgoing::new(
             acc.user_id,
             MailKind::EmailChange,
@@ -340,7 +372,8 @@ impl Idp {
         .redirect(redirect_to)
         .request(request_id)
         .slot(Slot::Claimed)
-        .signup(change, None);
+        .signup(change, None)
+        .change(&acc.email, &new);
         to_current.replace = false;
         let first = self.write_mail(&txn, &to_new, from.clone()).await?;
         let second = self.write_mail(&txn, &to_current, from).await?;
@@ -475,6 +508,8 @@ impl Idp {
             redirect_to: redirect,
             site_url: self.settings.app_url.clone(),
             request_id: m.request_id.clone(),
+            account_email: m.change.map(|(current, _)| current.to_string()),
+            new_email: m.change.map(|(_, new)| new.to_string()),
         }))
     }
 }

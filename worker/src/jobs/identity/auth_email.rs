@@ -12,7 +12,10 @@
 //! name in `AUTH_TEMPLATES_DIR` replaces one. Variables use the hosted auth
 //! platform's names: `{{ .ConfirmationURL }}`, `{{ .Token }}`,
 //! `{{ .TokenHash }}`, `{{ .SiteURL }}`, `{{ .RedirectTo }}`, `{{ .Email }}`
-//! (plain substitution; values are HTML-escaped in `.html` templates).
+//! (the account's address: the recipient, but in an email change's two
+//! mails the current address) and `{{ .NewEmail }}` (an email change's new
+//! address) (plain substitution; values are HTML-escaped in `.html`
+//! templates).
 
 use entity::{base::mail::OutgoingEmail, identity::otp::MailKind};
 use serde::{Deserialize, Serialize};
@@ -45,6 +48,13 @@ pub struct SendAuthEmail {
     /// Request id of the HTTP request that queued it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// An email change's mails: the account's current address
+    /// (`{{ .Email }}`; other mails: the recipient).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_email: Option<String>,
+    /// An email change's mails: the address it moves to (`{{ .NewEmail }}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_email: Option<String>,
 }
 
 /// The template base name of `kind`.
@@ -115,7 +125,8 @@ pub fn render(template: &str, job: &SendAuthEmail, html: bool) -> String {
         ("Token", job.token.as_str()),
         ("SiteURL", job.site_url.as_str()),
         ("RedirectTo", job.redirect_to.as_str()),
-        ("Email", job.to.as_str()),
+        ("NewEmail", job.new_email.as_deref().unwrap_or("")),
+        ("Email", job.account_email.as_deref().unwrap_or(&job.to)),
     ] {
         let v = esc(value);
         for pat in [format!("{{{{ .{name} }}}}"), format!("{{{{.{name}}}}}")] {
@@ -195,6 +206,8 @@ mod tests {
             redirect_to: "https://app.example.com/welcome".into(),
             site_url: "https://app.example.com".into(),
             request_id: None,
+            account_email: None,
+            new_email: None,
         }
     }
 
