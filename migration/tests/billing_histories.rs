@@ -9,10 +9,12 @@
 //! entry points: a checkout of BASIC, PRO or ULTIMATE at its catalogue price
 //! settled `PAID` (`settlement::settle_status_check`, the path webhooks and
 //! reconciliation share), a full refund of an earlier payment settled
-//! `REFUNDED`, and time passing (every stored time of the customer moved
-//! back, as if the database's clock had moved on; the renewal loop does not
-//! run, so an ended period stays `active`, as between two ticks or while
-//! the loop is paused).
+//! `REFUNDED`, time passing (every stored time of the customer moved back,
+//! as if the database's clock had moved on), a tick of the renewal loop
+//! (its lapse, past-due and offer passes, `renewal::run_batch`), paying
+//! the open renewal, `change` of the next renewal's plan, and `cancel` /
+//! `resume`. Between ticks an ended period stays `active`, as while the
+//! loop is late or paused.
 //!
 //! After every step, with `R` the paid time still to come (the period end
 //! less the database's now, on a paid plan) and `P` the price of the plan in
@@ -30,7 +32,7 @@
 //!   less at most a grace (three days) of a period that had ended (the
 //!   grace days are billed; a payment never buys a period already over).
 //!
-//! Cases: `BILLING_CASES` (default 256 per backend, a few seconds), seed
+//! Cases: `BILLING_CASES` (default 1000 per backend, under a minute), seed
 //! `BILLING_SEED` (default 44); a failing case is shrunk to its shortest
 //! history and printed. Run: `TEST_DATABASE_ADMIN_URL=postgres://postgres@127.0.0.1:5432/postgres
 //! cargo nextest run -p migration -E 'test(/billing_histories/)'`.
@@ -41,16 +43,26 @@ use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Asia::Jakarta;
 use entity::{
     accounts::users::{ensure_user, Identity},
-    billing::{payment::PaymentStatus, settlement, Terms},
-    entities::{payments, subscriptions},
+    base::plans::Catalogue,
+    billing::{
+        payment::PaymentStatus,
+        renewal, settlement,
+        subscription::{self, SubscriptionAction},
+        Terms,
+    },
+    entities::{
+        payments,
+        renewals::{self, RenewalStatus},
+        subscriptions,
+    },
 };
 use proptest::{
     prelude::*,
     test_runner::{Config as ProptestConfig, RngSeed, TestCaseError, TestRunner},
 };
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter,
-    QueryOrder, Set,
+    sea_query::Expr, ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait,
+    IntoActiveModel, QueryFilter, QueryOrder, Set,
 };
 use uuid::Uuid;
 
@@ -81,6 +93,14 @@ enum Step {
     Refund(usize),
     /// This many hours pass.
     Pass(i64),
+    /// A tick of the renewal loop: its passes in a tick's order.
+    Tick,
+    /// The open renewal (if any) is paid through its pay link.
+    PayRenewal,
+    /// `change`: the next renewal bills `PLANS[i]`.
+    Change(usize),
+    /// `cancel`, or `resume` when `false`.
+    Cancel(bool),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -88,14 +108,40 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0..PLANS.len()).prop_map(Step::Pay),
         2 => (0..8usize).prop_map(Step::Refund),
         3 => prop_oneof![1i64..48, 24i64..24 * 45].prop_map(Step::Pass),
+        3 => Just(Step::Tick),
+        2 => Just(Step::PayRenewal),
+        1 => (0..PLANS.len()).prop_map(Step::Change),
+        1 => any::<bool>().prop_map(Step::Cancel),
     ]
+}
+
+/// The renewal loop's settings: the grace of [`TERMS`], reminders 7, 3
+/// and 1 days before the end (a renewal is offered 7 days ahead).
+fn policy() -> renewal::Policy {
+    renewal::Policy {
+        grace: TERMS.grace,
+        reminder_days: vec![7, 3, 1],
+        pay_secret: None,
+        api_url: String::new(),
+        paused: false,
+    }
+}
+
+fn catalogue() -> &'static Catalogue {
+    static PLANS_FILE: std::sync::OnceLock<Catalogue> = std::sync::OnceLock::new();
+    PLANS_FILE.get_or_init(|| {
+        Catalogue::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/plans.toml"),
+        )
+        .expect("config/plans.toml")
+    })
 }
 
 fn cases() -> u32 {
     std::env::var("BILLING_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
+        .unwrap_or(1000)
 }
 
 /// Paid seconds still to come and the plan in force.
@@ -168,6 +214,18 @@ async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Duration) {
     am.billing_anchor_day = Set(None);
     am.billing_anchor_time = Set(None);
     am.update(db).await.unwrap();
+    for r in renewals::Entity::find()
+        .filter(renewals::Column::UserId.eq(user))
+        .all(db)
+        .await
+        .unwrap()
+    {
+        let mut am = r.clone().into_active_model();
+        am.period_end = Set(r.period_end - by);
+        am.next_reminder_at = Set(earlier(r.next_reminder_at, by));
+        am.created_at = Set(r.created_at - by);
+        am.update(db).await.unwrap();
+    }
     for p in payments_of(db, user).await {
         let mut am = p.clone().into_active_model();
         am.created_at = Set(p.created_at - by);
@@ -298,6 +356,74 @@ async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(), TestCase
             Step::Pass(hours) => {
                 time_passes(db, user, Duration::hours(*hours)).await;
                 log.push(format!("{hours} h pass"));
+            }
+            Step::Tick => {
+                let now = entity::base::db::now(db).await.unwrap();
+                let mut outcomes = Vec::new();
+                for pass in [
+                    renewal::Step::Lapse,
+                    renewal::Step::PastDue,
+                    renewal::Step::Create,
+                ] {
+                    let report = renewal::run_batch(db, pass, &policy(), catalogue(), now, &[user])
+                        .await
+                        .unwrap();
+                    outcomes.extend(report.outcomes);
+                }
+                log.push(format!("tick: {outcomes:?}"));
+            }
+            Step::PayRenewal => {
+                let open = renewals::Entity::find()
+                    .filter(renewals::Column::UserId.eq(user))
+                    .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+                    .one(db)
+                    .await
+                    .unwrap();
+                let Some(r) = open else { continue };
+                let order = checkout(db, user, &r.plan).await;
+                payments::Entity::update_many()
+                    .col_expr(payments::Column::RenewalId, Expr::value(Some(r.id)))
+                    .col_expr(payments::Column::Amount, Expr::value(r.amount))
+                    .filter(payments::Column::OrderId.eq(&order))
+                    .exec(db)
+                    .await
+                    .unwrap();
+                let outcome =
+                    settlement::settle_status_check(db, &order, PaymentStatus::Paid, TERMS, None)
+                        .await
+                        .unwrap();
+                log.push(format!(
+                    "pay the renewal of {} ending {}: {outcome:?}",
+                    r.plan, r.period_end
+                ));
+                let (plan_after, left_after) = running(db, user).await;
+                if left_after == 0 {
+                    return Err(broken(
+                        format!("a renewal's payment bought nothing still to come ({plan_after})"),
+                        &log,
+                    ));
+                }
+            }
+            Step::Change(i) => {
+                let plan = PLANS[*i].0;
+                let outcome =
+                    subscription::choose_renewal_plan(db, user, plan, &policy(), catalogue()).await;
+                log.push(format!(
+                    "change to {plan}: {}",
+                    if outcome.is_ok() { "ok" } else { "refused" }
+                ));
+            }
+            Step::Cancel(cancel) => {
+                let action = if *cancel {
+                    SubscriptionAction::Cancel
+                } else {
+                    SubscriptionAction::Resume
+                };
+                let outcome = subscription::change(db, user, action).await;
+                log.push(format!(
+                    "{action:?}: {}",
+                    if outcome.is_ok() { "ok" } else { "refused" }
+                ));
             }
         }
         // After every step.

@@ -111,6 +111,20 @@ pub fn in_grace(s: &subscriptions::Model, at: DateTime<Utc>, grace: chrono::Dura
     }
 }
 
+/// Where a payment in grace continues from: the old end `end`, but never
+/// more than `grace` before `paid_at` (a past-due notice sent long after the
+/// end, the loop paused or late, does not bill the days before it beyond a
+/// grace; the period then re-anchors).
+fn billed_from(
+    end: DateTime<Utc>,
+    paid_at: DateTime<Utc>,
+    grace: chrono::Duration,
+) -> DateTime<Utc> {
+    paid_at
+        .checked_sub_signed(grace)
+        .map_or(end, |earliest| end.max(earliest))
+}
+
 /// One running grant as the carry reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Running {
@@ -323,11 +337,20 @@ pub async fn plan<C: ConnectionTrait>(
             in_grace: false,
             anchor: None,
         },
-        |s| InForce {
-            plan: &s.plan,
-            period_end: s.current_period_end,
-            in_grace: in_grace(s, paid_at, terms.grace),
-            anchor: super::anchor::of_subscription(s),
+        |s| {
+            let grace = in_grace(s, paid_at, terms.grace);
+            InForce {
+                plan: &s.plan,
+                period_end: s.current_period_end.map(|e| {
+                    if grace {
+                        billed_from(e, paid_at, terms.grace)
+                    } else {
+                        e
+                    }
+                }),
+                in_grace: grace,
+                anchor: super::anchor::of_subscription(s),
+            }
         },
     );
     let carries = in_force.plan != FREE
@@ -371,7 +394,16 @@ pub async fn as_time<C: ConnectionTrait>(
     let zone = terms.zone;
     let other = sub.and_then(|s| {
         let grace = in_grace(s, paid_at, terms.grace);
-        let end = s.current_period_end.filter(|e| grace || *e > paid_at)?;
+        let end = s
+            .current_period_end
+            .filter(|e| grace || *e > paid_at)
+            .map(|e| {
+                if grace {
+                    billed_from(e, paid_at, terms.grace)
+                } else {
+                    e
+                }
+            })?;
         (s.plan != FREE && s.plan != plan_id).then_some((s, end))
     });
     let Some((s, end)) = other else {
