@@ -23,9 +23,11 @@
 //!   of that plan: `R × P ≤ Σ(amount − refunded of PAID payments) × 31 days`;
 //! * **nothing paid, nothing running**: with no payment `PAID`, `R = 0`;
 //! * **a refund takes only its own**: refunding a payment whose grant is
-//!   over and carried nothing on leaves the plan and its end unchanged, and
+//!   over and carried nothing on leaves the plan and its end unchanged (but
+//!   in a grace, below), and
 //!   one whose grant carried nothing on takes at most what is still to come
-//!   of that grant;
+//!   of that grant; in its grace, the whole refund of the payment whose
+//!   grant ends the period ends the grace (FREE);
 //! * **paying never loses time**: after a payment of plan `Q` settles, at
 //!   least a short month (28 days) of `Q` runs, plus what ran before,
 //!   converted at the prices (`R' × Q ≥ 28 days × Q + R × P × 28/31`),
@@ -302,7 +304,18 @@ async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(), TestCase
                     continue;
                 }
                 let p = settled[k % settled.len()];
+                let before = subscriptions::Entity::find_by_id(user)
+                    .one(db)
+                    .await
+                    .unwrap()
+                    .expect("subscription");
                 let now = entity::base::db::now(db).await.unwrap();
+                // In its grace, the refund of the payment that bought the
+                // period's end ends the grace.
+                let ends_grace = before.status == subscriptions::SubscriptionStatus::PastDue
+                    && before.current_period_end.is_some_and(|e| e <= now)
+                    && p.grant_end.is_some()
+                    && p.grant_end == before.current_period_end;
                 let over_and_kept = p.grant_end.is_some_and(|e| e <= now)
                     && p.carried_into.is_none()
                     && p.carried_seconds.unwrap_or(0) == 0;
@@ -333,6 +346,14 @@ async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(), TestCase
                     p.carried_into
                 ));
                 let (plan_after, left_after) = running(db, user).await;
+                if ends_grace && plan_after != "FREE" {
+                    return Err(broken(
+                        format!(
+                            "refunding the payment of a period in grace left {plan_after} in force"
+                        ),
+                        &log,
+                    ));
+                }
                 if let Some(own) = still_to_come.filter(|_| plan_after == plan_before) {
                     if left_before - left_after > own + 1 {
                         return Err(broken(
@@ -344,7 +365,10 @@ async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(), TestCase
                         ));
                     }
                 }
-                if over_and_kept && (plan_after != plan_before || left_after < left_before - 1) {
+                if over_and_kept
+                    && !ends_grace
+                    && (plan_after != plan_before || left_after < left_before - 1)
+                {
                     return Err(broken(
                         format!(
                             "refunding a finished grant took {left_before} s of {plan_before} to {left_after} s of {plan_after}"

@@ -437,11 +437,13 @@ async fn a_partial_refund_does_not_make_an_outdated_renewal_buy_more_time() {
     );
 }
 
-/// A refund in grace leaves the plan in force with no paid grant behind it;
-/// an outdated cheaper renewal paid then buys what its money buys of that
-/// plan, not a whole month of it.
+/// In its grace, the whole refund of the payment that bought the period's
+/// end ends the grace (FREE at once, audited): no plan stays in force with
+/// no payment behind it. An outdated cheaper renewal's checkout paid then
+/// buys its own plan's month from the payment, never a month of the dear
+/// plan.
 #[tokio::test(flavor = "multi_thread")]
-async fn after_a_refund_in_grace_an_outdated_cheaper_renewal_buys_its_share_not_a_month() {
+async fn a_refund_in_grace_ends_it_and_an_outdated_cheaper_renewal_then_buys_its_own_plan() {
     let stack = Stack::new().await;
     let env = env(&stack);
     let api = stack.api(&env).await;
@@ -461,7 +463,8 @@ async fn after_a_refund_in_grace_an_outdated_cheaper_renewal_buys_its_share_not_
     })
     .await;
     assert!(in_grace, "{:?}", tests::subscription_row(&db, user).await);
-    // The ULTIMATE payment is refunded: its month is over, nothing to take.
+    // The ULTIMATE payment is refunded: its month was the period's, so the
+    // grace ends.
     tests::send_provider_b_notice(
         &api,
         tests::B_CLIENT,
@@ -472,16 +475,28 @@ async fn after_a_refund_in_grace_an_outdated_cheaper_renewal_buys_its_share_not_
     )
     .await;
     wait_payment_status(&db, &ultimate, PaymentStatus::Refunded).await;
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(
+        (s.plan.as_str(), s.status, s.current_period_end),
+        ("FREE", SubscriptionStatus::Active, None),
+        "the grace ended with the refund"
+    );
+    assert_eq!(
+        audit_trail(&db, &user.to_string(), "subscription.take_back")
+            .await
+            .len(),
+        1
+    );
+    assert!(end < Utc::now());
 
     settle(&api, &db, &stale, 49_000).await;
     let s = tests::subscription_row(&db, user).await;
-    assert_eq!(s.plan, "ULTIMATE");
-    let secs = bought(&db, &ultimate, 49_000, 299_000).await;
-    assert!(secs < 6 * 86_400, "{secs}");
+    let p = payment_row(&db, &stale).await;
+    assert_eq!(s.plan, "BASIC", "never a month of ULTIMATE for 49,000");
     assert_eq!(
         s.current_period_end,
-        Some(end + chrono::Duration::seconds(secs)),
-        "49,000 buys 49/299 of an ULTIMATE month from the old end"
+        Some(month_after(p.paid_at.unwrap())),
+        "a BASIC month from the payment"
     );
 }
 

@@ -153,7 +153,9 @@ async fn shift_later<T: ConnectionTrait>(
 ///   carried_seconds`; the carried time runs first, so what has run of the
 ///   grant is spent), the grant keeps its carried part, and later grants
 ///   of the plan move back with it;
-/// * a period that then ends by `now` falls back to FREE at once.
+/// * a period that then ends by `now` falls back to FREE at once;
+/// * in its grace (`past_due`, the period over), a whole refund of the
+///   payment whose grant ends the period ends the grace: FREE at once.
 ///
 /// A payment paid before grants were stored moves the end of its plan back
 /// by one calendar month. Writes an [`audit::ACTION_SUBSCRIPTION_TAKE_BACK`] audit
@@ -179,145 +181,160 @@ pub async fn take_back<T: ConnectionTrait>(
     let Some(sub) = find.one(txn).await? else {
         return Ok(None);
     };
-    let Some(end) = sub.current_period_end.filter(|e| *e > now) else {
-        return Ok(None);
+    // In its grace (the period ended unpaid, the plan kept): a whole refund
+    // of the payment whose grant ends the period ends the grace, FREE at
+    // once (decisions.md, "Refunds take only what still runs").
+    let ends_grace = sub.status == SubscriptionStatus::PastDue
+        && sub.current_period_end.is_some_and(|e| e <= now)
+        && refunded.grant_end.is_some()
+        && refunded.grant_end == sub.current_period_end;
+    let end = match sub.current_period_end.filter(|e| *e > now) {
+        Some(end) => end,
+        None if ends_grace => now,
+        None => return Ok(None),
     };
-    let (plan, start, new_end, restore) = match (
-        refunded.grant_plan.as_deref(),
-        refunded.grant_start,
-        refunded.grant_end,
-    ) {
-        (Some(_), Some(_), Some(_)) if refunded.carried_into.is_some() => {
-            let Some((into, secs)) = carried_share(txn, refunded, zone).await? else {
-                return Ok(None);
-            };
-            if into.grant_plan.as_deref() != Some(sub.plan.as_str()) || secs <= 0 {
-                return Ok(None);
-            }
-            // Only what still runs of the grant it carried into: once that
-            // grant is over, its carried time is spent, and a later,
-            // separately paid grant of the same plan keeps all its time.
-            // In whole seconds, a started second counted.
-            let Some(left) = into.grant_end.filter(|e| *e > now).map(|e| {
-                let d = e - now;
-                d.num_seconds() + i64::from(d > chrono::Duration::seconds(d.num_seconds()))
-            }) else {
-                return Ok(None);
-            };
-            let secs = secs.min(left);
-            if secs <= 0 {
-                return Ok(None);
-            }
-            let back = chrono::Duration::seconds(secs);
-            let carried = into.carried_seconds.unwrap_or(0);
-            // What the carried time is worth shrinks with it.
-            let worth = into.carried_value.map(|v| {
-                let left = i128::from(v) * i128::from(carried - secs) / i128::from(carried.max(1));
-                i64::try_from(left).unwrap_or(0).max(0)
-            });
-            payments::Entity::update_many()
-                .col_expr(
-                    payments::Column::CarriedSeconds,
-                    Expr::value(carried - secs),
-                )
-                .col_expr(payments::Column::CarriedValue, Expr::value(worth))
-                .col_expr(
-                    payments::Column::GrantEnd,
-                    Expr::value(into.grant_end.map(|e| e - back)),
-                )
-                .filter(payments::Column::Id.eq(into.id))
-                .exec(txn)
-                .await?;
-            if let (Some(plan), Some(into_end)) = (into.grant_plan.as_deref(), into.grant_end) {
-                shift_later(txn, refunded.user_id, plan, into.id, into_end, back).await?;
-            }
-            (
-                sub.plan.clone(),
-                sub.current_period_start,
-                end - back,
-                false,
-            )
-        }
-        (Some(gplan), Some(gstart), Some(gend)) => {
-            if gend <= now || gplan != sub.plan {
-                return Ok(None);
-            }
-            let carried = refunded.carried_seconds.unwrap_or(0);
-            let own = (gend - gstart) - chrono::Duration::seconds(carried);
-            let later = payments::Entity::find()
-                .filter(payments::Column::UserId.eq(refunded.user_id))
-                .filter(payments::Column::Status.eq(PaymentStatus::Paid))
-                .filter(payments::Column::GrantPlan.eq(gplan))
-                .filter(payments::Column::CarriedInto.is_null())
-                .filter(payments::Column::Id.ne(refunded.id))
-                .filter(payments::Column::GrantStart.gte(gend))
-                .count(txn)
-                .await?;
-            // The replaced plan comes back only as far as grants still paid
-            // for carry it: its sources' months stacked again from the first
-            // one's start, those refunded meanwhile left out (they took
-            // their time back), so a refunded source's month never runs
-            // again on a later source's end.
-            let sources_end = if later == 0 && refunded.grant_from_plan.is_some() {
-                let sources = payments::Entity::find()
-                    .filter(payments::Column::CarriedInto.eq(refunded.id))
-                    .all(txn)
-                    .await?;
-                let first = sources.iter().filter_map(|p| p.grant_start).min();
-                let paid: chrono::Duration = sources
-                    .iter()
-                    .filter(|p| p.status == PaymentStatus::Paid)
-                    .filter_map(|p| {
-                        let own = p.grant_end? - p.grant_start?;
-                        Some(own - chrono::Duration::seconds(p.carried_seconds.unwrap_or(0)))
-                    })
-                    .sum();
-                first
-                    .filter(|_| paid > chrono::Duration::zero())
-                    .map(|f| f + paid)
-            } else {
-                None
-            };
-            match (
-                &refunded.grant_from_plan,
-                refunded.grant_from_end,
-                sources_end,
-            ) {
-                (Some(from), Some(from_end), Some(paid_end)) => {
-                    (from.clone(), None, from_end.min(paid_end), true)
+    let (plan, start, new_end, restore) = if ends_grace {
+        (FREE.to_string(), None, now, false)
+    } else {
+        match (
+            refunded.grant_plan.as_deref(),
+            refunded.grant_start,
+            refunded.grant_end,
+        ) {
+            (Some(_), Some(_), Some(_)) if refunded.carried_into.is_some() => {
+                let Some((into, secs)) = carried_share(txn, refunded, zone).await? else {
+                    return Ok(None);
+                };
+                if into.grant_plan.as_deref() != Some(sub.plan.as_str()) || secs <= 0 {
+                    return Ok(None);
                 }
-                _ => {
-                    // Only what is still to come of its own month: the time
-                    // carried into it runs first, then its own month; what
-                    // of that has run is spent. Its grant keeps the carried
-                    // part (still worth what was carried, see
-                    // `grant::running`), and the later grants of the plan
-                    // move back by what was removed.
-                    let left = gend - gstart.max(now);
-                    let removed = own.min(left).max(chrono::Duration::zero());
-                    payments::Entity::update_many()
-                        .col_expr(
-                            payments::Column::GrantEnd,
-                            Expr::value(Some(gend - removed)),
-                        )
-                        .filter(payments::Column::Id.eq(refunded.id))
-                        .exec(txn)
-                        .await?;
-                    shift_later(txn, refunded.user_id, gplan, refunded.id, gend, removed).await?;
-                    (
-                        sub.plan.clone(),
-                        sub.current_period_start,
-                        end - removed,
-                        false,
+                // Only what still runs of the grant it carried into: once that
+                // grant is over, its carried time is spent, and a later,
+                // separately paid grant of the same plan keeps all its time.
+                // In whole seconds, a started second counted.
+                let Some(left) = into.grant_end.filter(|e| *e > now).map(|e| {
+                    let d = e - now;
+                    d.num_seconds() + i64::from(d > chrono::Duration::seconds(d.num_seconds()))
+                }) else {
+                    return Ok(None);
+                };
+                let secs = secs.min(left);
+                if secs <= 0 {
+                    return Ok(None);
+                }
+                let back = chrono::Duration::seconds(secs);
+                let carried = into.carried_seconds.unwrap_or(0);
+                // What the carried time is worth shrinks with it.
+                let worth = into.carried_value.map(|v| {
+                    let left =
+                        i128::from(v) * i128::from(carried - secs) / i128::from(carried.max(1));
+                    i64::try_from(left).unwrap_or(0).max(0)
+                });
+                payments::Entity::update_many()
+                    .col_expr(
+                        payments::Column::CarriedSeconds,
+                        Expr::value(carried - secs),
                     )
+                    .col_expr(payments::Column::CarriedValue, Expr::value(worth))
+                    .col_expr(
+                        payments::Column::GrantEnd,
+                        Expr::value(into.grant_end.map(|e| e - back)),
+                    )
+                    .filter(payments::Column::Id.eq(into.id))
+                    .exec(txn)
+                    .await?;
+                if let (Some(plan), Some(into_end)) = (into.grant_plan.as_deref(), into.grant_end) {
+                    shift_later(txn, refunded.user_id, plan, into.id, into_end, back).await?;
+                }
+                (
+                    sub.plan.clone(),
+                    sub.current_period_start,
+                    end - back,
+                    false,
+                )
+            }
+            (Some(gplan), Some(gstart), Some(gend)) => {
+                if gend <= now || gplan != sub.plan {
+                    return Ok(None);
+                }
+                let carried = refunded.carried_seconds.unwrap_or(0);
+                let own = (gend - gstart) - chrono::Duration::seconds(carried);
+                let later = payments::Entity::find()
+                    .filter(payments::Column::UserId.eq(refunded.user_id))
+                    .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+                    .filter(payments::Column::GrantPlan.eq(gplan))
+                    .filter(payments::Column::CarriedInto.is_null())
+                    .filter(payments::Column::Id.ne(refunded.id))
+                    .filter(payments::Column::GrantStart.gte(gend))
+                    .count(txn)
+                    .await?;
+                // The replaced plan comes back only as far as grants still paid
+                // for carry it: its sources' months stacked again from the first
+                // one's start, those refunded meanwhile left out (they took
+                // their time back), so a refunded source's month never runs
+                // again on a later source's end.
+                let sources_end = if later == 0 && refunded.grant_from_plan.is_some() {
+                    let sources = payments::Entity::find()
+                        .filter(payments::Column::CarriedInto.eq(refunded.id))
+                        .all(txn)
+                        .await?;
+                    let first = sources.iter().filter_map(|p| p.grant_start).min();
+                    let paid: chrono::Duration = sources
+                        .iter()
+                        .filter(|p| p.status == PaymentStatus::Paid)
+                        .filter_map(|p| {
+                            let own = p.grant_end? - p.grant_start?;
+                            Some(own - chrono::Duration::seconds(p.carried_seconds.unwrap_or(0)))
+                        })
+                        .sum();
+                    first
+                        .filter(|_| paid > chrono::Duration::zero())
+                        .map(|f| f + paid)
+                } else {
+                    None
+                };
+                match (
+                    &refunded.grant_from_plan,
+                    refunded.grant_from_end,
+                    sources_end,
+                ) {
+                    (Some(from), Some(from_end), Some(paid_end)) => {
+                        (from.clone(), None, from_end.min(paid_end), true)
+                    }
+                    _ => {
+                        // Only what is still to come of its own month: the time
+                        // carried into it runs first, then its own month; what
+                        // of that has run is spent. Its grant keeps the carried
+                        // part (still worth what was carried, see
+                        // `grant::running`), and the later grants of the plan
+                        // move back by what was removed.
+                        let left = gend - gstart.max(now);
+                        let removed = own.min(left).max(chrono::Duration::zero());
+                        payments::Entity::update_many()
+                            .col_expr(
+                                payments::Column::GrantEnd,
+                                Expr::value(Some(gend - removed)),
+                            )
+                            .filter(payments::Column::Id.eq(refunded.id))
+                            .exec(txn)
+                            .await?;
+                        shift_later(txn, refunded.user_id, gplan, refunded.id, gend, removed)
+                            .await?;
+                        (
+                            sub.plan.clone(),
+                            sub.current_period_start,
+                            end - removed,
+                            false,
+                        )
+                    }
                 }
             }
+            _ if refunded.plan == sub.plan => {
+                let back = end.checked_sub_months(Months::new(1)).unwrap_or(end);
+                (sub.plan.clone(), sub.current_period_start, back, false)
+            }
+            _ => return Ok(None),
         }
-        _ if refunded.plan == sub.plan => {
-            let back = end.checked_sub_months(Months::new(1)).unwrap_or(end);
-            (sub.plan.clone(), sub.current_period_start, back, false)
-        }
-        _ => return Ok(None),
     };
     if restore {
         // The sources still paid run again, their own months stacked from
