@@ -78,7 +78,9 @@ pub struct Health {
     pub queue: QueueProbe,
     /// The renewal loop (renewal offers, reminders, grace and lapse):
     /// `running`, or `paused` while payments are switched off or not ready
-    /// (no renewal could be paid; nothing lapses meanwhile).
+    /// (no renewal could be paid: nothing is offered, told past due or
+    /// lapsed after its grace meanwhile, only a cancelling subscription
+    /// lapses at its end; a running grace is extended by the pause).
     pub renewals: String,
     /// Readiness per feature.
     pub features: FeatureMap,
