@@ -75,3 +75,66 @@ async fn a_code_sign_up_whose_lookup_missed_a_racing_sign_up_contests_the_accoun
         "the account is contested and keeps no password"
     );
 }
+
+/// The other order: a password sign-up whose lookup found no account while
+/// a racing code sign-up (no password, its own request id) created it. The
+/// sign-up is a second request touching the pending account: contested, so
+/// no confirmation keeps the sign-up's password either, whichever of the two
+/// mails proves the mailbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_sign_up_whose_lookup_missed_a_racing_code_sign_up_contests_the_account() {
+    let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
+    let email = "race-otp@example.com";
+    let (owner, code_sign_up) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut racing = idp.pool().begin().await.expect("begin");
+    for sql in [
+        "INSERT INTO users (id, email) VALUES ($1, $3)",
+        "INSERT INTO auth_accounts (user_id, email, email_norm, password_hash, signup_id, \
+         user_metadata, created_at, updated_at) \
+         VALUES ($1, $3, $3, NULL, $2, '{}', now(), now())",
+    ] {
+        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+            .bind(owner)
+            .bind(code_sign_up)
+            .bind(email)
+            .execute(&mut *racing)
+            .await
+            .expect(sql);
+    }
+    let signup = tokio::spawn(Reply::send(
+        no_redirects()
+            .post(idp.url("/signup"))
+            .header("x-forwarded-for", random_ip())
+            .json(&json!({"email": email, "password": tests::ATTACKER_PASSWORD})),
+    ));
+    let waiting = wait_until(Duration::from_secs(30), || async {
+        idp.count(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query ILIKE $1",
+            "%auth_accounts%",
+        )
+        .await
+            >= 1
+    })
+    .await;
+    assert!(
+        waiting,
+        "the sign-up's insert waits on the racing code sign-up"
+    );
+    racing
+        .commit()
+        .await
+        .expect("commit the racing code sign-up");
+    let r = signup.await.expect("the sign-up request");
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        idp.count(
+            "SELECT COUNT(*) FROM auth_accounts WHERE email_norm = $1 \
+             AND signup_id = '00000000-0000-0000-0000-000000000000'",
+            email,
+        )
+        .await,
+        1,
+        "the account is contested"
+    );
+}
