@@ -12,7 +12,9 @@
 //! `REFUNDED`, time passing (every stored time of the customer moved back,
 //! as if the database's clock had moved on), a tick of the renewal loop
 //! (its lapse, past-due and offer passes, `renewal::run_batch`), paying
-//! the open renewal, `change` of the next renewal's plan, and `cancel` /
+//! the open renewal, paying a checkout of the latest renewal whatever it
+//! became since (outdated renewal payments, priced as time on the plan in
+//! force), `change` of the next renewal's plan, and `cancel` /
 //! `resume`. Between ticks an ended period stays `active`, as while the
 //! loop is late or paused.
 //!
@@ -99,6 +101,9 @@ enum Step {
     Tick,
     /// The open renewal (if any) is paid through its pay link.
     PayRenewal,
+    /// A checkout made through the latest renewal's pay link, whatever it
+    /// became since (paid, voided, outdated), is paid now.
+    PayStaleRenewal,
     /// `change`: the next renewal bills `PLANS[i]`.
     Change(usize),
     /// `cancel`, or `resume` when `false`.
@@ -112,6 +117,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => prop_oneof![1i64..48, 24i64..24 * 45].prop_map(Step::Pass),
         3 => Just(Step::Tick),
         2 => Just(Step::PayRenewal),
+        1 => Just(Step::PayStaleRenewal),
         1 => (0..PLANS.len()).prop_map(Step::Change),
         1 => any::<bool>().prop_map(Step::Cancel),
     ]
@@ -396,10 +402,13 @@ async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(), TestCase
                 }
                 log.push(format!("tick: {outcomes:?}"));
             }
-            Step::PayRenewal => {
-                let open = renewals::Entity::find()
-                    .filter(renewals::Column::UserId.eq(user))
-                    .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+            Step::PayRenewal | Step::PayStaleRenewal => {
+                let mut find = renewals::Entity::find().filter(renewals::Column::UserId.eq(user));
+                if matches!(step, Step::PayRenewal) {
+                    find = find.filter(renewals::Column::Status.eq(RenewalStatus::Open));
+                }
+                let open = find
+                    .order_by_desc(renewals::Column::CreatedAt)
                     .one(db)
                     .await
                     .unwrap();
@@ -514,4 +523,96 @@ fn generated_billing_histories_keep_the_money_invariant() {
     if let Err(e) = outcome {
         std::panic::resume_unwind(e);
     }
+}
+
+/// A named history from a red team against the release binaries: an
+/// outdated BASIC renewal payment was priced from a refunded ULTIMATE plan
+/// change whose carried time had been given back (its grant still spanned
+/// the carried days, so ULTIMATE looked 36 % cheaper): 49,000 bought 6.9
+/// days of ULTIMATE where its price buys 5.1. It must buy at most
+/// 49,000 / 299,000 of an ULTIMATE month.
+#[test]
+fn an_outdated_renewal_is_priced_at_the_month_its_plan_was_sold_at() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let db = sqlite_memory().await;
+        run_priced(&db).await;
+        let scratch = Scratch::create().await;
+        let outcome = tokio::spawn({
+            let db = scratch.db.clone();
+            async move { run_priced(&db).await }
+        })
+        .await;
+        scratch.remove().await;
+        if let Err(e) = outcome {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    });
+}
+
+async fn run_priced(db: &DatabaseConnection) {
+    let id = Identity {
+        user_id: Uuid::new_v4(),
+        email: None,
+    };
+    ensure_user(db, &id, &[]).await.unwrap();
+    let user = id.user_id;
+    let settle = |order: String| async move {
+        settlement::settle_status_check(db, &order, PaymentStatus::Paid, TERMS, None)
+            .await
+            .unwrap()
+    };
+    settle(checkout(db, user, "BASIC").await).await;
+    time_passes(db, user, Duration::days(25)).await;
+    let now = entity::base::db::now(db).await.unwrap();
+    renewal::run_batch(
+        db,
+        renewal::Step::Create,
+        &policy(),
+        catalogue(),
+        now,
+        &[user],
+    )
+    .await
+    .unwrap();
+    let offered = renewals::Entity::find()
+        .filter(renewals::Column::UserId.eq(user))
+        .one(db)
+        .await
+        .unwrap()
+        .expect("a renewal offered");
+    // A checkout through its pay link, left pending.
+    let stale = checkout(db, user, "BASIC").await;
+    payments::Entity::update_many()
+        .col_expr(payments::Column::RenewalId, Expr::value(Some(offered.id)))
+        .filter(payments::Column::OrderId.eq(&stale))
+        .exec(db)
+        .await
+        .unwrap();
+    settle(checkout(db, user, "PRO").await).await;
+    let u1 = checkout(db, user, "ULTIMATE").await;
+    settle(u1.clone()).await;
+    settlement::settle_status_check(db, &u1, PaymentStatus::Refunded, TERMS, None)
+        .await
+        .unwrap();
+    settle(checkout(db, user, "ULTIMATE").await).await;
+    let before = subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(before.plan, "ULTIMATE");
+    settle(stale).await;
+    let after = subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    let added =
+        (after.current_period_end.unwrap() - before.current_period_end.unwrap()).num_seconds();
+    let most = 49_000 * 31 * 86_400 / 299_000 + 1;
+    assert!(
+        (1..=most).contains(&added),
+        "49,000 bought {added} s of ULTIMATE; at its price at most {most} s"
+    );
 }

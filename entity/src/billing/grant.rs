@@ -373,8 +373,9 @@ pub async fn plan<C: ConnectionTrait>(
 ///   payment: a month from `paid_at`).
 /// * Another paid plan Q is in force (paid beyond `paid_at`, or in its
 ///   grace): the period end moves on by the time `amount` buys of Q at the
-///   price Q was sold at in its latest stored grant (that payment's amount
-///   over its own month, carried time excluded; paid or refunded since, and
+///   price Q was sold at in its latest stored grant that still spans its own
+///   month, a paid one first (that payment's amount over its own month,
+///   carried time excluded; paid or refunded since, and
 ///   never net of partial refunds, which change what a customer paid, not
 ///   what Q costs), rounded down to the second. With no stored grant of Q
 ///   at all (a plan an operator set, or a subscription older than stored
@@ -409,14 +410,20 @@ pub async fn as_time<C: ConnectionTrait>(
     let Some((s, end)) = other else {
         return plan(db, user, sub, plan_id, amount, paid_at, terms).await;
     };
-    let latest = payments::Entity::find()
+    // The latest grant of Q that still spans its own month: a paid one
+    // first; a refund may have cut a grant to its carried part (no own
+    // month left to price from).
+    let mut grants = payments::Entity::find()
         .filter(payments::Column::UserId.eq(user))
         .filter(payments::Column::Status.is_in([PaymentStatus::Paid, PaymentStatus::Refunded]))
         .filter(payments::Column::GrantPlan.eq(s.plan.as_str()))
         .order_by_desc(payments::Column::GrantEnd)
-        .one(db)
+        .order_by_desc(payments::Column::GrantStart)
+        .order_by_desc(payments::Column::Id)
+        .all(db)
         .await?;
-    let bought = latest.and_then(|p| {
+    grants.sort_by_key(|p| p.status != PaymentStatus::Paid);
+    let bought = grants.iter().find_map(|p| {
         let own = micros(p.grant_end? - p.grant_start?)
             - i128::from(p.carried_seconds.unwrap_or(0)) * 1_000_000;
         let price = i128::from(p.amount);

@@ -365,10 +365,17 @@ pub async fn take_back<T: ConnectionTrait>(
             }
             update.exec(txn).await?;
         }
-        // Its carried value went back to them: it carries nothing now.
+        // Its carried value went back to them: it carries nothing now, and
+        // its grant spans its own month only (what it was sold at, should a
+        // later payment be priced from it).
+        let carried = chrono::Duration::seconds(refunded.carried_seconds.unwrap_or(0).max(0));
         payments::Entity::update_many()
             .col_expr(payments::Column::CarriedSeconds, Expr::value(Some(0_i64)))
             .col_expr(payments::Column::CarriedValue, Expr::value(Some(0_i64)))
+            .col_expr(
+                payments::Column::GrantEnd,
+                Expr::value(refunded.grant_end.map(|e| e - carried)),
+            )
             .filter(payments::Column::Id.eq(refunded.id))
             .exec(txn)
             .await?;
