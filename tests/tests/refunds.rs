@@ -617,3 +617,47 @@ async fn a_payment_that_changed_while_the_status_api_was_asked_is_not_settled() 
     assert_eq!(tests::subscription_row(&db, user).await.plan, "FREE");
     assert_eq!(actions(&db, &order).await, vec!["payment.unconfirmed"]);
 }
+
+/// A reversal of a paid payment is its refund (red team, release binaries:
+/// both kept the month): provider_a's `cancel` after a `capture` (Midtrans
+/// voids a captured card payment before settlement, the money released),
+/// confirmed by the status API, and provider_b's `REVERSED` after `SUCCESS`
+/// make the payment REFUNDED and take back the period it bought. A `cancel`
+/// of a payment still pending stays a failure.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reversal_of_a_paid_payment_takes_back_its_period() {
+    let stack = Stack::new().await;
+    let (status_api, status) = ProviderAStatusApi::start(A_KEY).await;
+    let api = stack.api_with_worker(&env(&stack, &status_api)).await;
+    let db = connect_db(&stack).await;
+    let path = "/api/webhooks/provider_a";
+
+    let (user, order) = pending_payment(&db, "provider_a").await;
+    status.set(&order, "capture");
+    post(&api, path, a_notice(&order, "capture", json!({})), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Paid).await;
+    assert_eq!(tests::subscription_row(&db, user).await.plan, "PRO");
+    status.set(&order, "cancel");
+    post(&api, path, a_notice(&order, "cancel", json!({})), &[]).await;
+    wait_status(&db, &order, PaymentStatus::Refunded).await;
+    let sub = tests::subscription_row(&db, user).await;
+    assert_eq!((sub.plan.as_str(), sub.current_period_end), ("FREE", None));
+    assert_eq!(
+        actions(&db, &user.to_string()).await,
+        vec!["subscription.take_back"]
+    );
+
+    let (user_b, paid) = pending_payment(&db, "provider_b").await;
+    let (body, headers) = b_notice(&paid, "SUCCESS");
+    post(&api, B_PATH, body, &headers).await;
+    wait_status(&db, &paid, PaymentStatus::Paid).await;
+    let (body, headers) = b_notice(&paid, "REVERSED");
+    post(&api, B_PATH, body, &headers).await;
+    wait_status(&db, &paid, PaymentStatus::Refunded).await;
+    assert_eq!(tests::subscription_row(&db, user_b).await.plan, "FREE");
+
+    let (_, pending) = pending_payment(&db, "provider_a").await;
+    status.set(&pending, "cancel");
+    post(&api, path, a_notice(&pending, "cancel", json!({})), &[]).await;
+    wait_status(&db, &pending, PaymentStatus::Failed).await;
+}

@@ -84,6 +84,35 @@ pub fn transition(current: PaymentStatus, reported: PaymentStatus) -> Transition
     }
 }
 
+/// Whether `provider_status` of `provider` takes back money a payment had
+/// been paid with: provider_a's `cancel` (Midtrans: a captured card payment
+/// voided before settlement, the money released) and provider_b's
+/// `REVERSED` (DOKU: the payment reversed). Of a `PAID` payment such a
+/// report is a refund ([`effective`]); of any other, what the provider's
+/// status mapping says (`FAILED`).
+pub fn reverses(provider: &str, provider_status: &str) -> bool {
+    use crate::entities::payments::{PROVIDER_A, PROVIDER_B};
+    (provider == PROVIDER_A && provider_status == "cancel")
+        || (provider == PROVIDER_B && provider_status == "REVERSED")
+}
+
+/// The status a report (`reported`, from `provider_status` of `provider`)
+/// moves a payment in `current` to: a reversal of a `PAID` payment
+/// ([`reverses`]) is `REFUNDED`, which takes back what it bought; any other
+/// report is what it says.
+pub fn effective(
+    provider: &str,
+    provider_status: &str,
+    current: PaymentStatus,
+    reported: PaymentStatus,
+) -> PaymentStatus {
+    if current == PaymentStatus::Paid && reverses(provider, provider_status) {
+        PaymentStatus::Refunded
+    } else {
+        reported
+    }
+}
+
 /// Whether the move `from` → `to` is a late payment: a payment already
 /// `EXPIRED` or `FAILED` reported `PAID` (audited as `late_payment`).
 pub fn is_late_payment(from: PaymentStatus, to: PaymentStatus) -> bool {
@@ -202,7 +231,8 @@ pub fn provider_a_partial_refund(
 
 /// provider_b's `transaction.status` as a payment status: `SUCCESS` → PAID;
 /// `EXPIRED`, `TIMEOUT` → EXPIRED; `FAILED`, `REVERSED` → FAILED; `REFUND`,
-/// `REFUNDED` → REFUNDED; anything else → PENDING.
+/// `REFUNDED` → REFUNDED; anything else → PENDING. (`REVERSED` of a PAID
+/// payment is its refund: [`effective`].)
 pub fn provider_b_status(status: &str) -> PaymentStatus {
     use PaymentStatus::*;
     match status {

@@ -183,6 +183,7 @@ where
                 &txn,
                 &event.order_id,
                 reported,
+                payment::reverses(&event.provider, &event.provider_status),
                 "webhook",
                 terms,
                 request_id.clone(),
@@ -281,7 +282,16 @@ where
     C: ConnectionTrait + TransactionTrait,
 {
     let txn = begin_write(db).await?;
-    let outcome = apply(&txn, order_id, reported, "status_check", terms, request_id).await?;
+    let outcome = apply(
+        &txn,
+        order_id,
+        reported,
+        false,
+        "status_check",
+        terms,
+        request_id,
+    )
+    .await?;
     txn.commit().await?;
     Ok(outcome)
 }
@@ -294,6 +304,7 @@ async fn apply<T: ConnectionTrait>(
     txn: &T,
     order_id: &str,
     reported: PaymentStatus,
+    reversal: bool,
     source: &str,
     terms: super::Terms,
     request_id: Option<String>,
@@ -305,6 +316,12 @@ async fn apply<T: ConnectionTrait>(
     }
     let Some(pay) = find.one(txn).await? else {
         return Ok(Settled::Invalid("no payment has this order id"));
+    };
+    // A reversal of a PAID payment (the money went back) is its refund.
+    let reported = if reversal && pay.status == PaymentStatus::Paid {
+        PaymentStatus::Refunded
+    } else {
+        reported
     };
     let (from, to) = match payment::transition(pay.status, reported) {
         Transition::Unchanged => return Ok(Settled::Unchanged),

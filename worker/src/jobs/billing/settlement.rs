@@ -124,6 +124,13 @@ async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, 
     else {
         return Ok(Confirmation::Settle(None));
     };
+    // A reversal of a PAID payment is its refund: asked like one.
+    let reported = payment::effective(
+        &event.provider,
+        &event.provider_status,
+        pay.status,
+        reported,
+    );
     // What this decision rests on: settlement re-reads the payment under its
     // lock and settles as unconfirmed when it is no longer this.
     let seen = settlement::Seen {
@@ -153,7 +160,7 @@ async fn confirm(job: &SettlePayment, ctx: &JobContext) -> Result<Confirmation, 
     match ctx.providers.status(PROVIDER_A, &event.order_id).await {
         // A partial refund settles only when the API states the same total.
         Ok(Some(r))
-            if r.reported == reported
+            if payment::effective(PROVIDER_A, &r.provider_status, pay.status, r.reported) == reported
                 && r.amount == Some(pay.amount)
                 && (!partial || r.refunded == notice_refund) =>
         {
