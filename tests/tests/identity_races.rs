@@ -10,6 +10,48 @@ use serde_json::json;
 use tests::{no_redirects, random_ip, wait_until, Idp, Reply};
 use uuid::Uuid;
 
+/// A racing request's pending account at `email` (its password hash, if
+/// any, and a sign-up id of its own), inserted in a transaction left open:
+/// the request under test reads before it and its own insert waits on it.
+async fn pending_account_held(
+    idp: &Idp,
+    email: &str,
+    password_hash: Option<&str>,
+) -> sea_orm::sqlx::Transaction<'static, sea_orm::sqlx::Postgres> {
+    let (user, request) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut racing = idp.pool().begin().await.expect("begin");
+    for sql in [
+        "INSERT INTO users (id, email) VALUES ($1, $3)",
+        "INSERT INTO auth_accounts (user_id, email, email_norm, password_hash, signup_id, \
+         user_metadata, created_at, updated_at) \
+         VALUES ($1, $3, $3, $4, $2, '{}', now(), now())",
+    ] {
+        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+            .bind(user)
+            .bind(request)
+            .bind(email)
+            .bind(password_hash)
+            .execute(&mut *racing)
+            .await
+            .expect(sql);
+    }
+    racing
+}
+
+/// Whether an insert into `auth_accounts` comes to wait on a lock (30 s).
+async fn insert_waits(idp: &Idp) -> bool {
+    wait_until(Duration::from_secs(30), || async {
+        idp.count(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query ILIKE $1",
+            "%auth_accounts%",
+        )
+        .await
+            >= 1
+    })
+    .await
+}
+
 /// A code sign-up (`/otp`) whose lookup found no account while an
 /// attacker's password sign-up created it: the code sign-up is another
 /// request touching the pending account, so it is contested (its
@@ -26,22 +68,7 @@ use uuid::Uuid;
 async fn a_code_sign_up_whose_lookup_missed_a_racing_sign_up_contests_the_account() {
     let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
     let email = "race@example.com";
-    let (attacker, signup) = (Uuid::new_v4(), Uuid::new_v4());
-    let mut racing = idp.pool().begin().await.expect("begin");
-    for sql in [
-        "INSERT INTO users (id, email) VALUES ($1, $3)",
-        "INSERT INTO auth_accounts (user_id, email, email_norm, password_hash, signup_id, \
-         user_metadata, created_at, updated_at) \
-         VALUES ($1, $3, $3, 'attacker-phc', $2, '{}', now(), now())",
-    ] {
-        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
-            .bind(attacker)
-            .bind(signup)
-            .bind(email)
-            .execute(&mut *racing)
-            .await
-            .expect(sql);
-    }
+    let racing = pending_account_held(&idp, email, Some("attacker-phc")).await;
     let otp = tokio::spawn(Reply::send(
         no_redirects()
             .post(idp.url("/otp"))
@@ -49,16 +76,7 @@ async fn a_code_sign_up_whose_lookup_missed_a_racing_sign_up_contests_the_accoun
             .json(&json!({"email": email, "create_user": true})),
     ));
     // The code sign-up's own insert waits on the address.
-    let waiting = wait_until(Duration::from_secs(30), || async {
-        idp.count(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query ILIKE $1",
-            "%auth_accounts%",
-        )
-        .await
-            >= 1
-    })
-    .await;
+    let waiting = insert_waits(&idp).await;
     assert!(waiting, "the /otp's insert waits on the racing sign-up");
     racing.commit().await.expect("commit the racing sign-up");
     let r = otp.await.expect("the /otp request");
@@ -85,38 +103,14 @@ async fn a_code_sign_up_whose_lookup_missed_a_racing_sign_up_contests_the_accoun
 async fn a_password_sign_up_whose_lookup_missed_a_racing_code_sign_up_contests_the_account() {
     let idp = Idp::start(&[("AUTH_MAIL_INTERVAL_SECS", "0")]).await;
     let email = "race-otp@example.com";
-    let (owner, code_sign_up) = (Uuid::new_v4(), Uuid::new_v4());
-    let mut racing = idp.pool().begin().await.expect("begin");
-    for sql in [
-        "INSERT INTO users (id, email) VALUES ($1, $3)",
-        "INSERT INTO auth_accounts (user_id, email, email_norm, password_hash, signup_id, \
-         user_metadata, created_at, updated_at) \
-         VALUES ($1, $3, $3, NULL, $2, '{}', now(), now())",
-    ] {
-        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
-            .bind(owner)
-            .bind(code_sign_up)
-            .bind(email)
-            .execute(&mut *racing)
-            .await
-            .expect(sql);
-    }
+    let racing = pending_account_held(&idp, email, None).await;
     let signup = tokio::spawn(Reply::send(
         no_redirects()
             .post(idp.url("/signup"))
             .header("x-forwarded-for", random_ip())
             .json(&json!({"email": email, "password": tests::ATTACKER_PASSWORD})),
     ));
-    let waiting = wait_until(Duration::from_secs(30), || async {
-        idp.count(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query ILIKE $1",
-            "%auth_accounts%",
-        )
-        .await
-            >= 1
-    })
-    .await;
+    let waiting = insert_waits(&idp).await;
     assert!(
         waiting,
         "the sign-up's insert waits on the racing code sign-up"
