@@ -111,18 +111,24 @@ pub fn in_grace(s: &subscriptions::Model, at: DateTime<Utc>, grace: chrono::Dura
     }
 }
 
-/// Where a payment in grace continues from: the old end `end`, but never
-/// more than `grace` before `paid_at` (a past-due notice sent long after the
+/// Whether `s` is in its grace at `paid_at` ([`in_grace`]), and the end a
+/// payment then continues from: the period end, but in grace never more
+/// than `grace` before `paid_at` (a past-due notice sent long after the
 /// end, the loop paused or late, does not bill the days before it beyond a
 /// grace; the period then re-anchors).
-fn billed_from(
-    end: DateTime<Utc>,
+fn payable_end(
+    s: &subscriptions::Model,
     paid_at: DateTime<Utc>,
     grace: chrono::Duration,
-) -> DateTime<Utc> {
-    paid_at
-        .checked_sub_signed(grace)
-        .map_or(end, |earliest| end.max(earliest))
+) -> (bool, Option<DateTime<Utc>>) {
+    let in_grace = in_grace(s, paid_at, grace);
+    let end = s
+        .current_period_end
+        .map(|e| match paid_at.checked_sub_signed(grace) {
+            Some(earliest) if in_grace => e.max(earliest),
+            _ => e,
+        });
+    (in_grace, end)
 }
 
 /// One running grant as the carry reads it.
@@ -338,17 +344,11 @@ pub async fn plan<C: ConnectionTrait>(
             anchor: None,
         },
         |s| {
-            let grace = in_grace(s, paid_at, terms.grace);
+            let (in_grace, period_end) = payable_end(s, paid_at, terms.grace);
             InForce {
                 plan: &s.plan,
-                period_end: s.current_period_end.map(|e| {
-                    if grace {
-                        billed_from(e, paid_at, terms.grace)
-                    } else {
-                        e
-                    }
-                }),
-                in_grace: grace,
+                period_end,
+                in_grace,
                 anchor: super::anchor::of_subscription(s),
             }
         },
@@ -394,17 +394,8 @@ pub async fn as_time<C: ConnectionTrait>(
 ) -> Result<Grant, DbErr> {
     let zone = terms.zone;
     let other = sub.and_then(|s| {
-        let grace = in_grace(s, paid_at, terms.grace);
-        let end = s
-            .current_period_end
-            .filter(|e| grace || *e > paid_at)
-            .map(|e| {
-                if grace {
-                    billed_from(e, paid_at, terms.grace)
-                } else {
-                    e
-                }
-            })?;
+        let (grace, end) = payable_end(s, paid_at, terms.grace);
+        let end = end.filter(|e| grace || *e > paid_at)?;
         (s.plan != FREE && s.plan != plan_id).then_some((s, end))
     });
     let Some((s, end)) = other else {
