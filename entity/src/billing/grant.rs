@@ -89,7 +89,7 @@ pub struct InForce<'a> {
 
 /// Whether `s` is in its renewal grace at `at`, so a payment for it
 /// continues from the old end (the grace days are billed) instead of from
-/// `at`: `past_due` and its grace not over ([`super::renewal::grace_end`]);
+/// `at`: `past_due` and its grace not over ([`super::grace::grace_end`]);
 /// or still `active` (not cancelling) on a paid plan whose period ended at
 /// or before `at` but which the scheduler has not yet told (between two
 /// ticks, or while the renewal loop is paused), for at most `grace` after
@@ -98,7 +98,7 @@ pub struct InForce<'a> {
 pub fn in_grace(s: &subscriptions::Model, at: DateTime<Utc>, grace: chrono::Duration) -> bool {
     match s.status {
         SubscriptionStatus::PastDue => {
-            super::renewal::grace_end(s, grace).is_some_and(|end| at < end)
+            super::grace::grace_end(s, grace).is_some_and(|end| at < end)
         }
         SubscriptionStatus::Active => {
             s.plan != FREE

@@ -5,6 +5,7 @@
 pub mod anchor;
 pub mod checkout;
 pub mod events;
+pub mod grace;
 pub mod grant;
 pub mod mail;
 pub mod payment;

@@ -35,6 +35,9 @@
 //! transaction per row; the pay link ([`pay`]), the scans ([`scan`]) and a
 //! renewal's settlement ([`settle`]) are their own files.
 
+pub use super::grace::grace_end;
+use super::grace::later;
+
 pub mod pause;
 pub mod pay;
 pub mod scan;
@@ -101,24 +104,6 @@ async fn mail<C: ConnectionTrait>(
 /// `GET /api/health` shows it as `renewals: "paused"`.
 pub fn paused(features: &crate::Features) -> bool {
     !features.get(crate::Feature::Payments).ready()
-}
-
-/// When the renewal grace of `s` ends: its stored `grace_ends_at` (the
-/// past-due notice plus `grace`, extended by pauses); a `past_due` row
-/// stored before those times were: `grace` after its period end. `None`
-/// unless `past_due`: an `active` subscription past its end has not been
-/// told yet, and its grace starts only when it is.
-pub fn grace_end(s: &subscriptions::Model, grace: Duration) -> Option<DateTime<Utc>> {
-    if s.status != SubscriptionStatus::PastDue {
-        return None;
-    }
-    s.grace_ends_at
-        .or_else(|| s.current_period_end.map(|e| later(e, grace)))
-}
-
-/// `t + d`, or the latest time when that is past it.
-fn later(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    t.checked_add_signed(d).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// The renewal settings in force.

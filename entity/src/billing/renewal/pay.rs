@@ -131,10 +131,10 @@ pub async fn resolve<C: ConnectionTrait>(
         return Ok(Link::Closed(Closed::Changed));
     }
     // Payable until the grace ends (which starts with the past-due notice,
-    // [`crate::billing::renewal::grace_end`]).
+    // [`crate::billing::grace::grace_end`]).
     if sub
         .as_ref()
-        .and_then(|s| crate::billing::renewal::grace_end(s, grace))
+        .and_then(|s| crate::billing::grace::grace_end(s, grace))
         .is_some_and(|g| now > g)
     {
         return Ok(Link::Outlived);
