@@ -59,11 +59,18 @@ impl Anchor {
         resolve(date.and_time(self.time), zone)
     }
 
-    /// Whether `t` lies on this anchor (its local time is the anchor's, and
-    /// its day the anchor's day clamped to its month).
+    /// Whether `t` is the instant of this anchor on its local day: the
+    /// anchor's day (clamped to the month) at the anchor's time, resolved as
+    /// [`Anchor::next_end`] resolves it. An end moved an hour later because
+    /// a clock change skipped the anchor's time still lies on the anchor, so
+    /// the next month returns to the anchor's own hour instead of
+    /// re-anchoring an hour later for good.
     pub fn holds(&self, t: DateTime<Utc>, zone: Tz) -> bool {
-        let local = t.with_timezone(&zone).naive_local();
-        local.time() == self.time && local.day() == self.day_in(first_of_month(local.date()))
+        let date = t.with_timezone(&zone).date_naive();
+        // The skipped time may resolve into the next local day.
+        [Some(date), date.pred_opt()].into_iter().flatten().any(|d| {
+            d.day() == self.day_in(first_of_month(d)) && resolve(d.and_time(self.time), zone) == t
+        })
     }
 
     /// The anchor's day in the month that starts on `first`: the day,
@@ -185,6 +192,34 @@ mod tests {
                 .unwrap()
                 .with_timezone(&Utc)
         );
+        // The moved end still lies on the anchor, so the month after it
+        // returns to 02:30 (re-anchoring on 03:30 would keep the hour lost).
+        assert!(a.holds(next, berlin));
+        assert_eq!(
+            a.next_end(next, berlin),
+            berlin
+                .with_ymd_and_hms(2027, 4, 28, 2, 30, 0)
+                .unwrap()
+                .with_timezone(&Utc)
+        );
+        // 03:30 on an ordinary day is not on a 02:30 anchor.
+        let ordinary = berlin
+            .with_ymd_and_hms(2027, 4, 28, 3, 30, 0)
+            .unwrap()
+            .with_timezone(&Utc);
+        assert!(!a.holds(ordinary, berlin));
+        // In the repeated hour (31 October 2027, 02:30 happens twice) the
+        // end is the earlier one, and only that one lies on the anchor.
+        let b = Anchor { day: 31, ..a };
+        let autumn = b.next_end(
+            berlin
+                .with_ymd_and_hms(2027, 9, 30, 2, 30, 0)
+                .unwrap()
+                .with_timezone(&Utc),
+            berlin,
+        );
+        assert!(b.holds(autumn, berlin));
+        assert!(!b.holds(autumn + chrono::Duration::hours(1), berlin));
     }
 
     #[test]
