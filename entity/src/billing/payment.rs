@@ -196,6 +196,15 @@ pub fn provider_a_report(
 /// What a provider_a report says went back so far, in hundredths: the
 /// larger of `refund_amount`, `chargeback_amount` and the sum of
 /// `refunds[].refund_amount` (0 when none is given).
+///
+/// The sum, not a sum of the three: Midtrans numbers refunds and
+/// chargebacks in one series (`refund_chargeback_id`), and its Get
+/// Transaction Status answer lists every one of them, whichever kind, in
+/// `refunds[]` ("Refund Details", docs.midtrans.com/reference/get-transaction-status-api),
+/// so a partial refund followed by a partial chargeback is two rows of that
+/// list. `refund_amount` (and `chargeback_amount`) on a notice names one
+/// event, never more than the list's total; adding them to it would count
+/// that event twice.
 pub fn refunded_hundredths(payload: &serde_json::Value) -> i128 {
     let listed: i128 = payload["refunds"]
         .as_array()
@@ -468,6 +477,24 @@ mod tests {
         assert_eq!(
             provider_a_partial_refund("partial_refund", &listed),
             Some(99_000)
+        );
+        // A partial refund, then a partial chargeback: the status answer
+        // lists both in one `refunds[]` series; its `refund_amount` is the
+        // chargeback's alone. What went back is the list's total, once.
+        let refund_then_chargeback = serde_json::json!({
+            "gross_amount": "99000.00",
+            "refund_chargeback_id": 2,
+            "refund_amount": "30000.00",
+            "refunds": [
+                {"refund_chargeback_id": 1, "refund_amount": "49000.00"},
+                {"refund_chargeback_id": 2, "refund_amount": "30000.00"}]});
+        assert_eq!(
+            provider_a_report("partial_chargeback", None, &refund_then_chargeback),
+            Some(Paid)
+        );
+        assert_eq!(
+            provider_a_partial_refund("partial_chargeback", &refund_then_chargeback),
+            Some(79_000)
         );
         assert_eq!(provider_a_partial_refund("settlement", &part), None);
         assert_eq!(
