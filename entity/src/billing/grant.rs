@@ -136,8 +136,13 @@ fn payable_end(
 pub struct Running {
     /// Its payment.
     pub id: Uuid,
-    /// Amount less partial refunds (whole units).
+    /// Amount less partial refunds (whole units): what its own month is
+    /// worth.
     pub value: i64,
+    /// What its own month was sold for (whole units; the amount, or for a
+    /// refunded grant its carried value): the rate its carried seconds were
+    /// priced at. A partial refund lowers `value`, never this.
+    pub price: i64,
     /// Its period.
     pub start: DateTime<Utc>,
     /// Its period's end.
@@ -234,18 +239,29 @@ pub fn compute(
     let mut value: i128 = 0;
     let mut sources = Vec::new();
     for g in running {
-        // A grant is worth its value over its own month: the time carried
-        // into it was priced at that rate, so every second of it, carried
-        // or not, is worth the same (nothing is diluted by a later change).
-        let length = micros(g.end - g.start) - i128::from(g.carried_seconds.max(0)) * 1_000_000;
+        // A grant's own month is worth its value; the time carried into it
+        // was priced at the rate it was sold at (`price` over its own
+        // month), and runs first. So a partial refund, which lowers `value`,
+        // lowers what its own seconds are worth and never the carried ones
+        // (the grant's value is its amount less partial refunds plus what
+        // was carried into it). Without a partial refund every second is
+        // worth the same (nothing is diluted by a later change).
+        let carried = i128::from(g.carried_seconds.max(0)) * 1_000_000;
+        let length = micros(g.end - g.start) - carried;
         let unused = micros(g.end - g.start.max(paid_at));
         if length <= 0 || unused <= 0 || g.value <= 0 {
             continue;
         }
+        let elapsed = micros(g.end - g.start) - unused;
+        let unused_carried = (carried - elapsed).clamp(0, unused);
+        // Value × µs over the own month: the carried seconds at the sold
+        // rate, the own ones at the value's.
+        let worth = i128::from(g.price.max(g.value)) * unused_carried
+            + i128::from(g.value) * (unused - unused_carried);
         sources.push(g.id);
-        value += i128::from(g.value) * unused / length;
+        value += worth / length;
         if amount > 0 {
-            carried_us += i128::from(g.value) * unused * month / (length * i128::from(amount));
+            carried_us += worth * month / (length * i128::from(amount));
         }
     }
     let carried_seconds = i64::try_from(carried_us / 1_000_000)
@@ -308,6 +324,11 @@ async fn running<C: ConnectionTrait>(
                     p.carried_value.unwrap_or(0)
                 } else {
                     p.amount - p.refunded_amount
+                },
+                price: if refunded {
+                    p.carried_value.unwrap_or(0)
+                } else {
+                    p.amount
                 },
                 start: p.grant_start?,
                 end: p.grant_end?,
@@ -567,6 +588,7 @@ mod tests {
         let basic = Running {
             id: Uuid::nil(),
             value: 49_000,
+            price: 49_000,
             start: paid_at,
             end: paid_at + chrono::Duration::days(70),
             carried_seconds: 40 * 86_400,
@@ -601,6 +623,7 @@ mod tests {
         let pro = Running {
             id: Uuid::nil(),
             value: 99_000,
+            price: 99_000,
             start: t("2026-12-01T00:00:00Z"),
             end: t("2026-12-31T00:00:00Z"),
             carried_seconds: 0,
@@ -710,6 +733,7 @@ mod tests {
         let later = Running {
             id: Uuid::nil(),
             value: 49_000,
+            price: 49_000,
             start: t("2026-03-10T00:00:00Z"),
             end: t("2026-04-10T00:00:00Z"),
             carried_seconds: 0,
@@ -839,6 +863,7 @@ mod tests {
         let pro = Running {
             id: Uuid::nil(),
             value: 99_000,
+            price: 99_000,
             start: at("2027-03-31T09:00:00"),
             end: at("2027-04-30T09:00:00"),
             carried_seconds: 0,
