@@ -239,7 +239,11 @@ async fn workers_stopped_and_started_at_random_lose_no_email_and_settle_each_pay
         .with("PROVIDER_A_API_BASE_URL", status_api.uri())
         .with("JOB_RETRY_BASE_SECS", "1")
         .with("WORKER_HEARTBEAT_MS", HEARTBEAT_MS.to_string())
-        .with("WORKER_SHUTDOWN_TIMEOUT_SECS", SHUTDOWN_SECS.to_string());
+        .with("WORKER_SHUTDOWN_TIMEOUT_SECS", SHUTDOWN_SECS.to_string())
+        // Two apis and three workers, each killed worker's connections held
+        // until PostgreSQL notices: at the default pool of 20 they reach the
+        // server's 100 connections and starve every other test.
+        .with("DB_MAX_CONNECTIONS", "6");
 
     let apis = [stack.api(&env).await, stack.api(&env).await];
     let db = connect_db(&stack).await;
