@@ -18,6 +18,10 @@ pub const ACTION_LATE_PAYMENT: &str = "late_payment";
 /// address, so no reminder or lapse mail could tell them.
 pub const ACTION_NO_EMAIL: &str = "no_email";
 
+/// `audit_logs.action` when an admin gives a customer a plan until a date
+/// (`billing::operator::give`; `new_value`: plan, end, seconds, reason).
+pub const ACTION_OPERATOR_GRANT: &str = "subscription.operator_grant";
+
 /// `audit_logs.action` when a subscription's period ended unpaid and its
 /// grace began (`status` → `past_due`).
 pub const ACTION_PAST_DUE: &str = "subscription.past_due";

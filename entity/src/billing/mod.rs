@@ -1,6 +1,6 @@
 //! Billing: payments and their state machine, checkout, provider webhook
 //! verification, events recorded then settled, grants (the one value → time
-//! conversion) and what a refund takes back, reconciliation, the subscription, billing mails, and renewal.
+//! conversion) and what a refund takes back, reconciliation, the subscription, operator grants, billing mails, and renewal.
 
 pub mod anchor;
 pub mod checkout;
@@ -8,6 +8,7 @@ pub mod events;
 pub mod grace;
 pub mod grant;
 pub mod mail;
+pub mod operator;
 pub mod payment;
 pub mod reads;
 pub mod reconcile;
