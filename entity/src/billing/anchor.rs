@@ -68,9 +68,13 @@ impl Anchor {
     pub fn holds(&self, t: DateTime<Utc>, zone: Tz) -> bool {
         let date = t.with_timezone(&zone).date_naive();
         // The skipped time may resolve into the next local day.
-        [Some(date), date.pred_opt()].into_iter().flatten().any(|d| {
-            d.day() == self.day_in(first_of_month(d)) && resolve(d.and_time(self.time), zone) == t
-        })
+        [Some(date), date.pred_opt()]
+            .into_iter()
+            .flatten()
+            .any(|d| {
+                d.day() == self.day_in(first_of_month(d))
+                    && resolve(d.and_time(self.time), zone) == t
+            })
     }
 
     /// The anchor's day in the month that starts on `first`: the day,
