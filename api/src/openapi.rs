@@ -13,8 +13,8 @@ use crate::{
         },
         ai::AiApi,
         billing::{
-            pay::PayApi, payments::PaymentApi, plans::PlansApi, reads::PaymentReadApi,
-            subscription::SubscriptionApi, webhooks::WebhookApi,
+            operator::OperatorApi, pay::PayApi, payments::PaymentApi, plans::PlansApi,
+            reads::PaymentReadApi, subscription::SubscriptionApi, webhooks::WebhookApi,
         },
         forms::{contact::ContactApi, waitlist::WaitlistApi},
         ops::{dead_letters::DeadLetterApi, health::HealthApi},
@@ -52,6 +52,7 @@ api_set!(
         PaymentReadApi,
         PayApi,
         SubscriptionApi,
+        OperatorApi,
         WebhookApi
     ),
     // ai

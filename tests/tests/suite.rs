@@ -36,6 +36,7 @@ mod install;
 mod job_limits;
 mod metrics;
 mod oauth;
+mod operator_grants;
 mod outbox;
 mod pg_outage;
 mod plan_changes;

@@ -1,6 +1,7 @@
 //! Billing: checkout and quotes, the renewal pay link, the subscription
-//! (cancel, resume, change), the payment providers' webhooks.
+//! (cancel, resume, change), operator grants, the payment providers' webhooks.
 
+pub mod operator;
 pub mod pay;
 pub mod payments;
 pub mod plans;
