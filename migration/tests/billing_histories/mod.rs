@@ -1,7 +1,8 @@
 //! Generated billing histories: a property test of the money invariant of
 //! `README.md` ("The invariants", Money): every second of a paid period is
-//! bought by money still paid, at the price it was sold at, and a refund
-//! takes back only what that money bought that is still to come.
+//! bought by money still paid, at the price it was sold at, or given by an
+//! operator, and a refund takes back only what that money bought that is
+//! still to come.
 //!
 //! One customer per case, on the schema the migrations make (SQLite in
 //! memory, then a scratch PostgreSQL database). The steps are what the
@@ -12,11 +13,12 @@
 //! `REFUNDED`, a partial refund or chargeback of one (`refunded_amount`
 //! grows, the payment stays `PAID`), time passing (every stored time of the customer moved back,
 //! as if the database's clock had moved on), a tick of the renewal loop
-//! (its lapse, past-due and offer passes, `renewal::run_batch`), paying
+//! (its lapse, past-due and offer passes in a shuffled order,
+//! `renewal::run_batch`), paying
 //! the open renewal, paying a checkout of the latest renewal whatever it
 //! became since (outdated renewal payments, priced as time on the plan in
-//! force), `change` of the next renewal's plan, and `cancel` /
-//! `resume`. Between ticks an ended period stays `active`, as while the
+//! force), `change` of the next renewal's plan, `cancel` / `resume`, and
+//! an operator's grant of a plan until a date. Between ticks an ended period stays `active`, as while the
 //! loop is late or paused.
 //!
 //! After every step, with `R` the paid time still to come (the period end
@@ -34,6 +36,10 @@
 //!   one whose grant carried nothing on takes at most what is still to come
 //!   of that grant; in its grace, the whole refund of the payment whose
 //!   grant ends the period ends the grace (FREE);
+//! * **grace always warns**: a tick (its lapse, past-due and offer passes
+//!   in any of their orders, as several workers' batches interleave) lapses
+//!   a paid plan only after its past-due notice was recorded and its grace
+//!   is over, or at the end of a subscription set to end;
 //! * **paying never loses time**: after a payment of plan `Q` settles, at
 //!   least a short month (28 days) of `Q` runs, plus what ran before,
 //!   converted at the prices (`R' × Q ≥ 28 days × Q + R × P × 28/31`, the
@@ -91,7 +97,10 @@ pub(super) enum Step {
     /// This many hours pass.
     Pass(i64),
     /// A tick of the renewal loop: its passes in a tick's order.
-    Tick,
+    /// A tick of the renewal loop: its lapse, past-due and offer passes,
+    /// in the `k`-th of their six orders (0: the scheduler's own; the rule
+    /// must not depend on it: several workers' batches interleave).
+    Tick(usize),
     /// The open renewal (if any) is paid through its pay link.
     PayRenewal,
     /// A checkout made through the latest renewal's pay link, whatever it
@@ -111,7 +120,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..8usize).prop_map(Step::Refund),
         1 => (0..8usize, 1i64..100).prop_map(|(k, pct)| Step::PartialRefund(k, pct)),
         3 => prop_oneof![1i64..48, 24i64..24 * 45].prop_map(Step::Pass),
-        3 => Just(Step::Tick),
+        3 => prop_oneof![3 => Just(0usize), 1 => 1usize..6].prop_map(Step::Tick),
         2 => Just(Step::PayRenewal),
         1 => Just(Step::PayStaleRenewal),
         1 => (0..PLANS.len()).prop_map(Step::Change),
@@ -331,20 +340,50 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                 time_passes(db, user, Duration::hours(*hours)).await;
                 log.push(format!("{hours} h pass"));
             }
-            Step::Tick => {
+            Step::Tick(order) => {
+                use renewal::Step::{Create, Lapse, PastDue};
+                const ORDERS: [[renewal::Step; 3]; 6] = [
+                    [Lapse, PastDue, Create],
+                    [Lapse, Create, PastDue],
+                    [PastDue, Lapse, Create],
+                    [PastDue, Create, Lapse],
+                    [Create, Lapse, PastDue],
+                    [Create, PastDue, Lapse],
+                ];
+                let before = subscriptions::Entity::find_by_id(user)
+                    .one(db)
+                    .await
+                    .unwrap()
+                    .expect("subscription");
                 let now = entity::base::db::now(db).await.unwrap();
                 let mut outcomes = Vec::new();
-                for pass in [
-                    renewal::Step::Lapse,
-                    renewal::Step::PastDue,
-                    renewal::Step::Create,
-                ] {
+                for pass in ORDERS[order % ORDERS.len()] {
                     let report = renewal::run_batch(db, pass, &policy(), catalogue(), now, &[user])
                         .await
                         .unwrap();
                     outcomes.extend(report.outcomes);
                 }
-                log.push(format!("tick: {outcomes:?}"));
+                log.push(format!("tick {order}: {outcomes:?}"));
+                // Grace always warns: a paid plan lapses only after its
+                // past-due notice was recorded and its grace is over, or at
+                // the end of a subscription set to end (owing nothing).
+                let (plan_after, _) = running(db, user).await;
+                let told = before.status == subscriptions::SubscriptionStatus::PastDue
+                    && before.past_due_at.is_some()
+                    && before.grace_ends_at.is_some_and(|g| g <= now);
+                if plan_before != "FREE"
+                    && plan_after == "FREE"
+                    && !before.cancel_at_period_end
+                    && !told
+                {
+                    return Err(broken(
+                        format!(
+                            "{plan_before} lapsed untold (status {:?}, past due {:?}, grace ends {:?})",
+                            before.status, before.past_due_at, before.grace_ends_at
+                        ),
+                        &log,
+                    ));
+                }
             }
             Step::PayRenewal | Step::PayStaleRenewal => {
                 let mut find = renewals::Entity::find().filter(renewals::Column::UserId.eq(user));
