@@ -249,7 +249,7 @@ pub fn compute(
         let carried = i128::from(g.carried_seconds.max(0)) * 1_000_000;
         let length = micros(g.end - g.start) - carried;
         let unused = micros(g.end - g.start.max(paid_at));
-        if length <= 0 || unused <= 0 || g.value <= 0 {
+        if length <= 0 || unused <= 0 || g.price.max(g.value) <= 0 {
             continue;
         }
         let elapsed = micros(g.end - g.start) - unused;
@@ -612,6 +612,36 @@ mod tests {
             / (30 * 86_400 * 99_000)
             / 1_000_000;
         assert_eq!(i128::from(g.carried_seconds), want);
+    }
+
+    #[test]
+    fn a_partial_refund_lowers_the_own_month_never_the_time_carried_in() {
+        // The BASIC grant above, half its 49,000 refunded: its 40 carried
+        // days (they run first) keep BASIC's sold rate, its own 30 days are
+        // worth 24,500. Ten days in, 30 carried and 30 own days are unused:
+        // 49,000 × 30/30 + 24,500 × 30/30 = 73,500.
+        let start = t("2026-12-01T00:00:00Z");
+        let paid_at = start + chrono::Duration::days(10);
+        let basic = Running {
+            id: Uuid::nil(),
+            value: 24_500,
+            price: 49_000,
+            start,
+            end: start + chrono::Duration::days(70),
+            carried_seconds: 40 * 86_400,
+        };
+        let in_force = InForce {
+            plan: "BASIC",
+            period_end: Some(basic.end),
+            in_grace: false,
+            anchor: None,
+        };
+        let g = compute(in_force, &[basic], "PRO", 99_000, paid_at, UTC);
+        assert_eq!(g.carried_value, 73_500);
+        // Past the carried days only the own month is left, at its value.
+        let later = start + chrono::Duration::days(55);
+        let g = compute(in_force, &[basic], "PRO", 99_000, later, UTC);
+        assert_eq!(g.carried_value, 24_500 / 2);
     }
 
     #[test]
