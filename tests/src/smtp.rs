@@ -89,6 +89,43 @@ impl Mail {
         String::new()
     }
 
+    /// Every text part decoded from its `Content-Transfer-Encoding`
+    /// (quoted-printable, base64, 7bit, 8bit), multipart entities walked
+    /// recursively, joined by newlines: a single-part text message is its
+    /// decoded [`Mail::body`]. Parts of another type (images, attachments)
+    /// are left out.
+    pub fn text(&self) -> String {
+        let ct = self.header("content-type").unwrap_or_default();
+        let lower = ct.to_ascii_lowercase();
+        if !lower.starts_with("multipart/") {
+            let text = lower.is_empty() || lower.starts_with("text/");
+            return if text { self.body() } else { String::new() };
+        }
+        let Some(boundary) = ct.split(';').find_map(|p| {
+            p.trim()
+                .strip_prefix("boundary=")
+                .map(|b| b.trim_matches('"').to_string())
+        }) else {
+            return String::new();
+        };
+        self.split()
+            .1
+            .split(&format!("--{boundary}"))
+            .skip(1)
+            .filter(|chunk| !chunk.starts_with("--"))
+            .map(|chunk| {
+                Mail {
+                    envelope_from: String::new(),
+                    envelope_to: vec![],
+                    data: chunk.trim_start_matches(['\r', '\n']).to_string(),
+                }
+                .text()
+            })
+            .filter(|t| !t.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The whole message (headers and every part) with quoted-printable's
     /// soft line breaks and `=3D` undone: the text the tests search for a
     /// mail's links, `token_hash` and code, whichever part carries them.
@@ -388,5 +425,38 @@ async fn smtp_session(sock: TcpStream, st: Arc<SinkState>, delay: Duration) -> s
             b"502 5.5.2 Command not implemented\r\n"
         };
         w.write_all(reply).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_walks_every_text_part_and_decodes_it() {
+        let data = "Subject: x\r\nContent-Type: multipart/mixed; boundary=\"out\"\r\n\r\n\
+            preamble\r\n--out\r\nContent-Type: multipart/alternative; boundary=in\r\n\r\n\
+            --in\r\nContent-Type: text/plain; charset=utf-8\r\n\
+            Content-Transfer-Encoding: quoted-printable\r\n\r\n\
+            https://a.test/verify?token=3Dabc&type=3Dsignup=\r\n&x=3D1 caf=C3=A9\r\n\
+            --in\r\nContent-Type: text/html; charset=utf-8\r\nContent-Transfer-Encoding: base64\r\n\r\n\
+            PGI+aGk8L2I+\r\n--in--\r\n\
+            --out\r\nContent-Type: image/png\r\nContent-Transfer-Encoding: base64\r\n\r\niVBORw0K\r\n\
+            --out--\r\n";
+        let mail = Mail {
+            envelope_from: String::new(),
+            envelope_to: vec![],
+            data: data.to_string(),
+        };
+        let text = mail.text();
+        assert!(
+            text.contains("https://a.test/verify?token=abc&type=signup&x=1 café"),
+            "{text:?}"
+        );
+        assert!(text.contains("<b>hi</b>"), "{text:?}");
+        assert!(
+            !text.contains("iVBOR") && !text.contains("preamble"),
+            "{text:?}"
+        );
     }
 }

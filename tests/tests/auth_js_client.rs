@@ -13,7 +13,6 @@
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use base64::Engine;
 use serde_json::{json, Value};
 use tests::{
     plans_file, rand_hex, EnvMap, Mail, Proc, Reply, SmtpSink, Stack, TempDir, EMAIL_FROM,
@@ -43,97 +42,12 @@ fn install() -> (PathBuf, PathBuf) {
     (dir, node)
 }
 
-/// Decodes quoted-printable (soft line breaks and `=XX`).
-fn decode_qp(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'=' {
-            if b.get(i + 1) == Some(&b'\r') && b.get(i + 2) == Some(&b'\n') {
-                i += 3;
-                continue;
-            }
-            if b.get(i + 1) == Some(&b'\n') {
-                i += 2;
-                continue;
-            }
-            if let Some(h) = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                out.push(h);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// One MIME entity's text: headers up to the blank line, body decoded by its
-/// `Content-Transfer-Encoding`; multipart entities are walked recursively.
-fn entity_text(raw: &str) -> String {
-    let (head, body) = match raw.find("\r\n\r\n") {
-        Some(i) => (&raw[..i], &raw[i + 4..]),
-        None => match raw.find("\n\n") {
-            Some(i) => (&raw[..i], &raw[i + 2..]),
-            None => ("", raw),
-        },
-    };
-    let unfolded = head
-        .replace("\r\n ", " ")
-        .replace("\r\n\t", " ")
-        .replace("\n ", " ");
-    let header = |name: &str| {
-        unfolded.lines().find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_string())
-        })
-    };
-    let ctype = header("content-type").unwrap_or_default();
-    if ctype.to_ascii_lowercase().starts_with("multipart/") {
-        let boundary = ctype
-            .split(';')
-            .find_map(|p| p.trim().strip_prefix("boundary="))
-            .map(|b| b.trim_matches('"').to_string())
-            .unwrap_or_default();
-        let delim = format!("--{boundary}");
-        return body
-            .split(delim.as_str())
-            .skip(1)
-            .filter(|part| !part.starts_with("--"))
-            .map(|part| entity_text(part.trim_start_matches(['\r', '\n'])))
-            .collect::<Vec<_>>()
-            .join("\n");
-    }
-    match header("content-transfer-encoding")
-        .unwrap_or_default()
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "quoted-printable" => decode_qp(body),
-        "base64" => {
-            let clean: String = body.chars().filter(|c| !c.is_whitespace()).collect();
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(clean)
-                .unwrap_or_default();
-            String::from_utf8_lossy(&bytes).into_owned()
-        }
-        _ => body.to_string(),
-    }
-}
-
 /// What the script sees of a mail: recipients, subject, decoded text.
 fn mail_json(m: &Mail) -> Value {
     json!({
         "to": m.envelope_to,
         "subject": m.header("subject").unwrap_or_default(),
-        "body": entity_text(&m.data),
+        "body": m.text(),
     })
 }
 
