@@ -10,6 +10,14 @@
 //! answer the client sees (error codes and statuses included); this file
 //! starts the stack, serves the sink's mails to the script over HTTP and
 //! checks the report, then uses the provider's tokens on `POST /api/profile`.
+//!
+//! Four more scenarios run on the same servers, each asserting what the
+//! client sees: the secure email change (`updateUser({email})`, both mailed
+//! halves), an OAuth sign-in through a fake GitHub (served here) whose
+//! primary address is not verified (no session until the confirmation mail
+//! is followed), a contested confirmation (an attacker's earlier sign-up of
+//! the same address keeps nothing), and a PKCE sign-up confirmed in another
+//! browser.
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -26,6 +34,14 @@ use wiremock::{
 /// Arms the server-side writes (`POST /api/profile`), as the interface requires.
 const SERVICE_ROLE_KEY: &str = "service-role-dummy-0123456789abcdef0123";
 const APP_URL: &str = "http://localhost:3000";
+
+/// The scenarios of `flow.mjs` that run after `main` on each backend.
+const MORE_SCENARIOS: [&str; 4] = [
+    "email_change",
+    "oauth_unverified",
+    "contested",
+    "pkce_other_browser",
+];
 
 /// `tests/node/auth-js`, with its packages installed; returns (dir, node binary).
 fn install() -> (PathBuf, PathBuf) {
@@ -65,16 +81,113 @@ async fn mail_listing(sink: Arc<SmtpSink>) -> MockServer {
     server
 }
 
+/// A fake GitHub (the payloads `tests/tests/oauth.rs` fakes): its consent
+/// page (`GET /login/oauth/authorize`) sends the browser straight back to
+/// `redirect_uri` with a code and the `state` (the user consented), and its
+/// token endpoint, `GET /user` and `GET /user/emails` answer for an account
+/// whose primary address `email` GitHub has NOT verified.
+async fn fake_github(email: &str) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/login/oauth/authorize"))
+        .respond_with(|req: &Request| {
+            let q: std::collections::HashMap<String, String> =
+                req.url.query_pairs().into_owned().collect();
+            let (Some(back), Some(state)) = (q.get("redirect_uri"), q.get("state")) else {
+                return ResponseTemplate::new(400);
+            };
+            let back = reqwest::Url::parse_with_params(
+                back,
+                &[
+                    ("code", format!("gh-code-{}", rand_hex(8))),
+                    ("state", state.clone()),
+                ],
+            )
+            .expect("redirect_uri is a URL");
+            ResponseTemplate::new(302).insert_header("location", back.as_str())
+        })
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/login/oauth/access_token"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "access_token": "gho_16C7e42F292c6912E7710c838347Ae178B4a",
+            "scope": "read:user,user:email",
+            "token_type": "bearer"
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/user"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "login": "gus", "id": 4242, "node_id": "MDQ6VXNlcjQyNDI=",
+            "avatar_url": "https://avatars.githubusercontent.com/u/4242?v=4",
+            "type": "User", "site_admin": false, "name": "Gus Grant",
+            "email": null
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/user/emails"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+            {"email": email, "verified": false, "primary": true, "visibility": "public"}
+        ])))
+        .mount(&server)
+        .await;
+    server
+}
+
+/// The settings that point the server's GitHub sign-in at `github`.
+fn with_github(env: EnvMap, github: &MockServer) -> EnvMap {
+    env.with("OAUTH_GITHUB_CLIENT_ID", "Iv1.gh-client-id")
+        .with("OAUTH_GITHUB_CLIENT_SECRET", "gh-client-secret-0123456789")
+        .with("OAUTH_GITHUB_BASE_URL", github.uri())
+        .with("OAUTH_GITHUB_API_URL", github.uri())
+        .with("OAUTH_TIMEOUT_MS", "5000")
+}
+
+/// What the script needs besides the api: the mail listing and the fake
+/// GitHub (with the address it reports).
+struct Fakes {
+    mails: MockServer,
+    github: MockServer,
+    github_email: String,
+}
+
+impl Fakes {
+    async fn start(sink: Arc<SmtpSink>) -> Self {
+        let github_email = format!("gus.{}@example.org", rand_hex(8));
+        Fakes {
+            mails: mail_listing(sink).await,
+            github: fake_github(&github_email).await,
+            github_email,
+        }
+    }
+
+    /// Requests the fake GitHub received at `method path`.
+    async fn github_requests(&self, verb: &str, at: &str) -> usize {
+        self.github
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r.method.as_str() == verb && r.url.path() == at)
+            .count()
+    }
+}
+
 /// Runs `flow.mjs <scenario>` against `api` (2 minutes at most) and returns its report.
-async fn run_flow(scenario: &str, api: &Proc, mails: &MockServer, procs: &[&Proc]) -> Value {
+async fn run_flow(scenario: &str, api: &Proc, fakes: &Fakes, procs: &[&Proc]) -> Value {
     let (dir, node) = tokio::task::spawn_blocking(install).await.unwrap();
     let mut cmd = tokio::process::Command::new(node);
     cmd.arg("flow.mjs")
         .arg(scenario)
         .current_dir(&dir)
         .env("API_URL", api.url(""))
-        .env("MAILS_URL", format!("{}/mails", mails.uri()))
+        .env("MAILS_URL", format!("{}/mails", fakes.mails.uri()))
         .env("APP_URL", APP_URL)
+        .env("GITHUB_URL", fakes.github.uri())
+        .env("GITHUB_EMAIL", &fakes.github_email)
         .env("RUN_ID", rand_hex(8))
         .kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
@@ -185,6 +298,30 @@ async fn check_main_report(api: &Proc, report: &Value) {
     assert_eq!(r.json["profile"]["full_name"], "Ann B. Lee");
 }
 
+/// The scenarios after `main`, one script run each; each must run to its
+/// end, and the OAuth one must have gone through the fake GitHub (twice:
+/// the unverified sign-in, then the sign-in after the confirmation).
+async fn run_more_scenarios(api: &Proc, fakes: &Fakes, procs: &[&Proc]) {
+    for scenario in MORE_SCENARIOS {
+        let report = run_flow(scenario, api, fakes, procs).await;
+        assert_eq!(
+            report["done"], true,
+            "{scenario} ran to its end: {report:#}"
+        );
+    }
+    for (verb, at) in [
+        ("GET", "/login/oauth/authorize"),
+        ("POST", "/login/oauth/access_token"),
+        ("GET", "/user/emails"),
+    ] {
+        assert_eq!(
+            fakes.github_requests(verb, at).await,
+            2,
+            "{verb} {at} on the fake GitHub: one per sign-in"
+        );
+    }
+}
+
 /// PostgreSQL + Redis, api and worker as separate processes, mail over SMTP.
 fn server_env(stack: &Stack, sink: &SmtpSink) -> EnvMap {
     stack
@@ -202,12 +339,14 @@ async fn auth_js_client_full_flow_on_postgres() {
     let stack = Stack::new().await;
     let sink = Arc::new(SmtpSink::start().await);
     let env = server_env(&stack, &sink);
+    let fakes = Fakes::start(sink.clone()).await;
+    let env = with_github(env, &fakes.github);
     let api = stack.api(&env).await;
     let worker = stack.worker(&env).await;
-    let mails = mail_listing(sink.clone()).await;
 
-    let report = run_flow("main", &api, &mails, &[&api, &worker]).await;
+    let report = run_flow("main", &api, &fakes, &[&api, &worker]).await;
     check_main_report(&api, &report).await;
+    run_more_scenarios(&api, &fakes, &[&api, &worker]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -224,11 +363,14 @@ async fn auth_js_client_full_flow_on_the_embedded_default() {
         .with("EMAIL_FROM", EMAIL_FROM)
         .with("APP_URL", APP_URL)
         .with("BACKEND_SERVICE_ROLE_KEY", SERVICE_ROLE_KEY);
+    // Plus GitHub sign-in, for the OAuth scenario (pointed at the fake).
+    let fakes = Fakes::start(sink.clone()).await;
+    let env = with_github(env, &fakes.github);
     let api = Proc::api(&env, &["--with-worker"], dir.path()).await;
-    let mails = mail_listing(sink.clone()).await;
 
-    let report = run_flow("main", &api, &mails, &[&api]).await;
+    let report = run_flow("main", &api, &fakes, &[&api]).await;
     check_main_report(&api, &report).await;
+    run_more_scenarios(&api, &fakes, &[&api]).await;
     assert!(
         dir.path().join("data/app.db").exists(),
         "embedded SQLite in use"
@@ -242,8 +384,8 @@ async fn auth_js_client_sees_otp_expired_for_a_stale_link() {
     let env = server_env(&stack, &sink).with("AUTH_OTP_EXPIRY_SECS", "1");
     let api = stack.api(&env).await;
     let worker = stack.worker(&env).await;
-    let mails = mail_listing(sink.clone()).await;
+    let fakes = Fakes::start(sink.clone()).await;
 
-    let report = run_flow("expired", &api, &mails, &[&api, &worker]).await;
+    let report = run_flow("expired", &api, &fakes, &[&api, &worker]).await;
     assert_eq!(report["ok"], true, "{report:#}");
 }
