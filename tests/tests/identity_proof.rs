@@ -453,13 +453,19 @@ async fn an_unverified_oauth_identity_does_not_survive_the_first_proof() {
 }
 
 /// The callback refused the sign-in with GoTrue's
-/// `provider_email_needs_verification`, and issued no session.
+/// `provider_email_needs_verification` (OAuth error `access_denied`, as
+/// GoTrue's `external.go` answers it), and issued no session.
 fn assert_needs_verification(back: &str) {
     let f = fragment_of(back);
     assert!(!f.contains_key("access_token"), "{back}");
     assert_eq!(
         f.get("error_code").map(String::as_str),
         Some("provider_email_needs_verification"),
+        "{back}"
+    );
+    assert_eq!(
+        f.get("error").map(String::as_str),
+        Some("access_denied"),
         "{back}"
     );
 }

@@ -326,8 +326,16 @@ impl AuthOAuthApi {
         match sign_in(&state, idp, &record, code).await {
             Ok(location) => found(location),
             Err(e) => found(fail.to(
+                // GoTrue's `getErrorQueryString` (`external.go`): a sign-in
+                // refused for the user's sake is `access_denied`, which
+                // auth-js shows as the error.
                 if e.status >= 500 {
                     "server_error"
+                } else if matches!(
+                    e.code,
+                    "provider_email_needs_verification" | "signup_disabled" | "user_banned"
+                ) {
+                    "access_denied"
                 } else {
                     "invalid_request"
                 },

@@ -660,12 +660,14 @@ async function oauthUnverified() {
   assert.equal(p.access_token, undefined, `no session for an unverified address: ${trip.url}`);
   assert.equal(p.code, undefined, `no code for an unverified address: ${trip.url}`);
   assert.equal(p.error_code, 'provider_email_needs_verification', trip.url);
+  assert.equal(p.error, 'access_denied', `GoTrue's error for it: ${trip.url}`);
 
   begin('the callback page: the client reports the error and has no session');
   let tab = await landOn(trip.url);
   assert.ok(tab.error, 'initialize() reports the error in the URL');
   assert.equal(tab.error.name, 'AuthImplicitGrantRedirectError', JSON.stringify(tab.error));
   assert.equal(tab.error.details?.code, 'provider_email_needs_verification', JSON.stringify(tab.error));
+  assert.equal(tab.error.details?.error, 'access_denied', JSON.stringify(tab.error));
   assert.match(tab.error.message, /confirmation email has been sent/i);
   report.needs_verification_error = { message: tab.error.message, details: tab.error.details };
   assert.equal((await tab.client.getSession()).data.session, null, 'no session');
