@@ -87,7 +87,45 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The renewal loop's pauses first.
+    // The billing ledger and receipts first: the ledger refuses updates
+    // and deletes.
+    for table in ["billing_ledger", "billing_receipts"] {
+        assert!(manager.has_table(table).await?, "{table} after up");
+    }
+    entity::entities::billing_ledger::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        user_id: Set(Uuid::new_v4()),
+        kind: Set("operator".into()),
+        payment_id: Set(None),
+        renewal_id: Set(None),
+        actor_id: Set(None),
+        plan_from: Set("FREE".into()),
+        plan_to: Set("PRO".into()),
+        end_from: Set(None),
+        end_to: Set(None),
+        grace_from: Set(None),
+        grace_to: Set(None),
+        seconds: Set(0),
+        value: Set(0),
+        created_at: Set(Utc::now()),
+    }
+    .insert(db)
+    .await?;
+    for change in [
+        "UPDATE billing_ledger SET value = 1",
+        "DELETE FROM billing_ledger",
+    ] {
+        assert!(
+            db.execute_unprepared(change).await.is_err(),
+            "{change} on the append-only ledger"
+        );
+    }
+    Migrator::down(db, Some(1)).await?;
+    for table in ["billing_ledger", "billing_receipts"] {
+        assert!(!manager.has_table(table).await?, "{table} after down");
+    }
+
+    // Then the renewal loop's pauses.
     assert!(manager.has_table("renewal_pauses").await?);
     Migrator::down(db, Some(1)).await?;
     assert!(
@@ -180,10 +218,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The renewal pauses, the email change's verified half, the grace's
-    // times, the billing anchor, renewal_claims, renewals, grants, billing
-    // mails.
-    const BILLING_STEPS: usize = 8;
+    // The billing ledger, the renewal pauses, the email change's verified
+    // half, the grace's times, the billing anchor, renewal_claims, renewals,
+    // grants, billing mails.
+    const BILLING_STEPS: usize = 9;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

@@ -5,6 +5,7 @@
 mod billing_histories;
 mod common;
 mod email_change_rules;
+mod ledger_rules;
 mod model_rules;
 mod outbox_rules;
 mod pause_rules;

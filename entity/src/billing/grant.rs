@@ -529,6 +529,13 @@ pub async fn record_partial_refund<C: ConnectionTrait>(
         .filter(payments::Column::RefundedAmount.lt(back))
         .exec(db)
         .await?;
+    if let Some(p) = payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(order_id))
+        .one(db)
+        .await?
+    {
+        super::ledger::refund_on_receipt(db, p.id, p.refunded_amount, 0).await?;
+    }
     Ok(())
 }
 

@@ -1,12 +1,13 @@
 //! Billing: payments and their state machine, checkout, provider webhook
 //! verification, events recorded then settled, grants (the one value → time
-//! conversion) and what a refund takes back, reconciliation, the subscription, operator grants, billing mails, and renewal.
+//! conversion) and what a refund takes back, the ledger and receipts, reconciliation, the subscription, operator grants, billing mails, and renewal.
 
 pub mod anchor;
 pub mod checkout;
 pub mod events;
 pub mod grace;
 pub mod grant;
+pub mod ledger;
 pub mod mail;
 pub mod operator;
 pub mod payment;

@@ -136,6 +136,7 @@ where
         .filter(|end| *end > now && sub.plan != FREE);
     let (old_plan, old_end, old_status) = (sub.plan.clone(), sub.current_period_end, sub.status);
     let anchor = Anchor::of(grant.until, zone);
+    let before = super::ledger::State::of(Some(&sub));
     let mut am = sub.into_active_model();
     let given = match running {
         Some(end) if old_plan != grant.plan => {
@@ -173,6 +174,17 @@ where
     am.billing_anchor_time = Set(Some(anchor.time));
     am.updated_at = Set(now);
     am.update(&txn).await?;
+    super::ledger::note(
+        &txn,
+        grant.user_id,
+        &before,
+        super::ledger::Cause {
+            actor_id: Some(actor),
+            ..super::ledger::Cause::of(super::ledger::Kind::Operator)
+        },
+        now,
+    )
+    .await?;
     crate::billing::renewal::void_open(&txn, grant.user_id, now).await?;
     audit_logs::ActiveModel {
         id: Set(Uuid::now_v7()),

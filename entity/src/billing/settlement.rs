@@ -342,6 +342,7 @@ async fn apply<T: ConnectionTrait>(
             find = find.lock_exclusive();
         }
         let sub = find.one(txn).await?;
+        let before = super::ledger::State::of(sub.as_ref());
         let g = match pay.renewal_id {
             Some(rid) => {
                 let (g, fit, outcome) =
@@ -415,13 +416,50 @@ async fn apply<T: ConnectionTrait>(
                 .await?;
             }
         }
+        let kind = if pay.renewal_id.is_some() {
+            super::ledger::Kind::Renewal
+        } else {
+            super::ledger::Kind::Payment
+        };
+        super::ledger::note(
+            txn,
+            pay.user_id,
+            &before,
+            super::ledger::Cause {
+                kind,
+                payment_id: Some(pay.id),
+                renewal_id: pay.renewal_id,
+                actor_id: None,
+                value: pay.amount,
+            },
+            now,
+        )
+        .await?;
+        super::ledger::issue_receipt(txn, &pay, &g, now).await?;
         granted = Some(g);
     } else if to == PaymentStatus::Refunded {
+        let before = super::ledger::State::read(txn, pay.user_id).await?;
         taken_back =
             super::take_back::take_back(txn, &pay, now, terms.zone, request_id.clone()).await?;
         if taken_back.is_some() {
             renewal::void_open(txn, pay.user_id, now).await?;
         }
+        let row = super::ledger::note(
+            txn,
+            pay.user_id,
+            &before,
+            super::ledger::Cause {
+                kind: super::ledger::Kind::Refund,
+                payment_id: Some(pay.id),
+                renewal_id: None,
+                actor_id: None,
+                value: pay.amount,
+            },
+            now,
+        )
+        .await?;
+        let taken = row.map_or(0, |r| -r.seconds);
+        super::ledger::refund_on_receipt(txn, pay.id, pay.amount, taken).await?;
     }
     let user_id = pay.user_id;
     let plan = pay.plan.clone();

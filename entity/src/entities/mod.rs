@@ -73,6 +73,8 @@ pub mod auth_mail_slots;
 pub mod auth_one_time_tokens;
 pub mod auth_refresh_tokens;
 pub mod auth_sessions;
+pub mod billing_ledger;
+pub mod billing_receipts;
 pub mod job_outbox;
 pub mod payments;
 pub mod profiles;

@@ -4,6 +4,8 @@
 pub use super::ai_quota_counters::Entity as AiQuotaCounters;
 pub use super::ai_usage::Entity as AiUsage;
 pub use super::audit_logs::Entity as AuditLogs;
+pub use super::billing_ledger::Entity as BillingLedger;
+pub use super::billing_receipts::Entity as BillingReceipts;
 pub use super::job_outbox::Entity as JobOutbox;
 pub use super::payments::Entity as Payments;
 pub use super::profiles::Entity as Profiles;

@@ -67,7 +67,7 @@ use entity::{
         subscription::{self, SubscriptionAction},
     },
     entities::{
-        payments,
+        billing_ledger, billing_receipts, payments,
         renewals::{self, RenewalStatus},
         subscriptions,
     },
@@ -82,6 +82,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::common::{sqlite_memory, Scratch};
+use entity::billing::ledger;
 use world::*;
 
 /// One thing that happens to the customer.
@@ -148,6 +149,8 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
     for step in steps {
         let (plan_before, left_before) = running(db, user).await;
         let paid = payments_of(db, user).await;
+        let state_before = ledger::State::read(db, user).await.unwrap();
+        let rows_before = ledger_rows(db, user).await.len();
         // Seconds of the time to come that no money bought.
         let given_before = match &given {
             Some((plan, secs)) if *plan == plan_before => (*secs).min(left_before),
@@ -505,6 +508,14 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
         }
         // After every step.
         let (plan, left) = running(db, user).await;
+        if !matches!(step, Step::Pass(_)) {
+            check_ledger(db, user, &state_before, rows_before)
+                .await
+                .map_err(|e| broken(e, &log))?;
+        }
+        check_receipts(db, user)
+            .await
+            .map_err(|e| broken(e, &log))?;
         // Partial refunds take no time (decisions: Stripe leaves the
         // subscription alone), so the money behind the time is every `PAID`
         // payment's whole amount.
@@ -538,6 +549,95 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
             return Err(broken(
                 format!("free time: {left} s of {plan} for {still_paid} still paid"),
                 &log,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The ledger's rows of `user`, oldest first.
+async fn ledger_rows(db: &DatabaseConnection, user: Uuid) -> Vec<billing_ledger::Model> {
+    billing_ledger::Entity::find()
+        .filter(billing_ledger::Column::UserId.eq(user))
+        .order_by_asc(billing_ledger::Column::Id)
+        .all(db)
+        .await
+        .unwrap()
+}
+
+/// Every change of the plan, period end or grace is in the ledger: when a
+/// step changed them, its newest row was written by that step and leads from
+/// the state before to the state now; when it changed nothing, no row.
+async fn check_ledger(
+    db: &DatabaseConnection,
+    user: Uuid,
+    before: &ledger::State,
+    rows_before: usize,
+) -> Result<(), String> {
+    let now = ledger::State::read(db, user).await.unwrap();
+    let rows = ledger_rows(db, user).await;
+    let new = &rows[rows_before.min(rows.len())..];
+    if now == *before {
+        return if new.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("nothing changed, yet the ledger wrote {new:?}"))
+        };
+    }
+    let (Some(first), Some(last)) = (new.first(), new.last()) else {
+        return Err(format!("{before:?} became {now:?} with no ledger row"));
+    };
+    let from = ledger::State {
+        plan: first.plan_from.clone(),
+        period_end: first.end_from,
+        grace_ends_at: first.grace_from,
+    };
+    let to = ledger::State {
+        plan: last.plan_to.clone(),
+        period_end: last.end_to,
+        grace_ends_at: last.grace_to,
+    };
+    if from != *before || to != now {
+        return Err(format!(
+            "the ledger says {from:?} → {to:?}, the subscription went {before:?} → {now:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// One numbered receipt per payment ever `PAID`, with its amount and what
+/// went back of it.
+async fn check_receipts(db: &DatabaseConnection, user: Uuid) -> Result<(), String> {
+    let receipts = billing_receipts::Entity::find()
+        .filter(billing_receipts::Column::UserId.eq(user))
+        .all(db)
+        .await
+        .unwrap();
+    let paid: Vec<_> = payments_of(db, user)
+        .await
+        .into_iter()
+        .filter(|p| p.paid_at.is_some())
+        .collect();
+    if receipts.len() != paid.len() {
+        return Err(format!(
+            "{} receipts for {} payments ever paid",
+            receipts.len(),
+            paid.len()
+        ));
+    }
+    for p in paid {
+        let Some(r) = receipts.iter().find(|r| r.payment_id == p.id) else {
+            return Err(format!("no receipt for {}", p.order_id));
+        };
+        let back = if p.status == PaymentStatus::Refunded {
+            p.amount
+        } else {
+            p.refunded_amount
+        };
+        if r.amount != p.amount || r.refunded_amount != back {
+            return Err(format!(
+                "receipt {} says {} paid, {} back; the payment {} paid, {back} back",
+                r.number, r.amount, r.refunded_amount, p.amount
             ));
         }
     }

@@ -560,12 +560,21 @@ where
         vars,
     )
     .await?;
+    let before = crate::billing::ledger::State::of(Some(&sub));
     let mut am = sub.into_active_model();
     am.status = Set(SubscriptionStatus::PastDue);
     am.past_due_at = Set(Some(now));
     am.grace_ends_at = Set(Some(grace_end));
     am.updated_at = Set(now);
     am.update(&txn).await?;
+    crate::billing::ledger::note(
+        &txn,
+        user_id,
+        &before,
+        crate::billing::ledger::Cause::of(crate::billing::ledger::Kind::PastDue),
+        now,
+    )
+    .await?;
     audit(
         &txn,
         audit::ACTION_PAST_DUE,
@@ -609,6 +618,7 @@ where
         "status": sub.status.as_str(),
         "period_end": sub.current_period_end,
     });
+    let before = crate::billing::ledger::State::of(Some(&sub));
     let mut am = sub.into_active_model();
     am.plan = Set(FREE.to_string());
     am.status = Set(SubscriptionStatus::Active);
@@ -622,6 +632,14 @@ where
     am.renewal_plan = Set(None);
     am.updated_at = Set(now);
     am.update(&txn).await?;
+    crate::billing::ledger::note(
+        &txn,
+        user_id,
+        &before,
+        crate::billing::ledger::Cause::of(crate::billing::ledger::Kind::Lapse),
+        now,
+    )
+    .await?;
     void_open(&txn, user_id, now).await?;
     let mailed = mail(
         &txn,

@@ -103,6 +103,7 @@ where
     for s in running {
         let Some(end) = s.grace_ends_at else { continue };
         let moved = end.checked_add_signed(lasted).unwrap_or(end);
+        let before = crate::billing::ledger::State::of(Some(&s));
         extended += subscriptions::Entity::update_many()
             .col_expr(subscriptions::Column::GraceEndsAt, Expr::value(moved))
             .col_expr(subscriptions::Column::UpdatedAt, Expr::value(now))
@@ -111,6 +112,14 @@ where
             .exec(&txn)
             .await?
             .rows_affected;
+        crate::billing::ledger::note(
+            &txn,
+            s.user_id,
+            &before,
+            crate::billing::ledger::Cause::of(crate::billing::ledger::Kind::Pause),
+            now,
+        )
+        .await?;
     }
     txn.commit().await?;
     Ok(Noted::Closed { lasted, extended })
