@@ -9,7 +9,8 @@ use std::collections::HashSet;
 use chrono::{Duration as ChronoDuration, Utc};
 use serde_json::{json, Value};
 use tests::{
-    client, connect_db, free_user, hs256_token, pending_payment_at, session_claims, Reply, Stack,
+    client, connect_db, free_user, hs256_token, pay, pending_payment_at, refund, session_claims,
+    Reply, Stack,
 };
 use uuid::Uuid;
 
@@ -476,4 +477,62 @@ async fn reads_follow_the_write_gates() {
     assert_eq!(r.status, 200, "/api/me needs auth only: {}", r.text);
     let r = tests::get(&api.url("/api/plans")).await;
     assert_eq!(r.status, 200);
+}
+
+/// Every payment ever paid has a numbered receipt with its money figures,
+/// shown on `GET /api/payments/{order_id}` and in the list; a refund shows
+/// on it (what went back, and the seconds it took from the period).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paid_payment_has_a_numbered_receipt_and_a_refund_shows_on_it() {
+    let stack = Stack::new().await;
+    let api = stack
+        .api_with_worker(&stack.session_env(JWT, SERVICE))
+        .await;
+    let db = connect_db(&stack).await;
+    let user = free_user(&db).await;
+    let t = token(user, "receipts@example.com");
+    let receipt = |order: &str| {
+        let url = api.url(&format!("/api/payments/{order}"));
+        let t = t.clone();
+        async move {
+            let r = get_auth(&url, &t).await;
+            assert_eq!(r.status, 200, "{}", r.text);
+            r.json["receipt"].clone()
+        }
+    };
+    let pending = tests::pending_plan_payment(&db, user, "PRO", 99_000, "provider_b").await;
+    assert_eq!(
+        receipt(&pending).await,
+        Value::Null,
+        "no receipt before it is paid"
+    );
+    tests::settle(&api, &db, &pending, 99_000).await;
+    let pro = receipt(&pending).await;
+    assert_eq!(pro["plan"], "PRO", "{pro}");
+    assert_eq!(pro["amount"], 99_000);
+    assert_eq!(pro["carried_in_value"], 0);
+    assert_eq!(pro["refunded_amount"], 0);
+
+    // A plan change: its receipt states the PRO value carried into it.
+    let basic_order = pay(&api, &db, user, "BASIC", 49_000).await;
+    let basic = receipt(&basic_order).await;
+    assert!(
+        basic["number"].as_i64().unwrap() > pro["number"].as_i64().unwrap(),
+        "numbered in the order paid: {pro} then {basic}"
+    );
+    assert_eq!(basic["plan"], "BASIC");
+    let carried = basic["carried_in_value"].as_i64().unwrap();
+    assert!((98_000..=99_000).contains(&carried), "{basic}");
+
+    // Refunded: what went back and the time it took, on the same receipt.
+    refund(&api, &db, &basic_order, 49_000).await;
+    let refunded = receipt(&basic_order).await;
+    assert_eq!(refunded["number"], basic["number"]);
+    assert_eq!(refunded["refunded_amount"], 49_000);
+    assert!(
+        refunded["taken_back_seconds"].as_i64().unwrap() > 0,
+        "{refunded}"
+    );
+    let list = get_auth(&api.url("/api/payments"), &t).await;
+    assert_eq!(list.json["items"][0]["receipt"], refunded, "{}", list.text);
 }

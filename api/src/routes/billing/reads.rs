@@ -3,7 +3,7 @@
 //! Queries live in [`entity::billing::reads`].
 
 use chrono::{DateTime, Utc};
-use entity::{entities::payments, Feature};
+use entity::{billing::reads::WithReceipt, entities::billing_receipts, Feature};
 use poem::web::Data;
 use poem_openapi::{
     param::{Path, Query},
@@ -46,6 +46,51 @@ pub struct PaymentItem {
     /// When it was settled as paid; `null` until then.
     #[oai(nullable)]
     pub paid_at: Option<DateTime<Utc>>,
+    /// Its receipt, once it was paid (every payment ever paid has one,
+    /// refunded or not); `null` before.
+    #[oai(nullable)]
+    pub receipt: Option<Receipt>,
+}
+
+/// A paid payment's receipt: its number and money figures (whole units of
+/// the payment's currency).
+#[derive(Debug, Clone, Object)]
+pub struct Receipt {
+    /// The receipt's number: ascending in the order payments were paid,
+    /// never reused.
+    pub number: i64,
+    /// The plan its time went to.
+    pub plan: String,
+    /// The amount paid.
+    pub amount: i64,
+    /// The value of the unused time carried into its period from the plan
+    /// it replaced (0 when none).
+    pub carried_in_value: i64,
+    /// The period it bought (RFC 3339, UTC).
+    #[oai(nullable)]
+    pub period_start: Option<DateTime<Utc>>,
+    /// Its end.
+    #[oai(nullable)]
+    pub period_end: Option<DateTime<Utc>>,
+    /// What refunds or chargebacks gave back so far.
+    pub refunded_amount: i64,
+    /// Seconds a whole refund took back from the period (0 when none).
+    pub taken_back_seconds: i64,
+}
+
+impl From<billing_receipts::Model> for Receipt {
+    fn from(r: billing_receipts::Model) -> Self {
+        Receipt {
+            number: r.number,
+            plan: r.plan,
+            amount: r.amount,
+            carried_in_value: r.carried_in_value,
+            period_start: r.period_start,
+            period_end: r.period_end,
+            refunded_amount: r.refunded_amount,
+            taken_back_seconds: r.taken_back_seconds,
+        }
+    }
 }
 
 impl Example for PaymentItem {
@@ -60,12 +105,22 @@ impl Example for PaymentItem {
             payment_url: None,
             created_at: "2026-11-26T10:00:00Z".parse().expect("example date"),
             paid_at: Some("2026-11-26T10:02:13Z".parse().expect("example date")),
+            receipt: Some(Receipt {
+                number: 1042,
+                plan: "PRO".into(),
+                amount: 99_000,
+                carried_in_value: 0,
+                period_start: Some("2026-11-26T10:02:13Z".parse().expect("example date")),
+                period_end: Some("2026-12-26T10:02:13Z".parse().expect("example date")),
+                refunded_amount: 0,
+                taken_back_seconds: 0,
+            }),
         }
     }
 }
 
-impl From<payments::Model> for PaymentItem {
-    fn from(p: payments::Model) -> Self {
+impl From<WithReceipt> for PaymentItem {
+    fn from((p, receipt): WithReceipt) -> Self {
         PaymentItem {
             order_id: p.order_id,
             plan: p.plan,
@@ -76,6 +131,7 @@ impl From<payments::Model> for PaymentItem {
             payment_url: p.payment_url,
             created_at: p.created_at,
             paid_at: p.paid_at,
+            receipt: receipt.map(Receipt::from),
         }
     }
 }
