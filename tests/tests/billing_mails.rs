@@ -114,9 +114,22 @@ async fn a_paid_payment_mails_one_receipt_and_a_refund_one_notice() {
         paid_at.ends_with("ST (America/New_York)") || paid_at.ends_with("DT (America/New_York)"),
         "{paid_at}"
     );
+    // The numbered receipt it states is the one stored for the payment.
+    let number = {
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        entity::entities::billing_receipts::Entity::find()
+            .filter(entity::entities::billing_receipts::Column::PaymentId.eq(p.id))
+            .one(&db)
+            .await
+            .unwrap()
+            .expect("a receipt for the paid payment")
+            .number
+    };
+    let numbered = format!("no. {number}");
     assert_contains(
         receipt,
         &[
+            &numbered,
             &order,
             "Pro (PRO)",
             "IDR 99,000",

@@ -263,7 +263,10 @@ pub async fn queue_receipt<T: ConnectionTrait>(
     paid_at: DateTime<Utc>,
     g: &grant::Grant,
 ) -> Result<(), DbErr> {
+    let receipt = super::ledger::receipt_number(txn, pay.id).await?;
     let vars = json!({
+        "receipt_number": receipt,
+        "carried_value": g.carried_value,
         "order_id": pay.order_id,
         "plan": pay.plan,
         "amount": pay.amount,
