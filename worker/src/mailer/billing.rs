@@ -500,6 +500,18 @@ mod tests {
     }
 
     #[test]
+    fn a_receipt_states_its_number_when_the_job_carries_it() {
+        let mut j = job(BillingMailKind::Receipt);
+        j.vars.insert("receipt_number".into(), 1042.into());
+        let m = templates().build(&j).unwrap();
+        assert!(m.text.contains("Receipt:      no. 1042"), "{}", m.text);
+        assert!(m.html.unwrap().contains("no. 1042"));
+        // An older job without it: no such line.
+        let m = templates().build(&job(BillingMailKind::Receipt)).unwrap();
+        assert!(!m.text.contains("Receipt:"), "{}", m.text);
+    }
+
+    #[test]
     fn the_receipt_names_everything_in_the_billing_zone() {
         let m = templates().build(&job(BillingMailKind::Receipt)).unwrap();
         for want in [
