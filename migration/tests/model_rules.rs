@@ -264,7 +264,9 @@ async fn cancel_and_resume_follow_the_rules() {
 
         // FREE: both actions refused.
         for action in [SubscriptionAction::Cancel, SubscriptionAction::Resume] {
-            let e = subscription::change(&db, uid, action).await.unwrap_err();
+            let e = subscription::change(&db, uid, action, Default::default())
+                .await
+                .unwrap_err();
             assert!(matches!(e, SubscriptionError::FreePlan), "{e:?}");
         }
 
@@ -272,12 +274,12 @@ async fn cancel_and_resume_follow_the_rules() {
         let end = sub_row(&db, uid).await.current_period_end;
 
         // Resume while not cancelling: idempotent success.
-        let v = subscription::change(&db, uid, SubscriptionAction::Resume)
+        let v = subscription::change(&db, uid, SubscriptionAction::Resume, Default::default())
             .await
             .unwrap();
         assert_eq!((v.status, v.cancel_at_period_end), ("active", false));
 
-        let v = subscription::change(&db, uid, SubscriptionAction::Cancel)
+        let v = subscription::change(&db, uid, SubscriptionAction::Cancel, Default::default())
             .await
             .unwrap();
         assert_eq!(v.plan, "PRO");
@@ -290,13 +292,13 @@ async fn cancel_and_resume_follow_the_rules() {
         assert_eq!(row.status, SubscriptionStatus::Active);
 
         // Cancel again: same state, canceled_at untouched.
-        let v = subscription::change(&db, uid, SubscriptionAction::Cancel)
+        let v = subscription::change(&db, uid, SubscriptionAction::Cancel, Default::default())
             .await
             .unwrap();
         assert_eq!(v.status, "cancel_at_period_end");
         assert_eq!(sub_row(&db, uid).await.canceled_at, Some(canceled_at));
 
-        let v = subscription::change(&db, uid, SubscriptionAction::Resume)
+        let v = subscription::change(&db, uid, SubscriptionAction::Resume, Default::default())
             .await
             .unwrap();
         assert_eq!((v.status, v.cancel_at_period_end), ("active", false));
@@ -306,14 +308,14 @@ async fn cancel_and_resume_follow_the_rules() {
 
         // In its renewal grace (`past_due`) it still moves: cancel, resume.
         set_status(&db, uid, SubscriptionStatus::PastDue).await;
-        let v = subscription::change(&db, uid, SubscriptionAction::Cancel)
+        let v = subscription::change(&db, uid, SubscriptionAction::Cancel, Default::default())
             .await
             .unwrap();
         assert_eq!(
             (v.status, v.cancel_at_period_end),
             ("cancel_at_period_end", true)
         );
-        let v = subscription::change(&db, uid, SubscriptionAction::Resume)
+        let v = subscription::change(&db, uid, SubscriptionAction::Resume, Default::default())
             .await
             .unwrap();
         assert_eq!((v.status, v.cancel_at_period_end), ("past_due", false));
@@ -322,7 +324,9 @@ async fn cancel_and_resume_follow_the_rules() {
         let status = SubscriptionStatus::Canceled;
         set_status(&db, uid, status).await;
         for action in [SubscriptionAction::Cancel, SubscriptionAction::Resume] {
-            let e = subscription::change(&db, uid, action).await.unwrap_err();
+            let e = subscription::change(&db, uid, action, Default::default())
+                .await
+                .unwrap_err();
             assert!(
                 matches!(e, SubscriptionError::NotActive(s) if s == status),
                 "{e:?}"
@@ -331,9 +335,14 @@ async fn cancel_and_resume_follow_the_rules() {
         assert!(!sub_row(&db, uid).await.cancel_at_period_end);
 
         // No row at all.
-        let e = subscription::change(&db, Uuid::new_v4(), SubscriptionAction::Cancel)
-            .await
-            .unwrap_err();
+        let e = subscription::change(
+            &db,
+            Uuid::new_v4(),
+            SubscriptionAction::Cancel,
+            Default::default(),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(e, SubscriptionError::NotFound), "{e:?}");
     })
     .await;
@@ -347,10 +356,30 @@ async fn concurrent_cancel_and_resume_stay_consistent() {
         make_paid(&db, id.user_id, "BASIC").await;
         for _ in 0..10 {
             let (a, b, c, d) = tokio::join!(
-                subscription::change(&db, id.user_id, SubscriptionAction::Cancel),
-                subscription::change(&db, id.user_id, SubscriptionAction::Resume),
-                subscription::change(&db, id.user_id, SubscriptionAction::Cancel),
-                subscription::change(&db, id.user_id, SubscriptionAction::Resume),
+                subscription::change(
+                    &db,
+                    id.user_id,
+                    SubscriptionAction::Cancel,
+                    Default::default()
+                ),
+                subscription::change(
+                    &db,
+                    id.user_id,
+                    SubscriptionAction::Resume,
+                    Default::default()
+                ),
+                subscription::change(
+                    &db,
+                    id.user_id,
+                    SubscriptionAction::Cancel,
+                    Default::default()
+                ),
+                subscription::change(
+                    &db,
+                    id.user_id,
+                    SubscriptionAction::Resume,
+                    Default::default()
+                ),
             );
             for (i, r) in [a, b, c, d].into_iter().enumerate() {
                 let v = r.expect("every request succeeds");

@@ -296,6 +296,15 @@ async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_ca
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["renewal_plan"], Value::Null);
     assert_eq!(tests::subscription_row(&db, user).await.renewal_plan, None);
+    // Each choice is audited, the caller as the actor: BASIC, then PRO
+    // (after the payment switched to BASIC), then BASIC again.
+    let changes = audit_trail(&db, &user.to_string(), "subscription.change").await;
+    let chosen: Vec<_> = changes
+        .iter()
+        .map(|a| a.new_value.as_ref().unwrap()["renewal_plan"].clone())
+        .collect();
+    assert_eq!(chosen, [json!("BASIC"), json!("PRO"), Value::Null]);
+    assert!(changes.iter().all(|a| a.actor_id == Some(user)));
 }
 
 #[tokio::test(flavor = "multi_thread")]

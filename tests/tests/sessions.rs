@@ -876,6 +876,30 @@ async fn subscription_cancel_and_resume() {
             assert_eq!(subscription_of(&pool, user).await, active);
         }
     }
+    // Each move the user made is audited once, the repeats not at all,
+    // with the user as the actor and the server's request id.
+    let trail: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT action, actor_id::text, request_id FROM audit_logs \
+         WHERE target_id = $1 AND action LIKE 'subscription.%' ORDER BY created_at, id",
+    )
+    .bind(user.to_string())
+    .fetch_all(&pool)
+    .await
+    .expect("the audit trail");
+    let actions: Vec<&str> = trail.iter().map(|(a, _, _)| a.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "subscription.cancel",
+            "subscription.resume",
+            "subscription.cancel",
+            "subscription.resume"
+        ]
+    );
+    for (_, actor, request_id) in &trail {
+        assert_eq!(actor.as_deref(), Some(user.to_string().as_str()));
+        assert!(request_id.is_some(), "{trail:?}");
+    }
 
     // Another user's cancel does not touch this row.
     let other = Uuid::new_v4();

@@ -45,8 +45,19 @@ pub const ACTION_ROLE_CHANGE: &str = "role.change";
 /// `ADMIN_EMAILS`) makes a user admin; an admin's grant is `role.change`.
 pub const ACTION_ROLE_GRANT: &str = "role.grant";
 
+/// `audit_logs.action` when a user cancels their subscription at the period
+/// end (`POST /api/subscription`, actor = the user).
+pub const ACTION_SUBSCRIPTION_CANCEL: &str = "subscription.cancel";
+
+/// `audit_logs.action` when a user chooses the plan their next renewal
+/// bills (`change`).
+pub const ACTION_SUBSCRIPTION_CHANGE: &str = "subscription.change";
+
 /// `audit_logs.action` when a paid subscription lapses back to FREE.
 pub const ACTION_SUBSCRIPTION_EXPIRE: &str = "subscription.expire";
+
+/// `audit_logs.action` when a user undoes their cancel (`resume`).
+pub const ACTION_SUBSCRIPTION_RESUME: &str = "subscription.resume";
 
 /// `audit_logs.action` when a refund or chargeback took back the period a
 /// payment had bought.

@@ -22,11 +22,16 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::{
+    base::audit,
     base::db::begin_write,
     base::plans,
     base::validate::FieldError,
-    entities::subscriptions::{self, SubscriptionStatus},
+    entities::{
+        audit_logs,
+        subscriptions::{self, SubscriptionStatus},
+    },
 };
+use serde_json::json;
 
 /// Response `status` while the subscription runs and is not cancelling.
 pub const STATUS_ACTIVE: &str = "active";
@@ -141,6 +146,10 @@ impl From<&subscriptions::Model> for SubscriptionView {
 /// therefore serialised on the row and none is lost: the last one wins and
 /// each answers the state it left.
 ///
+/// A move that changed something writes one `audit_logs` row
+/// (`subscription.cancel` / `subscription.resume`, actor = the user, with
+/// `request`'s ids); an idempotent repeat writes none.
+///
 /// Errors: [`SubscriptionError::FreePlan`], [`SubscriptionError::NotActive`],
 /// [`SubscriptionError::NotFound`], [`SubscriptionError::Db`]. An idempotent
 /// repeat is a success, not an error.
@@ -148,6 +157,7 @@ pub async fn change<C>(
     db: &C,
     user_id: Uuid,
     action: SubscriptionAction,
+    request: RequestIds,
 ) -> Result<SubscriptionView, SubscriptionError>
 where
     C: ConnectionTrait + TransactionTrait,
@@ -178,6 +188,14 @@ where
     }
     let row = select.one(&txn).await?.ok_or(SubscriptionError::NotFound)?;
 
+    // Whether this call moved the flag (an idempotent repeat did not).
+    let moved = updated > 0
+        || (row.plan != plans::FREE
+            && matches!(
+                row.status,
+                SubscriptionStatus::Active | SubscriptionStatus::PastDue
+            )
+            && row.cancel_at_period_end != target);
     let row = if updated > 0 {
         row
     } else if row.plan == plans::FREE {
@@ -202,8 +220,60 @@ where
     if target {
         crate::billing::renewal::void_open(&txn, user_id, now).await?;
     }
+    if moved {
+        let action = match action {
+            SubscriptionAction::Cancel => audit::ACTION_SUBSCRIPTION_CANCEL,
+            SubscriptionAction::Resume => audit::ACTION_SUBSCRIPTION_RESUME,
+        };
+        audit_row(
+            &txn,
+            user_id,
+            action,
+            json!({ "cancel_at_period_end": !target }),
+            json!({ "cancel_at_period_end": target, "plan": row.plan, "period_end": row.current_period_end }),
+            &request,
+            now,
+        )
+        .await?;
+    }
     txn.commit().await?;
     Ok(SubscriptionView::from(&row))
+}
+
+/// The request ids an audit row keeps: the server's own and the client's.
+#[derive(Debug, Clone, Default)]
+pub struct RequestIds {
+    /// The server's request id.
+    pub request_id: Option<String>,
+    /// The client's `x-request-id`, when it sent one.
+    pub client_request_id: Option<String>,
+}
+
+/// Writes the audit row of the user's own move of their subscription.
+async fn audit_row<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    action: &str,
+    old: serde_json::Value,
+    new: serde_json::Value,
+    request: &RequestIds,
+    now: DateTime<Utc>,
+) -> Result<(), DbErr> {
+    audit_logs::ActiveModel {
+        id: Set(Uuid::now_v7()),
+        actor_id: Set(Some(user_id)),
+        action: Set(action.to_string()),
+        target_type: Set(audit::TARGET_TYPE_SUBSCRIPTION.to_string()),
+        target_id: Set(user_id.to_string()),
+        old_value: Set(Some(old)),
+        new_value: Set(Some(new)),
+        request_id: Set(request.request_id.clone()),
+        client_request_id: Set(request.client_request_id.clone()),
+        created_at: Set(now),
+    }
+    .insert(db)
+    .await?;
+    Ok(())
 }
 
 /// Chooses `plan_id` as the plan the next renewal of `user_id` bills
@@ -225,6 +295,7 @@ pub async fn choose_renewal_plan<C>(
     plan_id: &str,
     policy: &crate::billing::renewal::Policy,
     catalogue: &plans::Catalogue,
+    request: RequestIds,
 ) -> Result<SubscriptionView, SubscriptionError>
 where
     C: ConnectionTrait + TransactionTrait,
@@ -249,10 +320,21 @@ where
         return Ok(SubscriptionView::from(&row));
     }
     let now = crate::base::db::now(&txn).await?;
+    let old = json!({ "renewal_plan": row.renewal_plan, "plan": row.plan });
     let mut am = row.into_active_model();
     am.renewal_plan = Set(next);
     am.updated_at = Set(now);
     let row = am.update(&txn).await?;
+    audit_row(
+        &txn,
+        user_id,
+        audit::ACTION_SUBSCRIPTION_CHANGE,
+        old,
+        json!({ "renewal_plan": row.renewal_plan, "plan": row.plan }),
+        &request,
+        now,
+    )
+    .await?;
     crate::billing::renewal::void_open(&txn, user_id, now).await?;
     crate::billing::renewal::offer(&txn, policy, catalogue, now, user_id).await?;
     txn.commit().await?;

@@ -425,8 +425,15 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
             }
             Step::Change(i) => {
                 let plan = PLANS[*i].0;
-                let outcome =
-                    subscription::choose_renewal_plan(db, user, plan, &policy(), catalogue()).await;
+                let outcome = subscription::choose_renewal_plan(
+                    db,
+                    user,
+                    plan,
+                    &policy(),
+                    catalogue(),
+                    Default::default(),
+                )
+                .await;
                 log.push(format!(
                     "change to {plan}: {}",
                     if outcome.is_ok() { "ok" } else { "refused" }
@@ -499,7 +506,7 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                 } else {
                     SubscriptionAction::Resume
                 };
-                let outcome = subscription::change(db, user, action).await;
+                let outcome = subscription::change(db, user, action, Default::default()).await;
                 log.push(format!(
                     "{action:?}: {}",
                     if outcome.is_ok() { "ok" } else { "refused" }

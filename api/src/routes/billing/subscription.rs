@@ -5,12 +5,13 @@ use entity::{
     billing::subscription::{self, SubscriptionAction, SubscriptionError},
     Feature,
 };
-use poem::web::Data;
+use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Enum, Object, OpenApi};
 
 use crate::routes::ApiTags;
 use crate::{
     identity::bearer::{BearerAuth, Gate},
+    middleware::RequestId,
     payload::JsonBody,
     problem::ApiError,
     state::AppState,
@@ -94,7 +95,9 @@ impl SubscriptionApi {
     /// the new plan, and paying it switches to that plan, carrying the
     /// unused time of the current one (see "Plan changes" in docs/billing.md).
     /// Repeating the same action is harmless. The FREE plan has nothing to
-    /// cancel or change: 409.
+    /// cancel or change: 409. A move that changed something writes one
+    /// `audit_logs` row (`subscription.cancel`, `subscription.resume` or
+    /// `subscription.change`; actor = the caller, with the request ids).
     #[oai(
         path = "/subscription",
         method = "post",
@@ -104,10 +107,13 @@ impl SubscriptionApi {
     async fn change(
         &self,
         state: Data<&AppState>,
+        req: &Request,
         auth: BearerAuth,
         body: JsonBody<SubscriptionRequest>,
     ) -> Result<Json<SubscriptionResult>, SubscriptionErrorResponse> {
-        Ok(Json(change_inner(&state, &auth, &body).await?))
+        Ok(Json(
+            change_inner(&state, &auth, &body, RequestId::of(req)).await?,
+        ))
     }
 }
 
@@ -152,12 +158,17 @@ async fn change_inner(
     state: &AppState,
     auth: &BearerAuth,
     body: &SubscriptionRequest,
+    (request_id, client_request_id): (Option<String>, Option<String>),
 ) -> Result<SubscriptionResult, ApiError> {
     let user = state.session(auth, Gate::Feature(Feature::Billing)).await?;
+    let ids = subscription::RequestIds {
+        request_id,
+        client_request_id,
+    };
     let outcome = match parse(state, body)? {
         Move::Flag(action) => {
             state
-                .bounded(subscription::change(&state.db, user.user_id, action))
+                .bounded(subscription::change(&state.db, user.user_id, action, ids))
                 .await?
         }
         Move::Change(plan) => {
@@ -169,6 +180,7 @@ async fn change_inner(
                     &plan,
                     &policy,
                     &state.plans,
+                    ids,
                 ))
                 .await?
         }
