@@ -131,6 +131,9 @@ async fn start(
         ("AUTH_PROVIDER", "builtin".into()),
         ("ADMIN_EMAILS", admins),
         ("AUTH_MAIL_INTERVAL_SECS", "0".into()),
+        // A loaded machine (CI's two cores, the suite beside it) must not
+        // turn a slow database call into a 503: any 5xx fails a case.
+        ("DEPENDENCY_TIMEOUT_MS", "30000".into()),
         ("AUTH_RATE_LIMIT_PER_5MIN", "100000000".into()),
         ("AUTH_RATE_LIMIT_REFRESH_PER_5MIN", "100000000".into()),
         ("AUTH_CODE_FAILURES_PER_HOUR", "1000".into()),
