@@ -47,6 +47,7 @@ pub use serde_json::json;
 
 mod billing;
 mod db;
+mod github;
 mod h2c;
 mod http;
 mod identity;
@@ -63,6 +64,7 @@ mod util;
 
 pub use billing::*;
 pub use db::*;
+pub use github::*;
 pub use h2c::*;
 pub use http::*;
 pub use identity::*;

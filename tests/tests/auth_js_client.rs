@@ -108,32 +108,16 @@ async fn fake_github(email: &str) -> MockServer {
         })
         .mount(&server)
         .await;
-    Mock::given(method("POST"))
-        .and(path("/login/oauth/access_token"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "access_token": "gho_16C7e42F292c6912E7710c838347Ae178B4a",
-            "scope": "read:user,user:email",
-            "token_type": "bearer"
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/user"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "login": "gus", "id": 4242, "node_id": "MDQ6VXNlcjQyNDI=",
-            "avatar_url": "https://avatars.githubusercontent.com/u/4242?v=4",
-            "type": "User", "site_admin": false, "name": "Gus Grant",
-            "email": null
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/user/emails"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!([
-            {"email": email, "verified": false, "primary": true, "visibility": "public"}
-        ])))
-        .mount(&server)
-        .await;
+    tests::mount_github(
+        &server,
+        tests::GithubUser {
+            login: "gus",
+            id: 4242,
+            name: "Gus Grant",
+        },
+        json!([{"email": email, "verified": false, "primary": true, "visibility": "public"}]),
+    )
+    .await;
     server
 }
 

@@ -12,10 +12,7 @@ use tests::{
     access, assert_error, challenge, code, no_redirects as client, token_hash, Idp, Reply,
     SmtpSink, APP, ATTACKER_PASSWORD, PASSWORD,
 };
-use wiremock::{
-    matchers::{method, path},
-    Mock, MockServer, ResponseTemplate,
-};
+use wiremock::MockServer;
 
 /// Attack 1: `PUT {email: V}`, `PUT {email: A2}`, `PUT {email: V}` refused
 /// by V's mail interval. The refused request must change nothing, and
@@ -333,39 +330,19 @@ async fn user_metadata_is_capped_and_refused_alike() {
     assert_eq!(r.status, 200, "{}", r.text);
 }
 
-const GH_TOKEN: &str = "gho_16C7e42F292c6912E7710c838347Ae178B4a";
-
 /// A fake GitHub whose account reports `email` as its primary address,
 /// verified or not.
 async fn fake_github(email: &str, verified: bool) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/login/oauth/access_token"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "access_token": GH_TOKEN,
-            "scope": "read:user,user:email",
-            "token_type": "bearer"
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/user"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "login": "mallory", "id": 666, "node_id": "MDQ6VXNlcjY2Ng==",
-            "avatar_url": "https://avatars.githubusercontent.com/u/666?v=4",
-            "type": "User", "site_admin": false, "name": "Mallory",
-            "email": null
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/user/emails"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!([
-            {"email": email, "verified": verified, "primary": true, "visibility": "public"}
-        ])))
-        .mount(&server)
-        .await;
-    server
+    tests::fake_github_with(
+        tests::GithubUser {
+            login: "mallory",
+            id: 666,
+            name: "Mallory",
+        },
+        email,
+        verified,
+    )
+    .await
 }
 
 fn query_of(url: &str) -> HashMap<String, String> {

@@ -27,38 +27,25 @@ const GH_ID: &str = "Iv1.gh-client-id";
 const GH_SECRET: &str = "gh-client-secret-0123456789";
 const GOOGLE_ID: &str = "1234.apps.googleusercontent.com";
 const GOOGLE_SECRET: &str = "GOCSPX-google-secret";
-const GH_TOKEN: &str = "gho_16C7e42F292c6912E7710c838347Ae178B4a";
+const GH_TOKEN: &str = tests::GITHUB_TOKEN;
 
-/// A fake GitHub: token endpoint, `/user`, `/user/emails`.
+/// A fake GitHub: token endpoint, `/user`, `/user/emails` (two verified
+/// addresses, the primary one public).
 async fn fake_github() -> MockServer {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/login/oauth/access_token"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "access_token": GH_TOKEN,
-            "scope": "read:user,user:email",
-            "token_type": "bearer"
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/user"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "login": "octocat", "id": 583231, "node_id": "MDQ6VXNlcjU4MzIzMQ==",
-            "avatar_url": "https://avatars.githubusercontent.com/u/583231?v=4",
-            "type": "User", "site_admin": false, "name": "The Octocat",
-            "email": null
-        })))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/user/emails"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+    tests::mount_github(
+        &server,
+        tests::GithubUser {
+            login: "octocat",
+            id: 583231,
+            name: "The Octocat",
+        },
+        json!([
             {"email": "octocat@users.noreply.github.com", "verified": true, "primary": false, "visibility": null},
             {"email": "octocat@example.com", "verified": true, "primary": true, "visibility": "public"}
-        ])))
-        .mount(&server)
-        .await;
+        ]),
+    )
+    .await;
     server
 }
 
