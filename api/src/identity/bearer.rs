@@ -189,6 +189,20 @@ impl AppState {
         self.session_and_id(auth, gate).await.map(|(user, _)| user)
     }
 
+    /// [`AppState::session`] behind the admin gate (`Feature::Admin`), for an
+    /// admin only: any other caller → 403 `forbidden`. The one check of
+    /// every admin route.
+    pub async fn admin_session(&self, auth: &BearerAuth) -> Result<UserContext, ApiError> {
+        let actor = self.session(auth, Gate::Feature(Feature::Admin)).await?;
+        if !actor.is_admin() {
+            return Err(ApiError::Forbidden(
+                "forbidden",
+                "the admin role is required".into(),
+            ));
+        }
+        Ok(actor)
+    }
+
     /// [`AppState::session`] and the token's session id (`None` for a token
     /// of another issuer), for answers bound to the session (an avatar
     /// upload grant).

@@ -3,7 +3,6 @@
 use entity::{
     accounts::roles::{self, RoleError},
     entities::user_roles::Role,
-    Feature,
 };
 use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Enum, Object, OpenApi};
@@ -11,10 +10,7 @@ use uuid::Uuid;
 
 use crate::routes::ApiTags;
 use crate::{
-    identity::bearer::{BearerAuth, Gate},
-    middleware::RequestId,
-    payload::JsonBody,
-    problem::ApiError,
+    identity::bearer::BearerAuth, middleware::RequestId, payload::JsonBody, problem::ApiError,
     state::AppState,
 };
 
@@ -116,13 +112,7 @@ async fn set_role_inner(
     body: RoleRequest,
     (request_id, client_request_id): (Option<String>, Option<String>),
 ) -> Result<RoleResult, ApiError> {
-    let actor = state.session(auth, Gate::Feature(Feature::Admin)).await?;
-    if !actor.is_admin() {
-        return Err(ApiError::Forbidden(
-            "forbidden",
-            "the admin role is required".into(),
-        ));
-    }
+    let actor = state.admin_session(auth).await?;
     let (target, role) = (body.user_id, Role::from(body.role));
     match state
         .bounded(roles::set_role(

@@ -3,7 +3,7 @@
 //! as the admin writes; lists page as every list ([`entity::base::page`]).
 
 use chrono::{DateTime, Utc};
-use entity::{accounts::reads, entities::audit_logs, Feature};
+use entity::{accounts::reads, entities::audit_logs};
 use poem::web::Data;
 use poem_openapi::{param::Query, types::Example, Object, OpenApi};
 use serde_json::Value;
@@ -14,7 +14,7 @@ use crate::routes::{
     ApiTags,
 };
 use crate::{
-    identity::bearer::{BearerAuth, Gate},
+    identity::bearer::BearerAuth,
     pattern::{Matching, NoNul},
     problem::ApiError,
     state::AppState,
@@ -250,14 +250,7 @@ impl AdminReadApi {
 }
 
 async fn admin(state: &AppState, auth: &BearerAuth) -> Result<(), ApiError> {
-    let actor = state.session(auth, Gate::Feature(Feature::Admin)).await?;
-    if !actor.is_admin() {
-        return Err(ApiError::Forbidden(
-            "forbidden",
-            "the admin role is required".into(),
-        ));
-    }
-    Ok(())
+    state.admin_session(auth).await.map(|_| ())
 }
 
 async fn users_inner(

@@ -6,7 +6,6 @@ use chrono::{DateTime, Utc};
 use entity::{
     base::{plans::FREE, validate::FieldError},
     billing::operator::{self, GrantError, OperatorGrant},
-    Feature,
 };
 use poem::{web::Data, Request};
 use poem_openapi::{payload::Json, Object, OpenApi};
@@ -14,10 +13,7 @@ use uuid::Uuid;
 
 use crate::routes::ApiTags;
 use crate::{
-    identity::bearer::{BearerAuth, Gate},
-    middleware::RequestId,
-    payload::JsonBody,
-    problem::ApiError,
+    identity::bearer::BearerAuth, middleware::RequestId, payload::JsonBody, problem::ApiError,
     state::AppState,
 };
 
@@ -130,13 +126,7 @@ async fn grant_inner(
     body: GrantRequest,
     (request_id, client_request_id): (Option<String>, Option<String>),
 ) -> Result<GrantResult, ApiError> {
-    let actor = state.session(auth, Gate::Feature(Feature::Admin)).await?;
-    if !actor.is_admin() {
-        return Err(ApiError::Forbidden(
-            "forbidden",
-            "the admin role is required".into(),
-        ));
-    }
+    let actor = state.admin_session(auth).await?;
     let plan = state
         .plans
         .get(&body.plan)

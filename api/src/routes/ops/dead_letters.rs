@@ -6,7 +6,7 @@
 //! first. Secrets in payloads (the code and link token of an identity mail,
 //! any credential) are redacted in the listing.
 
-use entity::{ops::dead_letters::Selection, Feature};
+use entity::ops::dead_letters::Selection;
 use poem::{web::Data, Request};
 use poem_openapi::{param::Query, payload::Json, Enum, Object, OpenApi};
 use serde_json::Value;
@@ -14,12 +14,8 @@ use worker::{queue::DeadLetter, QueueName};
 
 use crate::routes::ApiTags;
 use crate::{
-    identity::bearer::{BearerAuth, Gate},
-    middleware::RequestId,
-    pattern::Matching,
-    payload::JsonBody,
-    problem::ApiError,
-    state::AppState,
+    identity::bearer::BearerAuth, middleware::RequestId, pattern::Matching, payload::JsonBody,
+    problem::ApiError, state::AppState,
 };
 
 /// Default page size of the listing.
@@ -242,14 +238,7 @@ async fn admin(
     state: &AppState,
     auth: &BearerAuth,
 ) -> Result<entity::accounts::users::UserContext, ApiError> {
-    let actor = state.session(auth, Gate::Feature(Feature::Admin)).await?;
-    if !actor.is_admin() {
-        return Err(ApiError::Forbidden(
-            "forbidden",
-            "the admin role is required".into(),
-        ));
-    }
-    Ok(actor)
+    state.admin_session(auth).await
 }
 
 fn queue_error(e: worker::queue::QueueError) -> ApiError {
