@@ -436,8 +436,17 @@ pub async fn as_time<C: ConnectionTrait>(
         .await?;
     grants.sort_by_key(|p| p.status != PaymentStatus::Paid);
     let bought = grants.iter().find_map(|p| {
-        let own = micros(p.grant_end? - p.grant_start?)
-            - i128::from(p.carried_seconds.unwrap_or(0)) * 1_000_000;
+        let carried = chrono::Duration::seconds(p.carried_seconds.unwrap_or(0).max(0));
+        // The month it was sold as: a paid grant's own month as stored; a
+        // refunded one's take-back cut its span to what ran, so its own
+        // month is counted again from where it began (after its carried
+        // time, which runs first).
+        let own = if p.status == PaymentStatus::Refunded {
+            let from = p.grant_start? + carried;
+            micros(month_after(from, zone) - from)
+        } else {
+            micros(p.grant_end? - p.grant_start? - carried)
+        };
         let price = i128::from(p.amount);
         (own > 0 && price > 0).then(|| i128::from(amount.max(0)) * own / price)
     });

@@ -26,14 +26,16 @@ use crate::{
 
 /// Where the money of `refunded`'s grant that was carried on lives now, and
 /// how many seconds of that grant it bought: follows `carried_into` from
-/// payment to payment (a plan change carried into a plan change, …). At
-/// each hop the part of the carried money still unused when the next
-/// payment was paid moves on (spread evenly over the grant's whole period:
-/// `money × unused / length`); at the last grant, the money buys seconds at
-/// that grant's own rate (`money × month / amount`), rounded up to the
-/// second and at most what it carried. The refunded grant's whole amount is
-/// followed (a refund takes back everything the payment bought). `None`
-/// when nothing is left to take back.
+/// payment to payment (a plan change carried into a plan change, …), as
+/// the carry itself priced it ([`super::grant::compute`]): within a grant
+/// the time carried into it runs first, then its own month. The refunded
+/// payment's money (its amount less partial refunds: what the carry
+/// valued) sits in its grant's own month; in each grant it was carried
+/// into, in that grant's carried part. At each hop the part of that money
+/// whose time was still unused when the next payment was paid moves on; at
+/// the last grant, the money buys seconds at that grant's own rate
+/// (`money × month / amount`), rounded up to the second and at most what it
+/// carried. `None` when nothing is left to take back.
 async fn carried_share<T: ConnectionTrait>(
     txn: &T,
     refunded: &payments::Model,
@@ -43,7 +45,11 @@ async fn carried_share<T: ConnectionTrait>(
         return Ok(None);
     };
     // Money in millionths of a currency unit.
-    let mut money = i128::from(refunded.amount.max(0)) * 1_000_000;
+    let mut money = i128::from((refunded.amount - refunded.refunded_amount).max(0)) * 1_000_000;
+    // The current grant's carried-in part (µs) and whether the money sits
+    // there (else in its own month, at the period's end).
+    let mut carried_part = i128::from(refunded.carried_seconds.unwrap_or(0).max(0)) * 1_000_000;
+    let mut in_carried = false;
     let mut next = refunded.carried_into;
     let mut last = None;
     // A chain is as long as the customer's plan changes; the bound only
@@ -61,9 +67,21 @@ async fn carried_share<T: ConnectionTrait>(
         if length <= 0 || unused <= 0 {
             return Ok(None);
         }
-        money = money * unused / length;
+        let elapsed = length - unused;
+        let (part, part_unused) = if in_carried {
+            (carried_part, (carried_part - elapsed).clamp(0, unused))
+        } else {
+            let own = length - carried_part;
+            (own, unused.min(own))
+        };
+        if part <= 0 || part_unused <= 0 {
+            return Ok(None);
+        }
+        money = money * part_unused / part;
         start = paid_at;
         end = into_end;
+        carried_part = i128::from(into.carried_seconds.unwrap_or(0).max(0)) * 1_000_000;
+        in_carried = true;
         next = into.carried_into;
         last = Some(into);
     }

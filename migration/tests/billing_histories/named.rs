@@ -124,3 +124,194 @@ fn a_partial_refund_of_a_plan_change_keeps_the_value_carried_into_it() {
         outcome.expect("PostgreSQL");
     });
 }
+
+/// Runs `scenario` on SQLite, then on scratch PostgreSQL.
+fn on_both<F, Fut>(scenario: F)
+where
+    F: Fn(DatabaseConnection) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        scenario(sqlite_memory().await).await;
+        let scratch = Scratch::create().await;
+        let outcome = tokio::spawn(scenario(scratch.db.clone())).await;
+        scratch.remove().await;
+        if let Err(e) = outcome {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    });
+}
+
+async fn customer(db: &DatabaseConnection) -> Uuid {
+    let id = Identity {
+        user_id: Uuid::new_v4(),
+        email: None,
+    };
+    ensure_user(db, &id, &[]).await.unwrap();
+    id.user_id
+}
+
+async fn settle_as(db: &DatabaseConnection, order: &str, status: PaymentStatus) {
+    settlement::settle_status_check(db, order, status, TERMS, None)
+        .await
+        .unwrap();
+}
+
+async fn paid(db: &DatabaseConnection, user: Uuid, plan: &str) -> payments::Model {
+    let order = checkout(db, user, plan).await;
+    settle_as(db, &order, PaymentStatus::Paid).await;
+    payments_of(db, user)
+        .await
+        .into_iter()
+        .find(|p| p.order_id == order)
+        .expect("the payment")
+}
+
+async fn period_end(db: &DatabaseConnection, user: Uuid) -> chrono::DateTime<chrono::Utc> {
+    subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap()
+        .current_period_end
+        .expect("a period")
+}
+
+/// What `value` (IDR) buys of a grant sold for `amount` over its own month
+/// from `from`, in seconds.
+fn worth(value: i64, amount: i64, from: chrono::DateTime<chrono::Utc>) -> i64 {
+    let month = (month_after(from) - from).num_seconds();
+    value * month / amount
+}
+
+fn month_after(t: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    entity::billing::anchor::month_after(t, TERMS.zone)
+}
+
+/// Red team: PRO twice, nine tenths of the second refunded in part, then
+/// BASIC carrying both; the whole refund of the second PRO payment took 62.6
+/// days of BASIC where that payment had carried 9,900 (6.3 days): the first
+/// payment's carried month was lost. A refund follows what its payment
+/// carried, its amount less partial refunds.
+#[test]
+fn a_refund_after_a_partial_refund_takes_back_only_what_the_payment_carried() {
+    on_both(|db| async move {
+        let user = customer(&db).await;
+        paid(&db, user, "PRO").await;
+        let second = paid(&db, user, "PRO").await;
+        entity::billing::grant::record_partial_refund(&db, &second.order_id, 89_100)
+            .await
+            .unwrap();
+        let basic = paid(&db, user, "BASIC").await;
+        let before = period_end(&db, user).await;
+        settle_as(&db, &second.order_id, PaymentStatus::Refunded).await;
+        let taken = (before - period_end(&db, user).await).num_seconds();
+        let want = worth(9_900, 49_000, basic.grant_start.unwrap());
+        assert!(
+            (want - 2..=want + 2).contains(&taken),
+            "took {taken} s of BASIC; the payment carried {want} s"
+        );
+    });
+}
+
+/// Red team: ULTIMATE, then BASIC carrying 189 days of it; 186 days later
+/// PRO carries the 3 days left and BASIC's own month, wholly unused. The
+/// refund of BASIC took 2.4 days of PRO where BASIC's 49,000 had bought
+/// 15.3: its money was spread over the whole period, carried days
+/// included, while the carry priced the carried days first. Within a grant
+/// the carried time runs first; a refund follows the money the same way.
+#[test]
+fn a_refund_follows_its_money_as_the_carry_priced_it_carried_time_first() {
+    on_both(|db| async move {
+        let user = customer(&db).await;
+        paid(&db, user, "ULTIMATE").await;
+        let basic = paid(&db, user, "BASIC").await;
+        let carried = basic.carried_seconds.unwrap();
+        time_passes(&db, user, Duration::seconds(carried - 3 * 86_400)).await;
+        let pro = paid(&db, user, "PRO").await;
+        let before = period_end(&db, user).await;
+        settle_as(&db, &basic.order_id, PaymentStatus::Refunded).await;
+        let taken = (before - period_end(&db, user).await).num_seconds();
+        let want = worth(49_000, 99_000, pro.grant_start.unwrap());
+        assert!(
+            (want - 2..=want + 2).contains(&taken),
+            "took {taken} s of PRO; BASIC's own month, wholly unused, carried {want} s"
+        );
+    });
+}
+
+/// Red team: PRO refunded at once (its grant cut to the seconds that ran),
+/// BASIC, a renewal offered and its checkout opened, the period past due,
+/// an operator's PRO until a date (the renewal voided), then the checkout
+/// paid: an outdated renewal payment, time on PRO, priced from the refunded
+/// PRO grant; it bought 1 second, its own month read as what ran before the
+/// refund. A refunded grant is priced at the month it was sold as.
+#[test]
+fn an_outdated_renewal_priced_from_a_refunded_grant_buys_its_share_of_a_month() {
+    on_both(|db| async move {
+        let user = customer(&db).await;
+        let pro = paid(&db, user, "PRO").await;
+        settle_as(&db, &pro.order_id, PaymentStatus::Refunded).await;
+        paid(&db, user, "BASIC").await;
+        time_passes(&db, user, Duration::days(25)).await;
+        let now = entity::base::db::now(&db).await.unwrap();
+        renewal::run_batch(
+            &db,
+            renewal::Step::Create,
+            &policy(),
+            catalogue(),
+            now,
+            &[user],
+        )
+        .await
+        .unwrap();
+        let offered = renewals::Entity::find()
+            .filter(renewals::Column::UserId.eq(user))
+            .one(&db)
+            .await
+            .unwrap()
+            .expect("a renewal offered");
+        let stale = checkout(&db, user, "BASIC").await;
+        payments::Entity::update_many()
+            .col_expr(payments::Column::RenewalId, Expr::value(Some(offered.id)))
+            .filter(payments::Column::OrderId.eq(&stale))
+            .exec(&db)
+            .await
+            .unwrap();
+        time_passes(&db, user, Duration::days(7)).await;
+        let now = entity::base::db::now(&db).await.unwrap();
+        renewal::run_batch(
+            &db,
+            renewal::Step::PastDue,
+            &policy(),
+            catalogue(),
+            now,
+            &[user],
+        )
+        .await
+        .unwrap();
+        let grant = entity::billing::operator::OperatorGrant {
+            user_id: user,
+            plan: "PRO".into(),
+            until: now + Duration::days(30),
+            reason: "red team".into(),
+        };
+        entity::billing::operator::give(&db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
+            .await
+            .unwrap();
+        let before = period_end(&db, user).await;
+        settle_as(&db, &stale, PaymentStatus::Paid).await;
+        let added = (period_end(&db, user).await - before).num_seconds();
+        let pro = payments_of(&db, user)
+            .await
+            .into_iter()
+            .find(|p| p.id == pro.id)
+            .unwrap();
+        let want = worth(49_000, 99_000, pro.grant_start.unwrap());
+        assert!(
+            (want - 2..=want + 2).contains(&added),
+            "49,000 bought {added} s of PRO; at PRO's price {want} s"
+        );
+    });
+}
