@@ -315,3 +315,28 @@ fn an_outdated_renewal_priced_from_a_refunded_grant_buys_its_share_of_a_month() 
         );
     });
 }
+
+/// Red team: BASIC carrying PRO's month, then a partial refund of BASIC
+/// stated as 48,999.01, recorded rounded up as the whole 49,000 (it stays
+/// `PAID`): its own month is worth nothing, and the next plan change
+/// carried nothing at all, the 99,000 of PRO time carried into it
+/// included. The carried seconds keep the rate they were sold at.
+#[test]
+fn a_grant_whose_own_month_was_refunded_in_part_still_carries_its_carried_time() {
+    on_both(|db| async move {
+        let user = customer(&db).await;
+        paid(&db, user, "PRO").await;
+        let basic = paid(&db, user, "BASIC").await;
+        let carried_in = basic.carried_value.unwrap();
+        entity::billing::grant::record_partial_refund(&db, &basic.order_id, 49_000)
+            .await
+            .unwrap();
+        let ultimate = paid(&db, user, "ULTIMATE").await;
+        let want = worth(carried_in, 299_000, ultimate.grant_start.unwrap());
+        let got = ultimate.carried_seconds.unwrap();
+        assert!(
+            (want - 60..=want + 60).contains(&got),
+            "ULTIMATE carried {got} s; the PRO value carried into BASIC buys {want} s"
+        );
+    });
+}
