@@ -524,30 +524,6 @@ pub async fn quote<C: ConnectionTrait>(
     plan(db, user, sub.as_ref(), plan_id, amount, at, terms).await
 }
 
-/// Records that partial refunds or chargebacks of `order_id` gave back
-/// `back` whole units so far (it only grows): the grant's value, and so what
-/// its unused time carries into a plan change, is the amount less it.
-pub async fn record_partial_refund<C: ConnectionTrait>(
-    db: &C,
-    order_id: &str,
-    back: i64,
-) -> Result<(), DbErr> {
-    payments::Entity::update_many()
-        .col_expr(payments::Column::RefundedAmount, Expr::value(back))
-        .filter(payments::Column::OrderId.eq(order_id))
-        .filter(payments::Column::RefundedAmount.lt(back))
-        .exec(db)
-        .await?;
-    if let Some(p) = payments::Entity::find()
-        .filter(payments::Column::OrderId.eq(order_id))
-        .one(db)
-        .await?
-    {
-        super::ledger::refund_on_receipt(db, p.id, p.refunded_amount, 0).await?;
-    }
-    Ok(())
-}
-
 /// Stores `grant` on payment `payment_id` and marks its sources carried
 /// into it (in the settlement's transaction).
 pub async fn store<C: ConnectionTrait>(

@@ -174,7 +174,7 @@ where
     }
     let reported = reported_status(&event.provider, &event.provider_status, &event.payload);
     if let Some(back) = seen.and_then(|s| s.refunded) {
-        grant::record_partial_refund(&txn, &event.order_id, back).await?;
+        super::ledger::record_partial_refund(&txn, &event.order_id, back).await?;
     }
     let outcome = match reported {
         None => Settled::Invalid("the event reports a status its provider does not define"),

@@ -301,7 +301,7 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                 let back = (p.refunded_amount
                     + ((p.amount - p.refunded_amount) * pct / 100).max(1))
                 .min(p.amount - 1);
-                entity::billing::grant::record_partial_refund(db, &p.order_id, back)
+                entity::billing::ledger::record_partial_refund(db, &p.order_id, back)
                     .await
                     .unwrap();
                 let outcome = settlement::settle_status_check(

@@ -200,7 +200,7 @@ fn a_refund_after_a_partial_refund_takes_back_only_what_the_payment_carried() {
         let user = customer(&db).await;
         paid(&db, user, "PRO").await;
         let second = paid(&db, user, "PRO").await;
-        entity::billing::grant::record_partial_refund(&db, &second.order_id, 89_100)
+        entity::billing::ledger::record_partial_refund(&db, &second.order_id, 89_100)
             .await
             .unwrap();
         let basic = paid(&db, user, "BASIC").await;
@@ -328,7 +328,7 @@ fn a_grant_whose_own_month_was_refunded_in_part_still_carries_its_carried_time()
         paid(&db, user, "PRO").await;
         let basic = paid(&db, user, "BASIC").await;
         let carried_in = basic.carried_value.unwrap();
-        entity::billing::grant::record_partial_refund(&db, &basic.order_id, 49_000)
+        entity::billing::ledger::record_partial_refund(&db, &basic.order_id, 49_000)
             .await
             .unwrap();
         let ultimate = paid(&db, user, "ULTIMATE").await;
