@@ -15,6 +15,9 @@
 //!   get theirs, numbered in the order they were paid (a refunded one with
 //!   its whole amount gone back; the seconds its refund took are not known
 //!   for those and stay 0).
+//! - `payments.carried_out_value`: what a grant's unused time was worth when
+//!   a plan change carried it on (the carry stores it per source), which a
+//!   refund of that payment follows.
 
 use sea_orm_migration::{prelude::*, sea_orm::DbBackend};
 
@@ -164,6 +167,18 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
+        manager
+            .alter_table(
+                Table::alter()
+                    .table(Payments::Table)
+                    .add_column(
+                        ColumnDef::new(Payments::CarriedOutValue)
+                            .big_integer()
+                            .null(),
+                    )
+                    .to_owned(),
+            )
+            .await?;
         let db = manager.get_connection();
         // Every payment already paid gets its receipt, in the order paid.
         db.execute_unprepared(
@@ -210,6 +225,14 @@ impl MigrationTrait for Migration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
+            .alter_table(
+                Table::alter()
+                    .table(Payments::Table)
+                    .drop_column(Payments::CarriedOutValue)
+                    .to_owned(),
+            )
+            .await?;
+        manager
             .drop_table(Table::drop().table(BillingReceipts::Table).to_owned())
             .await?;
         manager
@@ -243,6 +266,12 @@ enum BillingLedger {
     Seconds,
     Value,
     CreatedAt,
+}
+
+#[derive(DeriveIden)]
+enum Payments {
+    Table,
+    CarriedOutValue,
 }
 
 #[derive(DeriveIden)]

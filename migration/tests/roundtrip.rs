@@ -92,6 +92,7 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
     for table in ["billing_ledger", "billing_receipts"] {
         assert!(manager.has_table(table).await?, "{table} after up");
     }
+    assert!(manager.has_column("payments", "carried_out_value").await?);
     entity::entities::billing_ledger::ActiveModel {
         id: Set(Uuid::now_v7()),
         user_id: Set(Uuid::new_v4()),
@@ -124,6 +125,7 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
     for table in ["billing_ledger", "billing_receipts"] {
         assert!(!manager.has_table(table).await?, "{table} after down");
     }
+    assert!(!manager.has_column("payments", "carried_out_value").await?);
 
     // Then the renewal loop's pauses.
     assert!(manager.has_table("renewal_pauses").await?);

@@ -67,6 +67,11 @@ pub struct Grant {
     pub carried_value: i64,
     /// The payments whose grants were carried (their ids).
     pub sources: Vec<Uuid>,
+    /// What each source's own money carried on (the unused part of its own
+    /// month, in millionths of a unit, rounded down; in the order of
+    /// `sources`): stored on the source (`carried_out_value`), what a refund
+    /// of it follows.
+    pub source_values: Vec<i64>,
     /// The billing anchor the subscription keeps after this grant: the one
     /// in force when the grant adds one anchored month, else re-anchored
     /// on the new period ([`super::anchor`]).
@@ -201,6 +206,7 @@ pub fn compute(
             carried_seconds: 0,
             carried_value: 0,
             sources: vec![],
+            source_values: vec![],
             anchor,
         };
     }
@@ -217,6 +223,7 @@ pub fn compute(
             carried_seconds: 0,
             carried_value: 0,
             sources: vec![],
+            source_values: vec![],
             anchor: Anchor::of(paid_at, zone),
         };
     };
@@ -231,6 +238,7 @@ pub fn compute(
             carried_seconds: 0,
             carried_value: 0,
             sources: vec![],
+            source_values: vec![],
             anchor,
         };
     }
@@ -238,6 +246,7 @@ pub fn compute(
     let mut carried_us: i128 = 0;
     let mut value: i128 = 0;
     let mut sources = Vec::new();
+    let mut source_values = Vec::new();
     for g in running {
         // A grant's own month is worth its value; the time carried into it
         // was priced at the rate it was sold at (`price` over its own
@@ -259,6 +268,11 @@ pub fn compute(
         let worth = i128::from(g.price.max(g.value)) * unused_carried
             + i128::from(g.value) * (unused - unused_carried);
         sources.push(g.id);
+        // What it carries of its own money (its own month's unused part):
+        // what a refund of it follows; its carried part belongs to its own
+        // sources, whose refunds follow it here.
+        let own_worth = i128::from(g.value) * (unused - unused_carried);
+        source_values.push(i64::try_from(own_worth * 1_000_000 / length).unwrap_or(i64::MAX));
         value += worth / length;
         if amount > 0 {
             carried_us += worth * month / (length * i128::from(amount));
@@ -284,6 +298,7 @@ pub fn compute(
         carried_seconds,
         carried_value: i64::try_from(value).unwrap_or(i64::MAX).max(0),
         sources,
+        source_values,
         anchor,
     }
 }
@@ -476,6 +491,7 @@ pub async fn as_time<C: ConnectionTrait>(
         carried_seconds: 0,
         carried_value: 0,
         sources: vec![],
+        source_values: vec![],
         anchor,
     })
 }
@@ -551,10 +567,14 @@ pub async fn store<C: ConnectionTrait>(
         .filter(payments::Column::Id.eq(payment_id))
         .exec(db)
         .await?;
-    if !grant.sources.is_empty() {
+    for (i, source) in grant.sources.iter().enumerate() {
         payments::Entity::update_many()
             .col_expr(payments::Column::CarriedInto, Expr::value(payment_id))
-            .filter(payments::Column::Id.is_in(grant.sources.clone()))
+            .col_expr(
+                payments::Column::CarriedOutValue,
+                Expr::value(grant.source_values.get(i).copied()),
+            )
+            .filter(payments::Column::Id.eq(*source))
             .exec(db)
             .await?;
     }

@@ -28,10 +28,11 @@ use crate::{
 /// how many seconds of that grant it bought: follows `carried_into` from
 /// payment to payment (a plan change carried into a plan change, …), as
 /// the carry itself priced it ([`super::grant::compute`]): within a grant
-/// the time carried into it runs first, then its own month. The refunded
-/// payment's money (its amount less partial refunds: what the carry
-/// valued) sits in its grant's own month; in each grant it was carried
-/// into, in that grant's carried part. At each hop the part of that money
+/// the time carried into it runs first, then its own month. What the
+/// refunded payment carried is stored on it (`carried_out_value`, what the
+/// carry valued; for grants carried before that was stored, its amount
+/// less partial refunds over the unused part of its own month); in each
+/// grant it was carried into, that money sits in the carried part. At each hop the part of that money
 /// whose time was still unused when the next payment was paid moves on; at
 /// the last grant, the money buys seconds at that grant's own rate
 /// (`money × month / amount`), rounded up to the second and at most what it
@@ -74,10 +75,20 @@ async fn carried_share<T: ConnectionTrait>(
             let own = length - carried_part;
             (own, unused.min(own))
         };
-        if part <= 0 || part_unused <= 0 {
+        match refunded.carried_out_value.filter(|_| !in_carried) {
+            // What the carry stored for this source: exact, and blind to
+            // partial refunds made after it (they took no time).
+            Some(v) => money = i128::from(v.max(0)),
+            None => {
+                if part <= 0 || part_unused <= 0 {
+                    return Ok(None);
+                }
+                money = money * part_unused / part;
+            }
+        }
+        if money <= 0 {
             return Ok(None);
         }
-        money = money * part_unused / part;
         start = paid_at;
         end = into_end;
         carried_part = i128::from(into.carried_seconds.unwrap_or(0).max(0)) * 1_000_000;

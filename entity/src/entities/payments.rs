@@ -124,6 +124,12 @@ pub struct Model {
     pub carried_into: Option<Uuid>,
     /// What partial refunds or chargebacks gave back so far (whole units).
     pub refunded_amount: i64,
+    /// What this grant's own money carried on when it was carried into
+    /// `carried_into` (the unused part of its own month), in millionths of
+    /// a unit (exact enough that a refund following it leaves no second
+    /// unpaid): what a refund of it follows. `None`
+    /// before it was carried, or carried before this was stored.
+    pub carried_out_value: Option<i64>,
     /// The renewal this payment pays (`renewals.id`), when it was started
     /// from a renewal's pay link; `None` for a checkout of `POST /api/payments`.
     pub renewal_id: Option<Uuid>,

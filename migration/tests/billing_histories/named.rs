@@ -340,3 +340,19 @@ fn a_grant_whose_own_month_was_refunded_in_part_still_carries_its_carried_time()
         );
     });
 }
+
+/// The generator (seed 9): PRO, then BASIC carrying its month, then one
+/// percent of PRO refunded in part (after the carry), then PRO refunded
+/// whole: 54,113 s of BASIC were left that no money paid for. The carry
+/// valued the whole PRO month; a partial refund after it takes no time, and
+/// the whole refund takes back what was carried, as stored on the source.
+#[test]
+fn a_partial_refund_after_the_carry_leaves_no_free_time_at_the_whole_refund() {
+    use super::Step::{PartialRefund, Pay, Refund};
+    on_both(|db| async move {
+        let steps = [Pay(1), Pay(0), PartialRefund(0, 1), Refund(0)];
+        super::history(&db, &steps)
+            .await
+            .expect("the history keeps the invariant");
+    });
+}

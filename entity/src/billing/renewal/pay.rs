@@ -350,6 +350,7 @@ mod tests {
             carried_value: None,
             carried_into: None,
             refunded_amount: 0,
+            carried_out_value: None,
             renewal_id: None,
         }
     }
