@@ -21,7 +21,7 @@
 //!   character, or no `content` and a `text` part with text), as
 //!   [`crate::routes::ops::dead_letters`] and the chat's parser refuse the rest;
 //! * `plan` of `POST /api/payments` is the enum of the purchasable plans of
-//!   the catalogue in force: the committed document ([`document`]) has the
+//!   the catalogue in force (of an operator grant, of its paid plans): the committed document ([`document`]) has the
 //!   compiled-in catalogue's, the served one ([`document_for`]) the
 //!   `PLANS_FILE` one's.
 //!
@@ -85,6 +85,16 @@ fn document_plans(doc: &mut Value, plans: &entity::base::plans::Catalogue) {
         doc.pointer_mut("/components/schemas/SubscriptionRequest/oneOf/1/properties/plan")
     {
         plan["enum"] = Value::Array(ids);
+    }
+    // An operator may give any paid plan of the catalogue, sold or not.
+    let paid: Vec<Value> = plans
+        .plans
+        .iter()
+        .filter(|p| p.id != entity::base::plans::FREE)
+        .map(|p| Value::String(p.id.clone()))
+        .collect();
+    if let Some(plan) = doc.pointer_mut("/components/schemas/GrantRequest/properties/plan") {
+        plan["enum"] = Value::Array(paid);
     }
 }
 
