@@ -52,17 +52,7 @@ async fn run_priced(db: &DatabaseConnection) {
     };
     settle(checkout(db, user, "BASIC").await).await;
     time_passes(db, user, Duration::days(25)).await;
-    let now = entity::base::db::now(db).await.unwrap();
-    renewal::run_batch(
-        db,
-        renewal::Step::Create,
-        &policy(),
-        catalogue(),
-        now,
-        &[user],
-    )
-    .await
-    .unwrap();
+    run_pass(db, user, renewal::Step::Create).await;
     let offered = renewals::Entity::find()
         .filter(renewals::Column::UserId.eq(user))
         .one(db)
@@ -178,6 +168,28 @@ async fn period_end(db: &DatabaseConnection, user: Uuid) -> chrono::DateTime<chr
         .expect("a period")
 }
 
+/// Runs one pass of the renewal loop for `user` at the database's now, and
+/// answers that now.
+async fn run_pass(
+    db: &DatabaseConnection,
+    user: Uuid,
+    pass: renewal::Step,
+) -> chrono::DateTime<chrono::Utc> {
+    let now = entity::base::db::now(db).await.unwrap();
+    renewal::run_batch(db, pass, &policy(), catalogue(), now, &[user])
+        .await
+        .unwrap();
+    now
+}
+
+/// Settles `order` as `status` and answers how many seconds the period end
+/// of `user` moved (negative: it moved back).
+async fn moved_by(db: &DatabaseConnection, user: Uuid, order: &str, status: PaymentStatus) -> i64 {
+    let before = period_end(db, user).await;
+    settle_as(db, order, status).await;
+    (period_end(db, user).await - before).num_seconds()
+}
+
 /// What `value` (IDR) buys of a grant sold for `amount` over its own month
 /// from `from`, in seconds.
 fn worth(value: i64, amount: i64, from: chrono::DateTime<chrono::Utc>) -> i64 {
@@ -204,9 +216,7 @@ fn a_refund_after_a_partial_refund_takes_back_only_what_the_payment_carried() {
             .await
             .unwrap();
         let basic = paid(&db, user, "BASIC").await;
-        let before = period_end(&db, user).await;
-        settle_as(&db, &second.order_id, PaymentStatus::Refunded).await;
-        let taken = (before - period_end(&db, user).await).num_seconds();
+        let taken = -moved_by(&db, user, &second.order_id, PaymentStatus::Refunded).await;
         let want = worth(9_900, 49_000, basic.grant_start.unwrap());
         assert!(
             (want - 2..=want + 2).contains(&taken),
@@ -230,9 +240,7 @@ fn a_refund_follows_its_money_as_the_carry_priced_it_carried_time_first() {
         let carried = basic.carried_seconds.unwrap();
         time_passes(&db, user, Duration::seconds(carried - 3 * 86_400)).await;
         let pro = paid(&db, user, "PRO").await;
-        let before = period_end(&db, user).await;
-        settle_as(&db, &basic.order_id, PaymentStatus::Refunded).await;
-        let taken = (before - period_end(&db, user).await).num_seconds();
+        let taken = -moved_by(&db, user, &basic.order_id, PaymentStatus::Refunded).await;
         let want = worth(49_000, 99_000, pro.grant_start.unwrap());
         assert!(
             (want - 2..=want + 2).contains(&taken),
@@ -255,17 +263,7 @@ fn an_outdated_renewal_priced_from_a_refunded_grant_buys_its_share_of_a_month() 
         settle_as(&db, &pro.order_id, PaymentStatus::Refunded).await;
         paid(&db, user, "BASIC").await;
         time_passes(&db, user, Duration::days(25)).await;
-        let now = entity::base::db::now(&db).await.unwrap();
-        renewal::run_batch(
-            &db,
-            renewal::Step::Create,
-            &policy(),
-            catalogue(),
-            now,
-            &[user],
-        )
-        .await
-        .unwrap();
+        run_pass(&db, user, renewal::Step::Create).await;
         let offered = renewals::Entity::find()
             .filter(renewals::Column::UserId.eq(user))
             .one(&db)
@@ -280,17 +278,7 @@ fn an_outdated_renewal_priced_from_a_refunded_grant_buys_its_share_of_a_month() 
             .await
             .unwrap();
         time_passes(&db, user, Duration::days(7)).await;
-        let now = entity::base::db::now(&db).await.unwrap();
-        renewal::run_batch(
-            &db,
-            renewal::Step::PastDue,
-            &policy(),
-            catalogue(),
-            now,
-            &[user],
-        )
-        .await
-        .unwrap();
+        let now = run_pass(&db, user, renewal::Step::PastDue).await;
         let grant = entity::billing::operator::OperatorGrant {
             user_id: user,
             plan: "PRO".into(),
@@ -300,9 +288,7 @@ fn an_outdated_renewal_priced_from_a_refunded_grant_buys_its_share_of_a_month() 
         entity::billing::operator::give(&db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
             .await
             .unwrap();
-        let before = period_end(&db, user).await;
-        settle_as(&db, &stale, PaymentStatus::Paid).await;
-        let added = (period_end(&db, user).await - before).num_seconds();
+        let added = moved_by(&db, user, &stale, PaymentStatus::Paid).await;
         let pro = payments_of(&db, user)
             .await
             .into_iter()
