@@ -87,7 +87,27 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The billing ledger and receipts first: the ledger refuses updates
+    // The price-change notices first.
+    let price_columns = [
+        "price_notice_plan",
+        "price_notice_amount",
+        "price_notice_at",
+    ];
+    for column in price_columns {
+        assert!(
+            manager.has_column("subscriptions", column).await?,
+            "{column}"
+        );
+    }
+    Migrator::down(db, Some(1)).await?;
+    for column in price_columns {
+        assert!(
+            !manager.has_column("subscriptions", column).await?,
+            "{column} after down"
+        );
+    }
+
+    // Then the billing ledger and receipts: the ledger refuses updates
     // and deletes.
     for table in ["billing_ledger", "billing_receipts"] {
         assert!(manager.has_table(table).await?, "{table} after up");
@@ -220,10 +240,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The billing ledger, the renewal pauses, the email change's verified
+    // The price-change notices, the billing ledger, the renewal pauses, the email change's verified
     // half, the grace's times, the billing anchor, renewal_claims, renewals,
     // grants, billing mails.
-    const BILLING_STEPS: usize = 9;
+    const BILLING_STEPS: usize = 10;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

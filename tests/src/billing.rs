@@ -64,6 +64,9 @@ fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveMod
         billing_anchor_time: Set(None),
         past_due_at: Set(None),
         grace_ends_at: Set(None),
+        price_notice_plan: Set(None),
+        price_notice_amount: Set(None),
+        price_notice_at: Set(None),
     }
 }
 

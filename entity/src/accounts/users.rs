@@ -403,6 +403,9 @@ where
             billing_anchor_time: Set(None),
             past_due_at: Set(None),
             grace_ends_at: Set(None),
+            price_notice_plan: Set(None),
+            price_notice_amount: Set(None),
+            price_notice_at: Set(None),
         },
     )
     .await?;

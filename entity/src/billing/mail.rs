@@ -79,17 +79,27 @@ pub enum BillingMailKind {
     /// no renewal can be offered (`renewal_unavailable`): `plan`,
     /// `period_end`.
     RenewalUnavailable,
+    /// The catalogue raised the price of the plan in force
+    /// (`price_change`, [`crate::billing::price`]): `plan`, `old_amount`
+    /// (what it renews at until then), `amount` (the new price),
+    /// `currency`, `noticed_at`, `applies_after` (renewals created from
+    /// then bill the new price), `next_due_at` and `next_amount` (the
+    /// period end the renewal offered with this mail renews, and what it
+    /// bills: the old price unless no notice is required). Key
+    /// `price_change:<user>:<plan>:<amount>:<noticed_at>`.
+    PriceChange,
 }
 
 impl BillingMailKind {
     /// Every kind.
-    pub const ALL: [BillingMailKind; 6] = [
+    pub const ALL: [BillingMailKind; 7] = [
         BillingMailKind::Receipt,
         BillingMailKind::RefundNotice,
         BillingMailKind::RenewalReminder,
         BillingMailKind::PastDue,
         BillingMailKind::Lapsed,
         BillingMailKind::RenewalUnavailable,
+        BillingMailKind::PriceChange,
     ];
 
     /// The kind's name: its template base name and `billing_mails.kind`.
@@ -101,6 +111,7 @@ impl BillingMailKind {
             BillingMailKind::PastDue => "past_due",
             BillingMailKind::Lapsed => "lapsed",
             BillingMailKind::RenewalUnavailable => "renewal_unavailable",
+            BillingMailKind::PriceChange => "price_change",
         }
     }
 }

@@ -380,7 +380,17 @@ async fn apply<T: ConnectionTrait>(
                 } else {
                     None
                 };
+                // A price-change notice is spent once the new price is paid,
+                // and moot once another plan is in force.
+                let notice_spent = s.price_notice_plan.as_deref() != Some(g.plan.as_str())
+                    || (pay.plan == g.plan
+                        && s.price_notice_amount.is_some_and(|a| a <= pay.amount));
                 let mut am = s.into_active_model();
+                if notice_spent {
+                    am.price_notice_plan = Set(None);
+                    am.price_notice_amount = Set(None);
+                    am.price_notice_at = Set(None);
+                }
                 am.renewal_plan = Set(next);
                 am.plan = Set(g.plan.clone());
                 am.status = Set(SubscriptionStatus::Active);
@@ -411,6 +421,9 @@ async fn apply<T: ConnectionTrait>(
                     billing_anchor_time: Set(Some(g.anchor.time)),
                     past_due_at: Set(None),
                     grace_ends_at: Set(None),
+                    price_notice_plan: Set(None),
+                    price_notice_amount: Set(None),
+                    price_notice_at: Set(None),
                 }
                 .insert(txn)
                 .await?;

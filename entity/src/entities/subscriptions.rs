@@ -73,6 +73,15 @@ pub struct Model {
     /// `RENEWAL_GRACE_SECS` (extended by any pause of the renewal loop);
     /// the plan lapses to FREE after it unless paid.
     pub grace_ends_at: Option<DateTimeUtc>,
+    /// The plan the last price-change mail was about
+    /// ([`crate::billing::price`]); `None`: no notice since this column.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub price_notice_plan: Option<String>,
+    /// The higher catalogue price that mail announced (whole units of the
+    /// catalogue's currency).
+    pub price_notice_amount: Option<i64>,
+    /// When that price-change mail was recorded (the database's clock).
+    pub price_notice_at: Option<DateTimeUtc>,
 }
 
 /// A subscription belongs to one user.

@@ -54,6 +54,7 @@
 //! cargo nextest run -p migration -E 'test(/billing_histories/)'`.
 
 mod named;
+mod prices;
 mod world;
 
 use std::sync::Arc;

@@ -116,7 +116,7 @@ fn a_partial_refund_of_a_plan_change_keeps_the_value_carried_into_it() {
 }
 
 /// Runs `scenario` on SQLite, then on scratch PostgreSQL.
-fn on_both<F, Fut>(scenario: F)
+pub(super) fn on_both<F, Fut>(scenario: F)
 where
     F: Fn(DatabaseConnection) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -133,7 +133,7 @@ where
     });
 }
 
-async fn customer(db: &DatabaseConnection) -> Uuid {
+pub(super) async fn customer(db: &DatabaseConnection) -> Uuid {
     let id = Identity {
         user_id: Uuid::new_v4(),
         email: None,
@@ -142,13 +142,13 @@ async fn customer(db: &DatabaseConnection) -> Uuid {
     id.user_id
 }
 
-async fn settle_as(db: &DatabaseConnection, order: &str, status: PaymentStatus) {
+pub(super) async fn settle_as(db: &DatabaseConnection, order: &str, status: PaymentStatus) {
     settlement::settle_status_check(db, order, status, TERMS, None)
         .await
         .unwrap();
 }
 
-async fn paid(db: &DatabaseConnection, user: Uuid, plan: &str) -> payments::Model {
+pub(super) async fn paid(db: &DatabaseConnection, user: Uuid, plan: &str) -> payments::Model {
     let order = checkout(db, user, plan).await;
     settle_as(db, &order, PaymentStatus::Paid).await;
     payments_of(db, user)
@@ -158,7 +158,10 @@ async fn paid(db: &DatabaseConnection, user: Uuid, plan: &str) -> payments::Mode
         .expect("the payment")
 }
 
-async fn period_end(db: &DatabaseConnection, user: Uuid) -> chrono::DateTime<chrono::Utc> {
+pub(super) async fn period_end(
+    db: &DatabaseConnection,
+    user: Uuid,
+) -> chrono::DateTime<chrono::Utc> {
     subscriptions::Entity::find_by_id(user)
         .one(db)
         .await
@@ -170,7 +173,7 @@ async fn period_end(db: &DatabaseConnection, user: Uuid) -> chrono::DateTime<chr
 
 /// Runs one pass of the renewal loop for `user` at the database's now, and
 /// answers that now.
-async fn run_pass(
+pub(super) async fn run_pass(
     db: &DatabaseConnection,
     user: Uuid,
     pass: renewal::Step,
@@ -184,7 +187,12 @@ async fn run_pass(
 
 /// Settles `order` as `status` and answers how many seconds the period end
 /// of `user` moved (negative: it moved back).
-async fn moved_by(db: &DatabaseConnection, user: Uuid, order: &str, status: PaymentStatus) -> i64 {
+pub(super) async fn moved_by(
+    db: &DatabaseConnection,
+    user: Uuid,
+    order: &str,
+    status: PaymentStatus,
+) -> i64 {
     let before = period_end(db, user).await;
     settle_as(db, order, status).await;
     (period_end(db, user).await - before).num_seconds()

@@ -42,6 +42,7 @@ pub(super) fn policy() -> renewal::Policy {
         pay_secret: None,
         api_url: String::new(),
         paused: false,
+        price_notice: Duration::days(30),
     }
 }
 
@@ -129,6 +130,7 @@ pub(super) async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Duratio
     am.canceled_at = Set(earlier(s.canceled_at, by));
     am.past_due_at = Set(earlier(s.past_due_at, by));
     am.grace_ends_at = Set(earlier(s.grace_ends_at, by));
+    am.price_notice_at = Set(earlier(s.price_notice_at, by));
     am.billing_anchor_day = Set(None);
     am.billing_anchor_time = Set(None);
     am.update(db).await.unwrap();

@@ -109,6 +109,18 @@ pub const TEMPLATES: &[(&str, &str)] = &[
         "renewal_unavailable.html",
         include_str!("../../../config/templates/billing/renewal_unavailable.html"),
     ),
+    (
+        "price_change.subject.txt",
+        include_str!("../../../config/templates/billing/price_change.subject.txt"),
+    ),
+    (
+        "price_change.txt",
+        include_str!("../../../config/templates/billing/price_change.txt"),
+    ),
+    (
+        "price_change.html",
+        include_str!("../../../config/templates/billing/price_change.html"),
+    ),
 ];
 
 /// The loaded templates and what every mail shares.
@@ -338,6 +350,11 @@ impl BillingTemplates {
             }),
             BillingMailKind::RenewalUnavailable => serde_json::json!({
                 "plan": "LEGACY", "period_end": "2026-12-28T10:05:00Z",
+            }),
+            BillingMailKind::PriceChange => serde_json::json!({
+                "plan": "PRO", "old_amount": 99000, "amount": 129000, "currency": "IDR",
+                "noticed_at": "2026-12-21T10:05:00Z", "applies_after": "2027-01-20T10:05:00Z",
+                "next_due_at": "2026-12-28T10:05:00Z", "next_amount": 99000,
             }),
         };
         match v {

@@ -74,6 +74,28 @@ pub struct MeSubscription {
     /// plan.
     #[oai(nullable)]
     pub renewal_plan: Option<String>,
+    /// A rise of the plan's price the customer was told of by the
+    /// `price_change` mail; `null`: none pending. The open renewal's
+    /// `amount` is what the next payment bills.
+    #[oai(nullable)]
+    pub price_change: Option<MePriceChange>,
+}
+
+/// A price rise of the plan in force, announced by mail: renewals created
+/// after `applies_after` bill `amount`, earlier ones the price of record.
+#[derive(Debug, Clone, Object)]
+pub struct MePriceChange {
+    /// The plan whose price rises.
+    pub plan: String,
+    /// The new price (whole units of `currency`).
+    pub amount: i64,
+    /// ISO 4217 currency.
+    pub currency: String,
+    /// When the customer was told (RFC 3339, UTC).
+    pub noticed_at: DateTime<Utc>,
+    /// Renewals created from then on bill the new price
+    /// (`noticed_at` plus `PRICE_CHANGE_NOTICE_DAYS`).
+    pub applies_after: DateTime<Utc>,
 }
 
 /// This month's AI usage against the plan's quota.
@@ -143,6 +165,13 @@ impl Example for Me {
                     due_at: at("2026-12-26T10:00:00Z"),
                 }),
                 renewal_plan: None,
+                price_change: Some(MePriceChange {
+                    plan: "PRO".into(),
+                    amount: 129_000,
+                    currency: "IDR".into(),
+                    noticed_at: at("2026-12-19T10:00:00Z"),
+                    applies_after: at("2027-01-18T10:00:00Z"),
+                }),
             },
             ai_usage: MeAiUsage {
                 tokens_used: 1_234,
@@ -217,6 +246,17 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
                     due_at: r.period_end,
                 }),
                 renewal_plan: s.renewal_plan.clone(),
+                price_change: entity::billing::price::Notice::of(s)
+                    .filter(|n| n.plan == s.plan && s.plan != entity::base::plans::FREE)
+                    .map(|n| MePriceChange {
+                        plan: n.plan.to_string(),
+                        amount: n.amount,
+                        currency: state.plans.currency.clone(),
+                        noticed_at: n.at,
+                        applies_after: n.at
+                            + chrono::Duration::from_std(state.settings.price_change_notice)
+                                .unwrap_or(chrono::Duration::MAX),
+                    }),
             }
         }
         _ => MeSubscription {
@@ -226,6 +266,7 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
             cancel_at_period_end: false,
             renewal: None,
             renewal_plan: None,
+            price_change: None,
         },
     };
     Ok(Me {

@@ -250,6 +250,10 @@ pub struct Settings {
     /// `RENEWAL_REMINDER_DAYS`: days before the period end a renewal reminder
     /// goes out, largest first (default `7,3,1`; each 1–365; empty: none).
     pub renewal_reminder_days: Vec<u32>,
+    /// `PRICE_CHANGE_NOTICE_DAYS`: a catalogue price rise reaches a
+    /// subscriber only at the first renewal created at least this long after
+    /// the price-change mail to them (default 30 days, 0–365).
+    pub price_change_notice: Duration,
     /// `PROVIDER_CONNECT_TIMEOUT_MS`: bound on connecting to a payment provider
     /// (default 3000, 50–60000).
     pub provider_connect_timeout: Duration,
@@ -777,6 +781,9 @@ impl Settings {
                 1,
                 86_400,
             )?),
+            price_change_notice: Duration::from_secs(
+                86_400 * r.num_or::<u64>("PRICE_CHANGE_NOTICE_DAYS", 30u64, 0, 365)?,
+            ),
             renewal_reminder_days: parse_reminder_days(
                 "RENEWAL_REMINDER_DAYS",
                 r.opt("RENEWAL_REMINDER_DAYS").as_deref().unwrap_or("7,3,1"),

@@ -11,7 +11,7 @@
 //!   still in its grace), not cancelling, and whose `current_period_end` is
 //!   within [`Policy::lead`] gets one open
 //!   renewal (plan: `renewal_plan` when the customer changed it, else its
-//!   plan; amount: the catalogue price now, kept after). The partial unique
+//!   plan; amount: [`crate::billing::price`]'s, kept after). The partial unique
 //!   index `renewals_open_uidx` makes it one per user and period end under
 //!   concurrent ticks and repeated jobs. A plan gone from the catalogue gets
 //!   no renewal and counts as [`Outcome::Unpriced`].
@@ -121,6 +121,9 @@ pub struct Policy {
     pub api_url: String,
     /// The loop waits ([`paused`]): only cancelling subscriptions lapse.
     pub paused: bool,
+    /// How long a price-change mail comes before the first renewal at the
+    /// new price (`PRICE_CHANGE_NOTICE_DAYS`, [`crate::billing::price`]).
+    pub price_notice: Duration,
 }
 
 impl Policy {
@@ -132,6 +135,7 @@ impl Policy {
             pay_secret: settings.backend_service_role_key.clone(),
             api_url: settings.api_external_url.trim_end_matches('/').to_string(),
             paused: paused(&crate::Features::compute(settings)),
+            price_notice: Duration::from_std(settings.price_change_notice).unwrap_or(Duration::MAX),
         }
     }
 
@@ -376,6 +380,18 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
             vec![Outcome::Unpriced]
         });
     };
+    // What it bills: the price of record, unless a cut or a rise told in
+    // time applies ([`crate::billing::price`]).
+    let record = crate::billing::price::of_record(&txn, user_id, &sub.plan).await?;
+    let priced = crate::billing::price::renewal_price(
+        &plan.id,
+        &sub.plan,
+        record,
+        crate::billing::price::Notice::of(&sub),
+        plan.price,
+        now,
+        policy.price_notice,
+    );
     // The reminder due now, if any, and when the next one is due.
     let remind_now = policy.reminder_due(end, now);
     let next_reminder_at = match remind_now {
@@ -388,7 +404,7 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
         user_id: Set(user_id),
         period_end: Set(end),
         plan: Set(plan.id.clone()),
-        amount: Set(plan.price),
+        amount: Set(priced.amount),
         currency: Set(catalogue.currency.clone()),
         status: Set(RenewalStatus::Open),
         next_reminder_at: Set(next_reminder_at),
@@ -406,6 +422,19 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
     if inserted == 0 {
         return Ok(vec![]);
     }
+    if let Some(amount) = priced.announce {
+        announce_price(
+            &txn,
+            policy,
+            &catalogue.currency,
+            sub,
+            record,
+            amount,
+            &renewal,
+            now,
+        )
+        .await?;
+    }
     let mut outcomes = vec![Outcome::Created];
     if let Some(d) = remind_now {
         if remind(&txn, policy, &renewal, d, now).await? == Queued::Queued {
@@ -414,6 +443,53 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
     }
     txn.commit().await?;
     Ok(outcomes)
+}
+
+/// Records the notice of a price rise to `amount` on `sub` (locked) and
+/// queues its `price_change` mail, in the transaction that offers
+/// `renewal` ([`crate::billing::price`]). A user without an address gets
+/// no mail; the notice is recorded all the same (the reminders and the
+/// account page show the price).
+#[allow(clippy::too_many_arguments)]
+async fn announce_price<C: ConnectionTrait>(
+    txn: &C,
+    policy: &Policy,
+    currency: &str,
+    sub: subscriptions::Model,
+    record: Option<i64>,
+    amount: i64,
+    renewal: &renewals::Model,
+    now: DateTime<Utc>,
+) -> Result<(), DbErr> {
+    let user_id = sub.user_id;
+    let plan = sub.plan.clone();
+    let mut am = sub.into_active_model();
+    am.price_notice_plan = Set(Some(plan.clone()));
+    am.price_notice_amount = Set(Some(amount));
+    am.price_notice_at = Set(Some(now));
+    am.updated_at = Set(now);
+    am.update(txn).await?;
+    mail(
+        txn,
+        BillingMailKind::PriceChange,
+        user_id,
+        format!(
+            "price_change:{user_id}:{plan}:{amount}:{}",
+            now.timestamp_micros()
+        ),
+        json!({
+            "plan": plan,
+            "old_amount": record,
+            "amount": amount,
+            "currency": currency,
+            "noticed_at": now,
+            "applies_after": now + policy.price_notice,
+            "next_due_at": renewal.period_end,
+            "next_amount": renewal.amount,
+        }),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Queues the reminder of offset `days` for `renewal` at `now`: the pay
@@ -630,6 +706,9 @@ where
     am.past_due_at = Set(None);
     am.grace_ends_at = Set(None);
     am.renewal_plan = Set(None);
+    am.price_notice_plan = Set(None);
+    am.price_notice_amount = Set(None);
+    am.price_notice_at = Set(None);
     am.updated_at = Set(now);
     am.update(&txn).await?;
     crate::billing::ledger::note(
@@ -793,6 +872,7 @@ mod tests {
             reminder_days: vec![7, 3, 1],
             pay_secret: None,
             api_url: String::new(),
+            price_notice: Duration::days(30),
         };
         let end = at("2026-12-20T10:00:00Z");
         assert_eq!(p.lead(), Duration::days(7));
@@ -809,6 +889,7 @@ mod tests {
             reminder_days: vec![],
             pay_secret: None,
             api_url: String::new(),
+            price_notice: Duration::days(30),
         };
         assert_eq!(none.first_reminder(end), None);
         assert_eq!(none.lead(), Duration::days(1));

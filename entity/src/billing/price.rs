@@ -1,0 +1,203 @@
+//! What a renewal bills: the price of record and price-change notices
+//! (decisions.md, "Stored prices, one conversion"; docs/billing.md,
+//! "Prices").
+//!
+//! * The **price of record** of a subscription is the amount of its latest
+//!   payment still `PAID` (partial refunds included) for the plan in force:
+//!   the price the customer last agreed to for it. A plan in force with no
+//!   such payment (given by an operator, or from before payments were
+//!   stored) has none, and its renewal bills the catalogue price.
+//! * A renewal of the plan in force bills the price of record, unless the
+//!   catalogue price is lower (a cut reaches everyone at once), or it is
+//!   higher and a **price-change mail** announced at least that price at
+//!   least `PRICE_CHANGE_NOTICE_DAYS` before the renewal is created.
+//! * The first renewal offered at the old price after a rise records the
+//!   notice (plan, new price, the database's time) and queues the mail in
+//!   the same transaction, so the customer hears of the rise a whole
+//!   renewal ahead of it. With `PRICE_CHANGE_NOTICE_DAYS=0` that renewal
+//!   already bills the new price (the mail still goes).
+//! * A renewal of another plan (`change`) bills the catalogue price: the
+//!   customer chose it at the price shown then.
+//!
+//! [`renewal_price`] decides all of it from stored figures alone.
+
+use chrono::{DateTime, Duration, Utc};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
+use uuid::Uuid;
+
+use crate::entities::{
+    payments::{self, PaymentStatus},
+    subscriptions,
+};
+
+/// What a renewal created now bills, and the notice to record with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Priced {
+    /// The renewal's amount (whole units of the catalogue's currency).
+    pub amount: i64,
+    /// A price rise to announce now (the new catalogue price): record the
+    /// notice and queue the price-change mail with the renewal.
+    pub announce: Option<i64>,
+}
+
+/// The notice a subscription holds, as [`renewal_price`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notice<'a> {
+    /// The plan the notice was about.
+    pub plan: &'a str,
+    /// The price it announced.
+    pub amount: i64,
+    /// When it was recorded.
+    pub at: DateTime<Utc>,
+}
+
+impl<'a> Notice<'a> {
+    /// The notice stored on `s`, if any.
+    pub fn of(s: &'a subscriptions::Model) -> Option<Self> {
+        Some(Notice {
+            plan: s.price_notice_plan.as_deref()?,
+            amount: s.price_notice_amount?,
+            at: s.price_notice_at?,
+        })
+    }
+}
+
+/// What a renewal of `plan`, created at `now` for a subscription on
+/// `plan_in_force` whose price of record is `record` and which holds
+/// `notice`, bills when the catalogue sells `plan` at `catalogue_price`
+/// (see the module's rules). `notice_period` is
+/// `PRICE_CHANGE_NOTICE_DAYS`.
+pub fn renewal_price(
+    plan: &str,
+    plan_in_force: &str,
+    record: Option<i64>,
+    notice: Option<Notice<'_>>,
+    catalogue_price: i64,
+    now: DateTime<Utc>,
+    notice_period: Duration,
+) -> Priced {
+    let at_catalogue = Priced {
+        amount: catalogue_price,
+        announce: None,
+    };
+    let Some(record) = record.filter(|_| plan == plan_in_force) else {
+        return at_catalogue;
+    };
+    if catalogue_price <= record {
+        return at_catalogue;
+    }
+    // A notice of this plan that announced at least this price.
+    match notice.filter(|n| n.plan == plan && n.amount >= catalogue_price) {
+        Some(n) if n.at + notice_period <= now => at_catalogue,
+        Some(_) => Priced {
+            amount: record,
+            announce: None,
+        },
+        None if notice_period <= Duration::zero() => Priced {
+            amount: catalogue_price,
+            announce: Some(catalogue_price),
+        },
+        None => Priced {
+            amount: record,
+            announce: Some(catalogue_price),
+        },
+    }
+}
+
+/// The price of record of `user_id`'s plan `plan`: the amount of the latest
+/// payment still `PAID` for it (`None`: none).
+pub async fn of_record<C: ConnectionTrait>(
+    db: &C,
+    user_id: Uuid,
+    plan: &str,
+) -> Result<Option<i64>, DbErr> {
+    Ok(payments::Entity::find()
+        .filter(payments::Column::UserId.eq(user_id))
+        .filter(payments::Column::Plan.eq(plan))
+        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+        .filter(payments::Column::PaidAt.is_not_null())
+        .order_by_desc(payments::Column::PaidAt)
+        .one(db)
+        .await?
+        .map(|p| p.amount))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(days: i64) -> DateTime<Utc> {
+        "2027-01-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + Duration::days(days)
+    }
+
+    const NOTICE: Duration = Duration::days(30);
+
+    fn price(
+        plan: &str,
+        record: Option<i64>,
+        notice: Option<Notice<'_>>,
+        catalogue: i64,
+        now: i64,
+    ) -> Priced {
+        renewal_price(plan, "PRO", record, notice, catalogue, t(now), NOTICE)
+    }
+
+    #[test]
+    fn a_rise_waits_for_its_notice_and_a_cut_does_not() {
+        // Unchanged price.
+        assert_eq!(price("PRO", Some(99_000), None, 99_000, 0).amount, 99_000);
+        // A cut reaches the next renewal, without notice.
+        let cut = price("PRO", Some(99_000), None, 89_000, 0);
+        assert_eq!((cut.amount, cut.announce), (89_000, None));
+        // A rise: the old price now, and the notice to give.
+        let rise = price("PRO", Some(99_000), None, 129_000, 0);
+        assert_eq!((rise.amount, rise.announce), (99_000, Some(129_000)));
+        let told = Notice {
+            plan: "PRO",
+            amount: 129_000,
+            at: t(0),
+        };
+        // Told 29 days ago: still the old price, nothing more to announce.
+        let early = price("PRO", Some(99_000), Some(told), 129_000, 29);
+        assert_eq!((early.amount, early.announce), (99_000, None));
+        // Told 30 days ago: the new price.
+        let due = price("PRO", Some(99_000), Some(told), 129_000, 30);
+        assert_eq!((due.amount, due.announce), (129_000, None));
+        // A smaller rise than announced is covered by the notice.
+        assert_eq!(
+            price("PRO", Some(99_000), Some(told), 119_000, 30).amount,
+            119_000
+        );
+        // A larger one, or one about another plan, needs its own notice.
+        let more = price("PRO", Some(99_000), Some(told), 139_000, 90);
+        assert_eq!((more.amount, more.announce), (99_000, Some(139_000)));
+        let other = Notice {
+            plan: "BASIC",
+            ..told
+        };
+        let other = price("PRO", Some(99_000), Some(other), 129_000, 90);
+        assert_eq!((other.amount, other.announce), (99_000, Some(129_000)));
+    }
+
+    #[test]
+    fn another_plan_or_none_on_record_bills_the_catalogue() {
+        let p = price("ULTIMATE", Some(99_000), None, 299_000, 0);
+        assert_eq!((p.amount, p.announce), (299_000, None));
+        let p = price("PRO", None, None, 129_000, 0);
+        assert_eq!((p.amount, p.announce), (129_000, None));
+    }
+
+    #[test]
+    fn no_notice_period_announces_and_applies_at_once() {
+        let p = renewal_price(
+            "PRO",
+            "PRO",
+            Some(99_000),
+            None,
+            129_000,
+            t(0),
+            Duration::zero(),
+        );
+        assert_eq!((p.amount, p.announce), (129_000, Some(129_000)));
+    }
+}

@@ -1,0 +1,177 @@
+//! The price of record and price-change notices (docs/billing.md, "Prices"):
+//! a catalogue rise reaches a subscriber only at the first renewal created
+//! at least the notice period after a price-change mail to them; a cut
+//! reaches the next renewal at once.
+
+use chrono::Duration;
+use entity::{
+    accounts::users::{ensure_user, Identity},
+    base::plans::Catalogue,
+    billing::{payment::PaymentStatus, renewal},
+    entities::{
+        payments,
+        renewals::{self, RenewalStatus},
+        subscriptions,
+    },
+};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
+    Set, Statement,
+};
+use uuid::Uuid;
+
+use super::named::{on_both, period_end, settle_as};
+use super::world::*;
+
+/// The catalogue with `plan` sold at `price`.
+fn priced(plan: &str, price: i64) -> Catalogue {
+    let mut c = catalogue().clone();
+    c.plans
+        .iter_mut()
+        .find(|p| p.id == plan)
+        .expect("a catalogue plan")
+        .price = price;
+    c
+}
+
+/// Moves time to six days before the period end and runs the create pass
+/// with `catalogue` and a notice period of `notice`; answers the renewal it
+/// offered.
+async fn offered(
+    db: &DatabaseConnection,
+    user: Uuid,
+    catalogue: &Catalogue,
+    notice: Duration,
+) -> renewals::Model {
+    let now = entity::base::db::now(db).await.unwrap();
+    let left = period_end(db, user).await - now;
+    time_passes(db, user, left - Duration::days(6)).await;
+    let now = entity::base::db::now(db).await.unwrap();
+    let policy = renewal::Policy {
+        price_notice: notice,
+        ..policy()
+    };
+    renewal::run_batch(db, renewal::Step::Create, &policy, catalogue, now, &[user])
+        .await
+        .unwrap();
+    renewals::Entity::find()
+        .filter(renewals::Column::UserId.eq(user))
+        .filter(renewals::Column::Status.eq(RenewalStatus::Open))
+        .one(db)
+        .await
+        .unwrap()
+        .expect("a renewal offered")
+}
+
+/// Pays `r` through its pay link (a checkout of its plan at its stored
+/// amount).
+async fn pay(db: &DatabaseConnection, r: &renewals::Model) {
+    let order = checkout(db, r.user_id, &r.plan).await;
+    let p = payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(&order))
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut am: payments::ActiveModel = p.into();
+    am.renewal_id = Set(Some(r.id));
+    am.amount = Set(r.amount);
+    am.update(db).await.unwrap();
+    settle_as(db, &order, PaymentStatus::Paid).await;
+}
+
+/// How many price-change mails were queued for `user`.
+async fn notices(db: &DatabaseConnection, user: Uuid) -> i64 {
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        sea_orm::DbBackend::Postgres => {
+            "SELECT count(*) AS n FROM billing_mails WHERE user_id = $1 AND kind = 'price_change'"
+        }
+        _ => "SELECT count(*) AS n FROM billing_mails WHERE user_id = ? AND kind = 'price_change'",
+    };
+    db.query_one_raw(Statement::from_sql_and_values(backend, sql, [user.into()]))
+        .await
+        .unwrap()
+        .expect("a count")
+        .try_get("", "n")
+        .unwrap()
+}
+
+async fn subscriber(db: &DatabaseConnection) -> Uuid {
+    let id = Identity {
+        user_id: Uuid::new_v4(),
+        email: Some(format!("{}@example.com", Uuid::new_v4().simple())),
+    };
+    ensure_user(db, &id, &[]).await.unwrap();
+    id.user_id
+}
+
+/// PRO at 99,000, then the catalogue raises it to 129,000. With a 40-day
+/// notice: the renewal offered at the rise bills 99,000 and comes with the
+/// one price-change mail; the next, about a month after the mail, still
+/// 99,000; the one after, two months after it, 129,000. A cut to 89,000
+/// then reaches the next renewal at once.
+#[test]
+fn a_price_rise_reaches_the_first_renewal_offered_a_notice_period_after_its_mail() {
+    on_both(|db| async move {
+        let notice = Duration::days(40);
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let raised = priced("PRO", 129_000);
+
+        let first = offered(&db, user, &raised, notice).await;
+        assert_eq!(first.amount, 99_000, "the renewal at the rise");
+        assert_eq!(notices(&db, user).await, 1, "the price-change mail");
+        let s = subscriptions::Entity::find_by_id(user)
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (s.price_notice_plan.as_deref(), s.price_notice_amount),
+            (Some("PRO"), Some(129_000))
+        );
+        pay(&db, &first).await;
+
+        let second = offered(&db, user, &raised, notice).await;
+        assert_eq!(second.amount, 99_000, "a month after the mail");
+        assert_eq!(notices(&db, user).await, 1, "told once");
+        pay(&db, &second).await;
+
+        let third = offered(&db, user, &raised, notice).await;
+        assert_eq!(third.amount, 129_000, "two months after the mail");
+        pay(&db, &third).await;
+        let s = subscriptions::Entity::find_by_id(user)
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.price_notice_amount, None, "the notice is spent");
+
+        let cut = offered(&db, user, &priced("PRO", 89_000), notice).await;
+        assert_eq!(cut.amount, 89_000, "a cut at once");
+        assert_eq!(notices(&db, user).await, 1, "a cut needs no notice");
+    });
+}
+
+/// The renewal of a plan chosen by `change` bills the catalogue price (the
+/// customer chose it at that price); no notice is given for it.
+#[test]
+fn a_changed_plan_renews_at_the_catalogue_price() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        subscriptions::Entity::update_many()
+            .col_expr(
+                subscriptions::Column::RenewalPlan,
+                sea_orm::sea_query::Expr::value(Some("BASIC")),
+            )
+            .filter(subscriptions::Column::UserId.eq(user))
+            .exec(&db)
+            .await
+            .unwrap();
+        let r = offered(&db, user, &priced("BASIC", 59_000), Duration::days(30)).await;
+        assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 59_000));
+        assert_eq!(notices(&db, user).await, 0);
+    });
+}
