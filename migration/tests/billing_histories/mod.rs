@@ -18,7 +18,8 @@
 //! the open renewal, paying a checkout of the latest renewal whatever it
 //! became since (outdated renewal payments, priced as time on the plan in
 //! force), `change` of the next renewal's plan, `cancel` / `resume`, and
-//! an operator's grant of a plan until a date. Between ticks an ended period stays `active`, as while the
+//! an operator's grant of a plan until a date, and the catalogue cutting or
+//! raising a plan's price. Between ticks an ended period stays `active`, as while the
 //! loop is late or paused.
 //!
 //! After every step, with `R` the paid time still to come (the period end
@@ -40,6 +41,12 @@
 //!   in any of their orders, as several workers' batches interleave) lapses
 //!   a paid plan only after its past-due notice was recorded and its grace
 //!   is over, or at the end of a subscription set to end;
+//! * **no rise without notice**: a renewal a tick offers bills at most the
+//!   catalogue price, and more than the customer last paid for the plan
+//!   only under a price-change notice recorded at least
+//!   `PRICE_CHANGE_NOTICE_DAYS` before, for at least that amount; one
+//!   offered below the catalogue price leaves the customer told of the rise
+//!   (`R × P` above counts each plan at the lowest price it was sold at);
 //! * **paying never loses time**: after a payment of plan `Q` settles, at
 //!   least a short month (28 days) of `Q` runs, plus what ran before,
 //!   converted at the prices (`R' × Q ≥ 28 days × Q + R × P × 28/31`, the
@@ -53,6 +60,7 @@
 //! history and printed. Run: `TEST_DATABASE_ADMIN_URL=postgres://postgres@127.0.0.1:5432/postgres
 //! cargo nextest run -p migration -E 'test(/billing_histories/)'`.
 
+mod checks;
 mod named;
 mod prices;
 mod world;
@@ -68,7 +76,7 @@ use entity::{
         subscription::{self, SubscriptionAction},
     },
     entities::{
-        billing_ledger, billing_receipts, payments,
+        payments,
         renewals::{self, RenewalStatus},
         subscriptions,
     },
@@ -83,6 +91,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use crate::common::{sqlite_memory, Scratch};
+use checks::*;
 use entity::billing::ledger;
 use world::*;
 
@@ -114,6 +123,12 @@ pub(super) enum Step {
     Cancel(bool),
     /// An operator gives `PLANS[i]` until this many hours from now.
     Give(usize, i64),
+    /// The catalogue sells every plan at this many percent of its price in
+    /// `config/plans.toml` from now on (a cut or a rise).
+    Reprice(i64),
+    /// Time passes to this many hours before the period end (if a paid
+    /// period runs): into the renewal's lead.
+    ToEnd(i64),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -128,6 +143,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..PLANS.len()).prop_map(Step::Change),
         1 => any::<bool>().prop_map(Step::Cancel),
         1 => (0..PLANS.len(), 1i64..24 * 60).prop_map(|(i, h)| Step::Give(i, h)),
+        2 => prop_oneof![Just(80i64), Just(100), Just(130)].prop_map(Step::Reprice),
+        3 => (1i64..24 * 8).prop_map(Step::ToEnd),
     ]
 }
 
@@ -147,6 +164,11 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
     // at most this many seconds (an upper bound: it is the period's tail,
     // or its middle once the plan was paid again after it).
     let mut given: Option<(String, i64)> = None;
+    // The catalogue in force, and the lowest price each plan was sold at
+    // in this history (what its time is worth at least).
+    let mut cat = catalogue().clone();
+    let mut floor: std::collections::HashMap<String, i64> =
+        PLANS.iter().map(|(p, a)| (p.to_string(), *a)).collect();
     for step in steps {
         let (plan_before, left_before) = running(db, user).await;
         let paid = payments_of(db, user).await;
@@ -362,12 +384,15 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                 let now = entity::base::db::now(db).await.unwrap();
                 let mut outcomes = Vec::new();
                 for pass in ORDERS[order % ORDERS.len()] {
-                    let report = renewal::run_batch(db, pass, &policy(), catalogue(), now, &[user])
+                    let report = renewal::run_batch(db, pass, &policy(), &cat, now, &[user])
                         .await
                         .unwrap();
                     outcomes.extend(report.outcomes);
                 }
                 log.push(format!("tick {order}: {outcomes:?}"));
+                check_renewal_prices(db, user, &before, &paid, &cat, now)
+                    .await
+                    .map_err(|e| broken(e, &log))?;
                 // Grace always warns: a paid plan lapses only after its
                 // past-due notice was recorded and its grace is over, or at
                 // the end of a subscription set to end (owing nothing).
@@ -431,7 +456,7 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                     user,
                     plan,
                     &policy(),
-                    catalogue(),
+                    &cat,
                     Default::default(),
                 )
                 .await;
@@ -439,6 +464,32 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                     "change to {plan}: {}",
                     if outcome.is_ok() { "ok" } else { "refused" }
                 ));
+            }
+            Step::Reprice(pct) => {
+                for (plan, base) in PLANS {
+                    let price = base * pct / 100;
+                    cat.plans
+                        .iter_mut()
+                        .find(|p| p.id == plan)
+                        .expect("a catalogue plan")
+                        .price = price;
+                    let low = floor.entry(plan.to_string()).or_insert(price);
+                    *low = (*low).min(price);
+                }
+                log.push(format!("the catalogue sells at {pct} %"));
+            }
+            Step::ToEnd(hours) => {
+                let end = subscriptions::Entity::find_by_id(user)
+                    .one(db)
+                    .await
+                    .unwrap()
+                    .and_then(|s| s.current_period_end);
+                let now = entity::base::db::now(db).await.unwrap();
+                let by = end.map_or(Duration::zero(), |e| e - now - Duration::hours(*hours));
+                if by > Duration::zero() {
+                    time_passes(db, user, by).await;
+                }
+                log.push(format!("time passes to {hours} h before the end ({by})"));
             }
             Step::Give(i, hours) => {
                 let plan = PLANS[*i].0;
@@ -516,7 +567,7 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
         }
         // After every step.
         let (plan, left) = running(db, user).await;
-        if !matches!(step, Step::Pass(_)) {
+        if !matches!(step, Step::Pass(_) | Step::ToEnd(_)) {
             check_ledger(db, user, &state_before, rows_before)
                 .await
                 .map_err(|e| broken(e, &log))?;
@@ -552,100 +603,11 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                 &log,
             ));
         }
-        let p = i128::from(price(&plan));
+        let p = i128::from(floor.get(&plan).copied().unwrap_or(0));
         if p > 0 && i128::from(left - given_now) * p > still_paid * MONTH_MAX + p {
             return Err(broken(
                 format!("free time: {left} s of {plan} for {still_paid} still paid"),
                 &log,
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The ledger's rows of `user`, oldest first.
-async fn ledger_rows(db: &DatabaseConnection, user: Uuid) -> Vec<billing_ledger::Model> {
-    billing_ledger::Entity::find()
-        .filter(billing_ledger::Column::UserId.eq(user))
-        .order_by_asc(billing_ledger::Column::Id)
-        .all(db)
-        .await
-        .unwrap()
-}
-
-/// Every change of the plan, period end or grace is in the ledger: when a
-/// step changed them, its newest row was written by that step and leads from
-/// the state before to the state now; when it changed nothing, no row.
-async fn check_ledger(
-    db: &DatabaseConnection,
-    user: Uuid,
-    before: &ledger::State,
-    rows_before: usize,
-) -> Result<(), String> {
-    let now = ledger::State::read(db, user).await.unwrap();
-    let rows = ledger_rows(db, user).await;
-    let new = &rows[rows_before.min(rows.len())..];
-    if now == *before {
-        return if new.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("nothing changed, yet the ledger wrote {new:?}"))
-        };
-    }
-    let (Some(first), Some(last)) = (new.first(), new.last()) else {
-        return Err(format!("{before:?} became {now:?} with no ledger row"));
-    };
-    let from = ledger::State {
-        plan: first.plan_from.clone(),
-        period_end: first.end_from,
-        grace_ends_at: first.grace_from,
-    };
-    let to = ledger::State {
-        plan: last.plan_to.clone(),
-        period_end: last.end_to,
-        grace_ends_at: last.grace_to,
-    };
-    if from != *before || to != now {
-        return Err(format!(
-            "the ledger says {from:?} → {to:?}, the subscription went {before:?} → {now:?}"
-        ));
-    }
-    Ok(())
-}
-
-/// One numbered receipt per payment ever `PAID`, with its amount and what
-/// went back of it.
-async fn check_receipts(db: &DatabaseConnection, user: Uuid) -> Result<(), String> {
-    let receipts = billing_receipts::Entity::find()
-        .filter(billing_receipts::Column::UserId.eq(user))
-        .all(db)
-        .await
-        .unwrap();
-    let paid: Vec<_> = payments_of(db, user)
-        .await
-        .into_iter()
-        .filter(|p| p.paid_at.is_some())
-        .collect();
-    if receipts.len() != paid.len() {
-        return Err(format!(
-            "{} receipts for {} payments ever paid",
-            receipts.len(),
-            paid.len()
-        ));
-    }
-    for p in paid {
-        let Some(r) = receipts.iter().find(|r| r.payment_id == p.id) else {
-            return Err(format!("no receipt for {}", p.order_id));
-        };
-        let back = if p.status == PaymentStatus::Refunded {
-            p.amount
-        } else {
-            p.refunded_amount
-        };
-        if r.amount != p.amount || r.refunded_amount != back {
-            return Err(format!(
-                "receipt {} says {} paid, {} back; the payment {} paid, {back} back",
-                r.number, r.amount, r.refunded_amount, p.amount
             ));
         }
     }

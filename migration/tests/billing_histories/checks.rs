@@ -1,0 +1,166 @@
+//! The checks a generated history runs after its steps: renewal prices,
+//! the ledger's completeness, one receipt per paid payment.
+
+use entity::{
+    billing::{ledger, payment::PaymentStatus},
+    entities::{billing_ledger, billing_receipts, payments, renewals, subscriptions},
+};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
+use uuid::Uuid;
+
+use super::world::{payments_of, policy};
+
+/// A renewal of the plan in force offered by a tick (at `now`) bills at
+/// most the catalogue price, and more than the customer's latest paid
+/// amount for the plan (the price of record) only under a price-change
+/// notice recorded at least the notice period before, for at least that
+/// amount; one offered below the catalogue price leaves the customer told
+/// of the rise. `before` is the subscription and `paid` its payments before
+/// the tick.
+pub(super) async fn check_renewal_prices(
+    db: &DatabaseConnection,
+    user: Uuid,
+    before: &subscriptions::Model,
+    paid: &[payments::Model],
+    cat: &entity::base::plans::Catalogue,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), String> {
+    let record = paid
+        .iter()
+        .filter(|p| p.status == PaymentStatus::Paid && p.plan == before.plan)
+        .filter_map(|p| Some((p.paid_at?, p.amount)))
+        .max_by_key(|(at, _)| *at)
+        .map(|(_, amount)| amount);
+    let offered = renewals::Entity::find()
+        .filter(renewals::Column::UserId.eq(user))
+        .filter(renewals::Column::CreatedAt.eq(now))
+        .all(db)
+        .await
+        .unwrap();
+    let after = subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription");
+    for r in offered {
+        let list = cat.get(&r.plan).map_or(0, |p| p.price);
+        if r.amount > list {
+            return Err(format!(
+                "a renewal of {} bills {} over the catalogue's {list}",
+                r.plan, r.amount
+            ));
+        }
+        let (Some(record), true) = (record, r.plan == before.plan) else {
+            continue;
+        };
+        let told_in_time = before.price_notice_plan.as_deref() == Some(r.plan.as_str())
+            && before.price_notice_amount.is_some_and(|a| a >= r.amount)
+            && before
+                .price_notice_at
+                .is_some_and(|at| at + policy().price_notice <= now);
+        if r.amount > record && !told_in_time {
+            return Err(format!(
+                "a renewal of {} bills {} over the {record} last paid, without notice in time (notice {:?} {:?} at {:?})",
+                r.plan, r.amount, before.price_notice_plan, before.price_notice_amount, before.price_notice_at
+            ));
+        }
+        let told = after.price_notice_plan.as_deref() == Some(r.plan.as_str())
+            && after.price_notice_amount.is_some_and(|a| a >= list);
+        if r.amount < list && !told {
+            return Err(format!(
+                "a renewal of {} at {} below the catalogue's {list}, and the customer was not told of the rise",
+                r.plan, r.amount
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The ledger's rows of `user`, oldest first.
+pub(super) async fn ledger_rows(db: &DatabaseConnection, user: Uuid) -> Vec<billing_ledger::Model> {
+    billing_ledger::Entity::find()
+        .filter(billing_ledger::Column::UserId.eq(user))
+        .order_by_asc(billing_ledger::Column::Id)
+        .all(db)
+        .await
+        .unwrap()
+}
+
+/// Every change of the plan, period end or grace is in the ledger: when a
+/// step changed them, its newest row was written by that step and leads from
+/// the state before to the state now; when it changed nothing, no row.
+pub(super) async fn check_ledger(
+    db: &DatabaseConnection,
+    user: Uuid,
+    before: &ledger::State,
+    rows_before: usize,
+) -> Result<(), String> {
+    let now = ledger::State::read(db, user).await.unwrap();
+    let rows = ledger_rows(db, user).await;
+    let new = &rows[rows_before.min(rows.len())..];
+    if now == *before {
+        return if new.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("nothing changed, yet the ledger wrote {new:?}"))
+        };
+    }
+    let (Some(first), Some(last)) = (new.first(), new.last()) else {
+        return Err(format!("{before:?} became {now:?} with no ledger row"));
+    };
+    let from = ledger::State {
+        plan: first.plan_from.clone(),
+        period_end: first.end_from,
+        grace_ends_at: first.grace_from,
+    };
+    let to = ledger::State {
+        plan: last.plan_to.clone(),
+        period_end: last.end_to,
+        grace_ends_at: last.grace_to,
+    };
+    if from != *before || to != now {
+        return Err(format!(
+            "the ledger says {from:?} → {to:?}, the subscription went {before:?} → {now:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// One numbered receipt per payment ever `PAID`, with its amount and what
+/// went back of it.
+pub(super) async fn check_receipts(db: &DatabaseConnection, user: Uuid) -> Result<(), String> {
+    let receipts = billing_receipts::Entity::find()
+        .filter(billing_receipts::Column::UserId.eq(user))
+        .all(db)
+        .await
+        .unwrap();
+    let paid: Vec<_> = payments_of(db, user)
+        .await
+        .into_iter()
+        .filter(|p| p.paid_at.is_some())
+        .collect();
+    if receipts.len() != paid.len() {
+        return Err(format!(
+            "{} receipts for {} payments ever paid",
+            receipts.len(),
+            paid.len()
+        ));
+    }
+    for p in paid {
+        let Some(r) = receipts.iter().find(|r| r.payment_id == p.id) else {
+            return Err(format!("no receipt for {}", p.order_id));
+        };
+        let back = if p.status == PaymentStatus::Refunded {
+            p.amount
+        } else {
+            p.refunded_amount
+        };
+        if r.amount != p.amount || r.refunded_amount != back {
+            return Err(format!(
+                "receipt {} says {} paid, {} back; the payment {} paid, {back} back",
+                r.number, r.amount, r.refunded_amount, p.amount
+            ));
+        }
+    }
+    Ok(())
+}
