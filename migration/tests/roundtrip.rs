@@ -87,7 +87,22 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The price-change notices first.
+    // The scheduled phases first, then the price-change notices.
+    let phase_columns = ["scheduled_plan", "scheduled_payment_id"];
+    for column in phase_columns {
+        assert!(
+            manager.has_column("subscriptions", column).await?,
+            "{column}"
+        );
+    }
+    Migrator::down(db, Some(1)).await?;
+    for column in phase_columns {
+        assert!(
+            !manager.has_column("subscriptions", column).await?,
+            "{column} after down"
+        );
+    }
+
     let price_columns = [
         "price_notice_plan",
         "price_notice_amount",
@@ -240,10 +255,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The price-change notices, the billing ledger, the renewal pauses, the email change's verified
+    // The scheduled phases, the price-change notices, the billing ledger, the renewal pauses, the email change's verified
     // half, the grace's times, the billing anchor, renewal_claims, renewals,
     // grants, billing mails.
-    const BILLING_STEPS: usize = 10;
+    const BILLING_STEPS: usize = 11;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

@@ -67,6 +67,8 @@ fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveMod
         price_notice_plan: Set(None),
         price_notice_amount: Set(None),
         price_notice_at: Set(None),
+        scheduled_plan: Set(None),
+        scheduled_payment_id: Set(None),
     }
 }
 

@@ -9,7 +9,8 @@
 //! * a renewal paid after an upgrade never moves the plan back: it buys time
 //!   on the plan in force at that plan's rate;
 //! * `change` makes the next renewal bill another plan (shown in
-//!   `/api/me`), and paying it switches plan carrying the unused time;
+//!   `/api/me`); paid before the period end it is a scheduled phase that
+//!   the loop begins at the old end, for the month paid;
 //! * the embedded mode (SQLite, its own queue) renews too.
 
 use std::time::Duration;
@@ -220,7 +221,7 @@ async fn post_subscription(api: &Proc, user: Uuid, body: Value) -> Reply {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_carrying_the_rest() {
+async fn change_bills_the_next_renewal_at_another_plan_and_paid_early_it_runs_from_the_old_end() {
     let stack = Stack::new().await;
     let env = env(&stack);
     let api = stack.api(&env).await;
@@ -259,34 +260,64 @@ async fn change_bills_the_next_renewal_at_another_plan_and_paying_it_switches_ca
     let next = offered(&db, user, end).await;
     assert_eq!((next.plan.as_str(), next.amount), ("BASIC", 49_000));
 
-    // Paying it switches to BASIC at once and carries PRO's unused days.
+    // Paid before the period end, it is a phase: PRO runs on until its end,
+    // then BASIC for the month paid (Stripe's change at period end).
     let order = renewal_payment(&pool, &db, &next).await;
     settle(&api, &db, &order, 49_000).await;
     let s = tests::subscription_row(&db, user).await;
-    assert_eq!(s.plan, "BASIC");
+    assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
+    assert_eq!(s.scheduled_plan.as_deref(), Some("BASIC"));
     assert_eq!(s.renewal_plan, None, "the choice is spent");
     assert_eq!(renewal(&db, next.id).await.status, RenewalStatus::Paid);
     let p = payment_row(&db, &order).await;
     assert_eq!(p.grant_from_plan.as_deref(), Some("PRO"));
-    // The rule: PRO's unused time is worth 99,000 × unused / its 30 days,
-    // and that value buys BASIC time at 49,000 a month (about twice the
-    // days: ~4 days of BASIC for ~2 of PRO, not the 2 days themselves).
-    let paid_at = p.paid_at.unwrap();
-    let source = payment_row(&db, &pro).await;
-    let us = |d: chrono::Duration| i128::from(d.num_microseconds().unwrap());
-    let (unused, length, month) = (
-        us(source.grant_end.unwrap() - paid_at),
-        us(source.grant_end.unwrap() - source.grant_start.unwrap()),
-        us(month_after(paid_at) - paid_at),
-    );
-    let expected = (99_000 * unused * month / (length * 49_000) / 1_000_000) as i64;
-    assert_eq!(p.carried_seconds, Some(expected), "carried at the prices");
-    assert!(expected > 3 * 86_400, "{expected}");
+    assert_eq!(p.grant_start, Some(end), "the phase starts at the old end");
+    let length = p.grant_end.unwrap() - end;
+    assert_eq!(p.grant_end, Some(month_after(end)), "one month of BASIC");
+    assert_eq!(p.carried_seconds, Some(0), "nothing carried: PRO runs out");
+    let m = me(&api, JWT, user).await;
+    assert_eq!(m["subscription"]["plan"], "PRO", "{m}");
     assert_eq!(
-        s.current_period_end,
-        Some(
-            month_after(p.paid_at.unwrap()) + chrono::Duration::seconds(p.carried_seconds.unwrap())
-        )
+        m["subscription"]["scheduled_change"]["plan"], "BASIC",
+        "{m}"
+    );
+    assert_eq!(
+        m["subscription"]["scheduled_change"]["starts_at"]
+            .as_str()
+            .and_then(|t| t.parse::<DateTime<Utc>>().ok()),
+        Some(end)
+    );
+    assert_eq!(
+        m["subscription"]["renewal"],
+        Value::Null,
+        "nothing more to pay"
+    );
+
+    // The period ends: the loop's next tick begins the phase, never telling
+    // it past due.
+    let (ended,): (DateTime<Utc>,) = sea_orm::sqlx::query_as(
+        "UPDATE subscriptions SET current_period_end = clock_timestamp() - interval '1 second' \
+         WHERE user_id = $1 RETURNING current_period_end",
+    )
+    .bind(user)
+    .fetch_one(&pool)
+    .await
+    .expect("end the period");
+    let switched = wait_until(Duration::from_secs(30), || async {
+        tests::subscription_row(&db, user).await.plan == "BASIC"
+    })
+    .await;
+    assert!(switched, "the phase began");
+    let s = tests::subscription_row(&db, user).await;
+    assert_eq!(s.status, SubscriptionStatus::Active);
+    assert_eq!(s.past_due_at, None, "never past due");
+    assert_eq!(s.scheduled_plan, None);
+    assert_eq!(s.current_period_start, Some(ended));
+    assert_eq!(s.current_period_end, Some(ended + length), "the month paid");
+    let p = payment_row(&db, &order).await;
+    assert_eq!(
+        (p.grant_start, p.grant_end),
+        (Some(ended), Some(ended + length))
     );
 
     // Choosing the current plan undoes a choice.

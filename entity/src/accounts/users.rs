@@ -406,6 +406,8 @@ where
             price_notice_plan: Set(None),
             price_notice_amount: Set(None),
             price_notice_at: Set(None),
+            scheduled_plan: Set(None),
+            scheduled_payment_id: Set(None),
         },
     )
     .await?;

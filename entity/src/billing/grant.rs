@@ -90,6 +90,10 @@ pub struct InForce<'a> {
     pub in_grace: bool,
     /// Its billing anchor, if stored.
     pub anchor: Option<Anchor>,
+    /// A phase of another plan is scheduled after it
+    /// ([`super::phase`]): any payment, even for the plan in force, is a
+    /// plan change that carries the phase's value too.
+    pub scheduled: bool,
 }
 
 /// Whether `s` is in its renewal grace at `at`, so a payment for it
@@ -227,7 +231,7 @@ pub fn compute(
             anchor: Anchor::of(paid_at, zone),
         };
     };
-    if in_force.plan == plan {
+    if in_force.plan == plan && !in_force.scheduled {
         let anchor = kept(old_end);
         return Grant {
             plan: plan.to_string(),
@@ -378,6 +382,7 @@ pub async fn plan<C: ConnectionTrait>(
             period_end: None,
             in_grace: false,
             anchor: None,
+            scheduled: false,
         },
         |s| {
             let (in_grace, period_end) = payable_end(s, paid_at, terms.grace);
@@ -386,14 +391,27 @@ pub async fn plan<C: ConnectionTrait>(
                 period_end,
                 in_grace,
                 anchor: super::anchor::of_subscription(s),
+                scheduled: s.scheduled_payment_id.is_some(),
             }
         },
     );
     let carries = in_force.plan != FREE
-        && in_force.plan != plan
+        && (in_force.plan != plan || in_force.scheduled)
         && in_force.period_end.is_some_and(|e| e > paid_at);
     let grants = if carries {
-        running(db, user, in_force.plan, paid_at).await?
+        let mut grants = running(db, user, in_force.plan, paid_at).await?;
+        // The phase scheduled after it: its whole grant is still to come.
+        if let Some((phase_plan, id)) =
+            sub.and_then(|s| s.scheduled_plan.as_deref().zip(s.scheduled_payment_id))
+        {
+            grants.extend(
+                running(db, user, phase_plan, paid_at)
+                    .await?
+                    .into_iter()
+                    .filter(|g| g.id == id),
+            );
+        }
+        grants
     } else {
         vec![]
     };
@@ -611,6 +629,7 @@ mod tests {
                 period_end: Some(basic.end),
                 in_grace: false,
                 anchor: None,
+                scheduled: false,
             },
             &[basic],
             "PRO",
@@ -647,6 +666,7 @@ mod tests {
             period_end: Some(basic.end),
             in_grace: false,
             anchor: None,
+            scheduled: false,
         };
         let g = compute(in_force, &[basic], "PRO", 99_000, paid_at, UTC);
         assert_eq!(g.carried_value, 73_500);
@@ -676,6 +696,7 @@ mod tests {
                 period_end: Some(pro.end),
                 in_grace: false,
                 anchor: None,
+                scheduled: false,
             },
             &[pro],
             "BASIC",
@@ -704,6 +725,7 @@ mod tests {
                 period_end: None,
                 in_grace: false,
                 anchor: None,
+                scheduled: false,
             },
             &[],
             "PRO",
@@ -717,6 +739,7 @@ mod tests {
             period_end: Some(t("2026-02-15T00:00:00Z")),
             in_grace: false,
             anchor: None,
+            scheduled: false,
         };
         let same = compute(running, &[], "PRO", 99_000, paid_at, UTC);
         assert_eq!(
@@ -728,6 +751,7 @@ mod tests {
             period_end: Some(t("2026-01-01T00:00:00Z")),
             in_grace: false,
             anchor: None,
+            scheduled: false,
         };
         assert_eq!(
             compute(lapsed, &[], "BASIC", 49_000, paid_at, UTC).start,
@@ -749,6 +773,7 @@ mod tests {
             period_end: Some(end),
             in_grace: true,
             anchor: None,
+            scheduled: false,
         };
         let g = compute(grace, &[], "PRO", 99_000, paid_at, UTC);
         assert_eq!((g.start, g.end), (end, t("2026-03-15T00:00:00Z")));
@@ -786,6 +811,7 @@ mod tests {
                 period_end: Some(later.end),
                 in_grace: false,
                 anchor: None,
+                scheduled: false,
             },
             &[later],
             "PRO",
@@ -808,6 +834,7 @@ mod tests {
                 period_end: Some(later.end),
                 in_grace: false,
                 anchor: None,
+                scheduled: false,
             },
             &[half],
             "PRO",
@@ -836,6 +863,7 @@ mod tests {
             period_end: None,
             in_grace: false,
             anchor: None,
+            scheduled: false,
         };
         let first = compute(
             nothing,
@@ -859,6 +887,7 @@ mod tests {
                 period_end: Some(g.end),
                 in_grace: false,
                 anchor: Some(g.anchor),
+                scheduled: false,
             };
             g = compute(in_force, &[], "PRO", 99_000, at(paid), Jakarta);
             ends.push(g.end);
@@ -877,6 +906,7 @@ mod tests {
             period_end: Some(at("2027-02-28T09:00:00")),
             in_grace: true,
             anchor: Some(g.anchor),
+            scheduled: false,
         };
         let late = compute(
             grace,
@@ -916,6 +946,7 @@ mod tests {
                 period_end: Some(pro.end),
                 in_grace: false,
                 anchor: Some(g.anchor),
+                scheduled: false,
             },
             &[pro],
             "BASIC",

@@ -45,6 +45,9 @@ pub enum Kind {
     Pause,
     /// An operator's grant.
     Operator,
+    /// A scheduled phase began: the plan chosen by `change` and paid early
+    /// took over at the old end ([`super::phase`]).
+    Switch,
 }
 
 impl Kind {
@@ -58,6 +61,7 @@ impl Kind {
             Self::Lapse => "lapse",
             Self::Pause => "pause",
             Self::Operator => "operator",
+            Self::Switch => "switch",
         }
     }
 }

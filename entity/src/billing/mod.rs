@@ -11,6 +11,7 @@ pub mod ledger;
 pub mod mail;
 pub mod operator;
 pub mod payment;
+pub mod phase;
 pub mod price;
 pub mod reads;
 pub mod reconcile;

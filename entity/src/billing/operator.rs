@@ -125,6 +125,8 @@ where
         find = find.lock_exclusive();
     }
     let sub = find.one(&txn).await?.ok_or(GrantError::UnknownUser)?;
+    // A phase due begins first ([`super::phase`]).
+    let sub = super::phase::switch_due(&txn, sub, now, zone).await?;
     if grant.until <= now {
         return Err(GrantError::UntilPassed);
     }

@@ -341,7 +341,11 @@ async fn apply<T: ConnectionTrait>(
         if postgres {
             find = find.lock_exclusive();
         }
-        let sub = find.one(txn).await?;
+        let sub = match find.one(txn).await? {
+            // A phase due runs first: the payment finds its plan in force.
+            Some(s) => Some(super::phase::switch_due(txn, s, now, terms.zone).await?),
+            None => None,
+        };
         let before = super::ledger::State::of(sub.as_ref());
         let g = match pay.renewal_id {
             Some(rid) => {
@@ -370,8 +374,24 @@ async fn apply<T: ConnectionTrait>(
         // The period end moves (and maybe the plan): an open renewal of the
         // old period no longer renews anything.
         renewal::void_open(txn, pay.user_id, now).await?;
+        let phase = super::phase::is_phase(&g, sub.as_ref(), now);
         match sub {
+            Some(s) if phase => {
+                // The plan in force runs on until its end; the phase waits.
+                let mut am = s.into_active_model();
+                am.scheduled_plan = Set(Some(g.plan.clone()));
+                am.scheduled_payment_id = Set(Some(pay.id));
+                am.renewal_plan = Set(None);
+                am.cancel_at_period_end = Set(false);
+                am.canceled_at = Set(None);
+                am.updated_at = Set(now);
+                am.update(txn).await?;
+            }
             Some(s) => {
+                // A phase whose value this payment carried is spent.
+                let phase_carried = s
+                    .scheduled_payment_id
+                    .is_some_and(|id| g.sources.contains(&id));
                 // A plan chosen for the next renewal (`change`) is spent when
                 // it is paid for, and overridden by paying for another plan.
                 let keep_next = g.plan == s.plan && s.renewal_plan.as_deref() != Some(&g.plan);
@@ -386,6 +406,10 @@ async fn apply<T: ConnectionTrait>(
                     || (pay.plan == g.plan
                         && s.price_notice_amount.is_some_and(|a| a <= pay.amount));
                 let mut am = s.into_active_model();
+                if phase_carried {
+                    am.scheduled_plan = Set(None);
+                    am.scheduled_payment_id = Set(None);
+                }
                 if notice_spent {
                     am.price_notice_plan = Set(None);
                     am.price_notice_amount = Set(None);
@@ -424,6 +448,8 @@ async fn apply<T: ConnectionTrait>(
                     price_notice_plan: Set(None),
                     price_notice_amount: Set(None),
                     price_notice_at: Set(None),
+                    scheduled_plan: Set(None),
+                    scheduled_payment_id: Set(None),
                 }
                 .insert(txn)
                 .await?;
@@ -473,6 +499,15 @@ async fn apply<T: ConnectionTrait>(
         .await?;
         let taken = row.map_or(0, |r| -r.seconds);
         super::ledger::refund_on_receipt(txn, pay.id, pay.amount, taken).await?;
+        // What the refund left may end the plan in force now: a phase
+        // waiting behind it begins.
+        let mut find = subscriptions::Entity::find_by_id(pay.user_id);
+        if postgres {
+            find = find.lock_exclusive();
+        }
+        if let Some(s) = find.one(txn).await? {
+            super::phase::switch_due(txn, s, now, terms.zone).await?;
+        }
     }
     let user_id = pay.user_id;
     let plan = pay.plan.clone();

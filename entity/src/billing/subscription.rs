@@ -315,7 +315,9 @@ where
     ) {
         return Err(SubscriptionError::NotActive(row.status));
     }
-    let next = (plan_id != row.plan).then(|| plan_id.to_string());
+    // While a phase is scheduled, the next renewal follows it.
+    let current = row.scheduled_plan.as_deref().unwrap_or(&row.plan);
+    let next = (plan_id != current).then(|| plan_id.to_string());
     if row.renewal_plan == next {
         return Ok(SubscriptionView::from(&row));
     }

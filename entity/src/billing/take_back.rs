@@ -210,6 +210,16 @@ pub async fn take_back<T: ConnectionTrait>(
     let Some(sub) = find.one(txn).await? else {
         return Ok(None);
     };
+    // The payment of a phase not yet begun: the phase is dropped, no time
+    // is taken ([`super::phase`]).
+    if sub.scheduled_payment_id == Some(refunded.id) {
+        let mut am = sub.into_active_model();
+        am.scheduled_plan = Set(None);
+        am.scheduled_payment_id = Set(None);
+        am.updated_at = Set(now);
+        am.update(txn).await?;
+        return Ok(None);
+    }
     // In its grace (the period ended unpaid, the plan kept): a whole refund
     // of the payment whose grant ends the period ends the grace, FREE at
     // once (decisions.md, "Refunds take only what still runs").
@@ -303,10 +313,15 @@ pub async fn take_back<T: ConnectionTrait>(
                 // their time back), so a refunded source's month never runs
                 // again on a later source's end.
                 let sources_end = if later == 0 && refunded.grant_from_plan.is_some() {
-                    let sources = payments::Entity::find()
+                    // A phase it carried is scheduled again, not run as the
+                    // replaced plan's time.
+                    let sources: Vec<_> = payments::Entity::find()
                         .filter(payments::Column::CarriedInto.eq(refunded.id))
                         .all(txn)
-                        .await?;
+                        .await?
+                        .into_iter()
+                        .filter(|p| p.grant_plan == refunded.grant_from_plan)
+                        .collect();
                     let first = sources.iter().filter_map(|p| p.grant_start).min();
                     let paid: chrono::Duration = sources
                         .iter()
@@ -365,14 +380,32 @@ pub async fn take_back<T: ConnectionTrait>(
             _ => return Ok(None),
         }
     };
+    let mut phase_again = None;
     if restore {
         // The sources still paid run again, their own months stacked from
         // the first one's start (as `sources_end` counted them); what they
         // had carried in from earlier plans is not revived (its money may
         // have been refunded down the chain since).
-        let mut sources = payments::Entity::find()
+        let (mut sources, phases): (Vec<_>, Vec<_>) = payments::Entity::find()
             .filter(payments::Column::CarriedInto.eq(refunded.id))
             .all(txn)
+            .await?
+            .into_iter()
+            .partition(|p| p.grant_plan == refunded.grant_from_plan);
+        // A phase it carried waits again behind the plan restored (the
+        // switch places it at that plan's end).
+        phase_again = phases
+            .into_iter()
+            .find(|p| p.status == PaymentStatus::Paid)
+            .and_then(|p| Some((p.grant_plan?, p.id)));
+        payments::Entity::update_many()
+            .col_expr(payments::Column::CarriedInto, Expr::value(None::<Uuid>))
+            .filter(payments::Column::CarriedInto.eq(refunded.id))
+            .filter(
+                payments::Column::GrantPlan
+                    .ne(refunded.grant_from_plan.clone().unwrap_or_default()),
+            )
+            .exec(txn)
             .await?;
         sources.sort_by_key(|p| p.grant_start);
         let mut cursor = sources.iter().filter_map(|p| p.grant_start).min();
@@ -435,6 +468,10 @@ pub async fn take_back<T: ConnectionTrait>(
         .filter(|a| a.holds(new_end, zone))
         .unwrap_or_else(|| Anchor::of(new_end, zone));
     let mut am = sub.into_active_model();
+    if let Some((phase_plan, id)) = phase_again {
+        am.scheduled_plan = Set(Some(phase_plan));
+        am.scheduled_payment_id = Set(Some(id));
+    }
     let new = if new_end > now && plan != FREE {
         am.plan = Set(plan.clone());
         am.current_period_start = Set(Some(source_start.unwrap_or(now).min(new_end)));

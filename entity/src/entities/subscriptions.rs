@@ -82,6 +82,13 @@ pub struct Model {
     pub price_notice_amount: Option<i64>,
     /// When that price-change mail was recorded (the database's clock).
     pub price_notice_at: Option<DateTimeUtc>,
+    /// The plan of a scheduled phase: a renewal of the plan chosen by
+    /// `change`, paid before the period end, runs from the old end
+    /// (`crate::billing::phase`); `None`: none scheduled.
+    #[sea_orm(column_type = "Text", nullable)]
+    pub scheduled_plan: Option<String>,
+    /// The payment whose stored grant is that phase.
+    pub scheduled_payment_id: Option<Uuid>,
 }
 
 /// A subscription belongs to one user.

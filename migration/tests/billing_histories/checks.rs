@@ -164,3 +164,53 @@ pub(super) async fn check_receipts(db: &DatabaseConnection, user: Uuid) -> Resul
     }
     Ok(())
 }
+
+/// A scheduled phase is backed by its payment (still `PAID`, not carried
+/// on, of another plan than the one in force); after a tick (`ticked`) no
+/// phase is left whose period end has passed.
+pub(super) async fn check_phase(
+    db: &DatabaseConnection,
+    user: Uuid,
+    ticked: bool,
+) -> Result<(), String> {
+    let s = subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription");
+    let (Some(plan), Some(id)) = (s.scheduled_plan.as_deref(), s.scheduled_payment_id) else {
+        return if s.scheduled_plan.is_none() && s.scheduled_payment_id.is_none() {
+            Ok(())
+        } else {
+            Err(format!(
+                "half a phase: {:?} {:?}",
+                s.scheduled_plan, s.scheduled_payment_id
+            ))
+        };
+    };
+    let p = payments::Entity::find_by_id(id)
+        .one(db)
+        .await
+        .unwrap()
+        .ok_or("a phase without its payment")?;
+    if p.status != PaymentStatus::Paid || p.carried_into.is_some() {
+        return Err(format!(
+            "a phase of {plan} whose payment is {:?}, carried into {:?}",
+            p.status, p.carried_into
+        ));
+    }
+    if p.grant_plan.as_deref() != Some(plan) || s.plan == plan {
+        return Err(format!(
+            "a phase of {plan} on {} paid as {:?}",
+            s.plan, p.grant_plan
+        ));
+    }
+    let now = entity::base::db::now(db).await.unwrap();
+    if ticked && s.current_period_end.is_none_or(|e| e <= now) {
+        return Err(format!(
+            "a tick left the phase of {plan} waiting after {} ended at {:?}",
+            s.plan, s.current_period_end
+        ));
+    }
+    Ok(())
+}

@@ -43,6 +43,7 @@ pub(super) fn policy() -> renewal::Policy {
         api_url: String::new(),
         paused: false,
         price_notice: Duration::days(30),
+        zone: TERMS.zone,
     }
 }
 

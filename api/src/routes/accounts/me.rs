@@ -79,6 +79,20 @@ pub struct MeSubscription {
     /// `amount` is what the next payment bills.
     #[oai(nullable)]
     pub price_change: Option<MePriceChange>,
+    /// A plan chosen by `change` and paid early, which takes over at the
+    /// period end; `null`: none scheduled.
+    #[oai(nullable)]
+    pub scheduled_change: Option<MeScheduledChange>,
+}
+
+/// A paid change of plan waiting for the period end.
+#[derive(Debug, Clone, Object)]
+pub struct MeScheduledChange {
+    /// The plan that takes over.
+    pub plan: String,
+    /// When it does: the current period end (RFC 3339, UTC); it then runs
+    /// for the month paid.
+    pub starts_at: DateTime<Utc>,
 }
 
 /// A price rise of the plan in force, announced by mail: renewals created
@@ -172,6 +186,7 @@ impl Example for Me {
                     noticed_at: at("2026-12-19T10:00:00Z"),
                     applies_after: at("2027-01-18T10:00:00Z"),
                 }),
+                scheduled_change: None,
             },
             ai_usage: MeAiUsage {
                 tokens_used: 1_234,
@@ -257,6 +272,11 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
                             + chrono::Duration::from_std(state.settings.price_change_notice)
                                 .unwrap_or(chrono::Duration::MAX),
                     }),
+                scheduled_change: s
+                    .scheduled_plan
+                    .clone()
+                    .zip(s.current_period_end)
+                    .map(|(plan, starts_at)| MeScheduledChange { plan, starts_at }),
             }
         }
         _ => MeSubscription {
@@ -267,6 +287,7 @@ async fn me_inner(state: &AppState, auth: &BearerAuth) -> Result<Me, ApiError> {
             renewal: None,
             renewal_plan: None,
             price_change: None,
+            scheduled_change: None,
         },
     };
     Ok(Me {

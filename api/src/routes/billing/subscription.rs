@@ -92,8 +92,11 @@ impl SubscriptionApi {
     /// that. `change` with `plan` makes the next renewal bill that plan
     /// (`renewal_plan`; the current plan undoes it): the plan in force and
     /// its period do not change now; the open renewal is replaced by one for
-    /// the new plan, and paying it switches to that plan, carrying the
-    /// unused time of the current one (see "Plan changes" in docs/billing.md).
+    /// the new plan. Paid before the period end, it is a scheduled phase:
+    /// the new plan runs from the old end for the month paid
+    /// (`GET /api/me`'s `subscription.scheduled_change`); paid in grace, from
+    /// the old end at once (see "Plan changes" in docs/billing.md). While a
+    /// phase is scheduled, `change` chooses the plan after it.
     /// Repeating the same action is harmless. The FREE plan has nothing to
     /// cancel or change: 409. A move that changed something writes one
     /// `audit_logs` row (`subscription.cancel`, `subscription.resume` or

@@ -27,6 +27,11 @@
 //!   warns: nothing lapses without a recorded past-due notice but a
 //!   cancelling subscription, which owes nothing.
 //!
+//! Before any pass acts on a subscription, a paid phase due to begin
+//! (`change` paid early, [`crate::billing::phase`]) begins, in the page's
+//! transaction; the lapse scan also finds such subscriptions while the
+//! loop is paused.
+//!
 //! Every time is the database's ([`crate::base::db::now`]); each row is re-checked
 //! under its lock, so a pass that runs twice changes nothing the second time.
 //!
@@ -124,6 +129,9 @@ pub struct Policy {
     /// How long a price-change mail comes before the first renewal at the
     /// new price (`PRICE_CHANGE_NOTICE_DAYS`, [`crate::billing::price`]).
     pub price_notice: Duration,
+    /// `BILLING_TIME_ZONE`: the months of a scheduled phase that begins
+    /// ([`crate::billing::phase`]) are counted in it.
+    pub zone: chrono_tz::Tz,
 }
 
 impl Policy {
@@ -136,6 +144,7 @@ impl Policy {
             api_url: settings.api_external_url.trim_end_matches('/').to_string(),
             paused: paused(&crate::Features::compute(settings)),
             price_notice: Duration::from_std(settings.price_change_notice).unwrap_or(Duration::MAX),
+            zone: settings.billing_time_zone,
         }
     }
 
@@ -290,6 +299,15 @@ where
     let mut report = BatchReport::default();
     let txn = begin_write(db).await?;
     for &id in ids {
+        // A phase due begins first, in the page's transaction (kept when
+        // the pass itself finds nothing to do), so no pass tells a period
+        // past due, lapses it or offers its renewal when a paid phase
+        // follows it ([`crate::billing::phase`]).
+        if step != Step::Remind {
+            if let Some(sub) = locked_subscription(&txn, id).await? {
+                crate::billing::phase::switch_due(&txn, sub, now, policy.zone).await?;
+            }
+        }
         match step {
             Step::Create => report
                 .outcomes
@@ -356,6 +374,8 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
             SubscriptionStatus::Active | SubscriptionStatus::PastDue
         )
         || sub.cancel_at_period_end
+        // A paid phase follows this period: its renewal was paid.
+        || sub.scheduled_plan.is_some()
         || end > now + policy.lead()
         || grace_end(&sub, policy.grace).is_some_and(|g| g <= now)
     {
@@ -873,6 +893,7 @@ mod tests {
             pay_secret: None,
             api_url: String::new(),
             price_notice: Duration::days(30),
+            zone: chrono_tz::Asia::Jakarta,
         };
         let end = at("2026-12-20T10:00:00Z");
         assert_eq!(p.lead(), Duration::days(7));
@@ -890,6 +911,7 @@ mod tests {
             pay_secret: None,
             api_url: String::new(),
             price_notice: Duration::days(30),
+            zone: chrono_tz::Asia::Jakarta,
         };
         assert_eq!(none.first_reminder(end), None);
         assert_eq!(none.lead(), Duration::days(1));

@@ -154,10 +154,15 @@ fn due_condition(step: Step, policy: &Policy, now: DateTime<Utc>) -> Condition {
             let cancelling = S::CancelAtPeriodEnd
                 .eq(true)
                 .and(S::CurrentPeriodEnd.lt(now));
+            // A paid phase due to begin (owing nothing, also while paused):
+            // the batch begins it ([`super::run_batch`]).
+            let phase_due = S::ScheduledPlan
+                .is_not_null()
+                .and(S::CurrentPeriodEnd.lt(now));
             if policy.paused {
-                return Condition::any().add(cancelling);
+                return Condition::any().add(cancelling).add(phase_due);
             }
-            Condition::any().add(cancelling).add(
+            Condition::any().add(cancelling).add(phase_due).add(
                 Condition::all()
                     .add(S::Status.eq(SubscriptionStatus::PastDue))
                     .add(

@@ -5,8 +5,9 @@
 //!   the period it renews (same period end; its plan, or the plan chosen by
 //!   `change`). The payment is granted by the one rule ([`grant::plan`]):
 //!   its own plan extends a month from the period end (from the old end in
-//!   grace); a plan chosen by `change` starts at `paid_at` and carries the
-//!   unused time. The renewal becomes `paid`.
+//!   grace); a plan chosen by `change` paid before the period end is a
+//!   phase that starts at the old end ([`crate::billing::phase`]), and in
+//!   grace runs from the old end at once. The renewal becomes `paid`.
 //! * [`Fit::Duplicate`]: the renewal was paid already (two checkouts of one
 //!   renewal both paid). Honoured as time ([`grant::as_time`]) and audited
 //!   [`audit::ACTION_RENEWAL_DUPLICATE`].
@@ -105,9 +106,14 @@ pub async fn grant<T: ConnectionTrait>(
     let r = find.one(txn).await?;
     let fit = fit(r.as_ref(), sub);
     let g = match fit {
-        Fit::Renews => {
-            grant::plan(txn, pay.user_id, sub, &pay.plan, pay.amount, now, terms).await?
-        }
+        Fit::Renews => match sub
+            .and_then(|s| super::super::phase::schedule(s, &pay.plan, now, terms.zone))
+        {
+            // The plan chosen by `change`, paid before the period end: a
+            // phase from the old end.
+            Some(phase) => phase,
+            None => grant::plan(txn, pay.user_id, sub, &pay.plan, pay.amount, now, terms).await?,
+        },
         Fit::Duplicate | Fit::Outdated => {
             grant::as_time(txn, pay.user_id, sub, &pay.plan, pay.amount, now, terms).await?
         }
