@@ -66,6 +66,7 @@
 
 mod checks;
 mod named;
+mod phases;
 mod prices;
 mod world;
 

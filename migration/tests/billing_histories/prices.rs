@@ -37,7 +37,7 @@ fn priced(plan: &str, price: i64) -> Catalogue {
 /// Moves time to six days before the period end and runs the create pass
 /// with `catalogue` and a notice period of `notice`; answers the renewal it
 /// offered.
-async fn offered(
+pub(super) async fn offered(
     db: &DatabaseConnection,
     user: Uuid,
     catalogue: &Catalogue,
@@ -65,7 +65,7 @@ async fn offered(
 
 /// Pays `r` through its pay link (a checkout of its plan at its stored
 /// amount).
-async fn pay(db: &DatabaseConnection, r: &renewals::Model) {
+pub(super) async fn pay(db: &DatabaseConnection, r: &renewals::Model) {
     let order = checkout(db, r.user_id, &r.plan).await;
     let p = payments::Entity::find()
         .filter(payments::Column::OrderId.eq(&order))
@@ -97,7 +97,7 @@ async fn notices(db: &DatabaseConnection, user: Uuid) -> i64 {
         .unwrap()
 }
 
-async fn subscriber(db: &DatabaseConnection) -> Uuid {
+pub(super) async fn subscriber(db: &DatabaseConnection) -> Uuid {
     let id = Identity {
         user_id: Uuid::new_v4(),
         email: Some(format!("{}@example.com", Uuid::new_v4().simple())),
@@ -173,68 +173,5 @@ fn a_changed_plan_renews_at_the_catalogue_price() {
         let r = offered(&db, user, &priced("BASIC", 59_000), Duration::days(30)).await;
         assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 59_000));
         assert_eq!(notices(&db, user).await, 0);
-    });
-}
-
-/// `change` to BASIC, its renewal paid a few days early: PRO runs on to its
-/// end, then the loop's tick (any pass, in any order) begins BASIC at the
-/// old end for the month paid, and tells nothing past due.
-#[test]
-fn a_change_paid_early_is_a_phase_the_loop_begins_at_the_old_end() {
-    on_both(|db| async move {
-        let user = subscriber(&db).await;
-        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
-        entity::billing::subscription::choose_renewal_plan(
-            &db,
-            user,
-            "BASIC",
-            &policy(),
-            catalogue(),
-            Default::default(),
-        )
-        .await
-        .unwrap();
-        let r = offered(&db, user, catalogue(), Duration::days(30)).await;
-        assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 49_000));
-        let end = period_end(&db, user).await;
-        pay(&db, &r).await;
-        let s = subscriptions::Entity::find_by_id(user)
-            .one(&db)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
-        assert_eq!(s.scheduled_plan.as_deref(), Some("BASIC"));
-        let now = entity::base::db::now(&db).await.unwrap();
-        time_passes(&db, user, end - now + Duration::hours(1)).await;
-        let ended = period_end(&db, user).await;
-        for pass in [
-            renewal::Step::PastDue,
-            renewal::Step::Lapse,
-            renewal::Step::Create,
-        ] {
-            let now = entity::base::db::now(&db).await.unwrap();
-            renewal::run_batch(&db, pass, &policy(), catalogue(), now, &[user])
-                .await
-                .unwrap();
-        }
-        let s = subscriptions::Entity::find_by_id(user)
-            .one(&db)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(s.plan, "BASIC");
-        assert_eq!(s.status, subscriptions::SubscriptionStatus::Active);
-        assert_eq!((s.past_due_at, s.scheduled_plan), (None, None));
-        assert_eq!(s.current_period_start, Some(ended));
-        let p = payments::Entity::find()
-            .filter(payments::Column::RenewalId.eq(r.id))
-            .one(&db)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(p.grant_start, Some(ended));
-        assert_eq!(s.current_period_end, p.grant_end);
-        assert!(p.grant_end.unwrap() - ended >= Duration::days(28));
     });
 }

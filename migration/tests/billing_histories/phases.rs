@@ -1,0 +1,152 @@
+//! `change` paid early: a stored phase (docs/billing.md, "Plan changes"):
+//! the plan in force runs to its end, the phase begins there; a checkout
+//! meanwhile carries its value; a refund before it starts drops it.
+
+use chrono::Duration;
+use entity::{
+    billing::{payment::PaymentStatus, renewal},
+    entities::{payments, renewals, subscriptions},
+};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
+use uuid::Uuid;
+
+use super::named::{on_both, paid, period_end, settle_as};
+use super::prices::{offered, pay, subscriber};
+use super::world::*;
+
+async fn sub(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
+    subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// PRO paid, `change` to BASIC, BASIC's renewal paid early: the phase.
+/// Answers the renewal paid.
+async fn scheduled(db: &DatabaseConnection, user: Uuid) -> renewals::Model {
+    settle_as(db, &checkout(db, user, "PRO").await, PaymentStatus::Paid).await;
+    entity::billing::subscription::choose_renewal_plan(
+        db,
+        user,
+        "BASIC",
+        &policy(),
+        catalogue(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let r = offered(db, user, catalogue(), Duration::days(30)).await;
+    assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 49_000));
+    pay(db, &r).await;
+    assert_eq!(sub(db, user).await.scheduled_plan.as_deref(), Some("BASIC"));
+    r
+}
+
+async fn phase_payment(db: &DatabaseConnection, r: &renewals::Model) -> payments::Model {
+    payments::Entity::find()
+        .filter(payments::Column::RenewalId.eq(r.id))
+        .one(db)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// `change` to BASIC, its renewal paid a few days early: PRO runs on to its
+/// end, then the loop's tick (any pass, in any order) begins BASIC at the
+/// old end for the month paid, and tells nothing past due.
+#[test]
+fn a_change_paid_early_is_a_phase_the_loop_begins_at_the_old_end() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        let r = scheduled(&db, user).await;
+        let end = period_end(&db, user).await;
+        let s = sub(&db, user).await;
+        assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
+        assert_eq!(s.scheduled_plan.as_deref(), Some("BASIC"));
+        let now = entity::base::db::now(&db).await.unwrap();
+        time_passes(&db, user, end - now + Duration::hours(1)).await;
+        let ended = period_end(&db, user).await;
+        for pass in [
+            renewal::Step::PastDue,
+            renewal::Step::Lapse,
+            renewal::Step::Create,
+        ] {
+            let now = entity::base::db::now(&db).await.unwrap();
+            renewal::run_batch(&db, pass, &policy(), catalogue(), now, &[user])
+                .await
+                .unwrap();
+        }
+        let s = subscriptions::Entity::find_by_id(user)
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.plan, "BASIC");
+        assert_eq!(s.status, subscriptions::SubscriptionStatus::Active);
+        assert_eq!((s.past_due_at, s.scheduled_plan), (None, None));
+        assert_eq!(s.current_period_start, Some(ended));
+        let p = payments::Entity::find()
+            .filter(payments::Column::RenewalId.eq(r.id))
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.grant_start, Some(ended));
+        assert_eq!(s.current_period_end, p.grant_end);
+        assert!(p.grant_end.unwrap() - ended >= Duration::days(28));
+    });
+}
+
+/// A whole refund of the phase's payment before the old end drops the
+/// phase and takes no time of the plan in force.
+#[test]
+fn a_refund_before_the_phase_begins_drops_it_and_takes_no_time() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        let r = scheduled(&db, user).await;
+        let end = period_end(&db, user).await;
+        let p = phase_payment(&db, &r).await;
+        settle_as(&db, &p.order_id, PaymentStatus::Refunded).await;
+        let s = sub(&db, user).await;
+        assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
+        assert_eq!((s.scheduled_plan, s.scheduled_payment_id), (None, None));
+    });
+}
+
+/// A checkout of ULTIMATE while the BASIC phase waits carries the phase's
+/// whole value with PRO's unused days; refunding that checkout gives PRO
+/// its days back and schedules the phase again.
+#[test]
+fn a_checkout_carries_the_phase_and_its_refund_schedules_it_again() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        let r = scheduled(&db, user).await;
+        let end = period_end(&db, user).await;
+        let phase = phase_payment(&db, &r).await;
+        let ultimate = paid(&db, user, "ULTIMATE").await;
+        assert!(ultimate.carried_seconds.unwrap() > 0);
+        // The value carried: PRO's unused days and BASIC's whole month.
+        let carried = ultimate.carried_value.unwrap();
+        assert!(carried >= 49_000 - 1, "carried {carried}");
+        let s = sub(&db, user).await;
+        assert_eq!(s.plan, "ULTIMATE");
+        assert_eq!(s.scheduled_plan, None, "the phase was carried");
+        assert_eq!(phase_payment(&db, &r).await.carried_into, Some(ultimate.id));
+        settle_as(&db, &ultimate.order_id, PaymentStatus::Refunded).await;
+        let s = sub(&db, user).await;
+        assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
+        assert_eq!(
+            s.scheduled_plan.as_deref(),
+            Some("BASIC"),
+            "scheduled again"
+        );
+        assert_eq!(s.scheduled_payment_id, Some(phase.id));
+        let back = phase_payment(&db, &r).await;
+        assert_eq!(back.carried_into, None);
+        assert_eq!(
+            (back.grant_start, back.grant_end),
+            (phase.grant_start, phase.grant_end)
+        );
+    });
+}
