@@ -13,7 +13,11 @@
 //!   paid time of Q is left, after a refund), P runs from the old end for
 //!   the phase's stored length, and the payment's grant is stored where it
 //!   now lies (an end moved meanwhile by a refund or an outdated payment
-//!   moves the phase with it: its length is what was paid for). Every path
+//!   moves the phase with it: its length is what was paid for). With no
+//!   paid time of Q left, it runs in its own slot (from its stored start,
+//!   or from now when that is still to come): a phase given back after its
+//!   slot began runs only what is left of the slot, and nothing once it is
+//!   over. Every path
 //!   that reads a subscription's end under its lock applies it first (the
 //!   renewal loop's passes, a settlement, an operator's grant), so a
 //!   period that ends with a phase is never told past due nor lapsed. One
@@ -110,9 +114,17 @@ pub async fn switch_due<C: ConnectionTrait>(
         .filter(|d| *d > chrono::Duration::zero());
     let before = super::ledger::State::of(Some(&sub));
     let user_id = sub.user_id;
+    // After the paid time of the plan in force, wherever that ended; with
+    // none left (a refund took it), in the phase's own slot, or now when
+    // that slot is still to come: a phase whose slot has passed meanwhile
+    // (given back by the refund of a checkout that had carried it) runs
+    // only what is left of it.
     let start = match sub.current_period_end.filter(|_| sub.plan != FREE) {
         Some(end) => end,
-        None => now,
+        None => pay
+            .as_ref()
+            .and_then(|p| p.grant_start)
+            .map_or(now, |slot| slot.min(now)),
     };
     let mut am = sub.clone().into_active_model();
     am.scheduled_plan = Set(None);
@@ -127,6 +139,14 @@ pub async fn switch_due<C: ConnectionTrait>(
             .unwrap_or(sub));
     };
     let end = start + length;
+    if end <= now {
+        // Its slot is over: nothing of it is left to run.
+        am.update(txn).await?;
+        return Ok(subscriptions::Entity::find_by_id(user_id)
+            .one(txn)
+            .await?
+            .unwrap_or(sub));
+    }
     let anchor = anchor::of_subscription(&sub)
         .filter(|a| a.holds(end, zone))
         .unwrap_or_else(|| Anchor::of(end, zone));

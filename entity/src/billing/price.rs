@@ -2,15 +2,18 @@
 //! (decisions.md, "Stored prices, one conversion"; docs/billing.md,
 //! "Prices").
 //!
-//! * The **price of record** of a subscription is the amount of its latest
-//!   payment still `PAID` (partial refunds included) for the plan in force:
-//!   the price the customer last agreed to for it. A plan in force with no
-//!   such payment (given by an operator, or from before payments were
-//!   stored) has none, and its renewal bills the catalogue price.
+//! * The **price of record** of a subscription is the amount of the
+//!   payment for the plan in force that the customer agreed to last
+//!   ([`of_record`]: the latest created among those ever `PAID`, refunded
+//!   since or not, whose grant reaches the current period). A plan in force
+//!   with no such payment (given by an operator, or from before payments
+//!   were stored) has none, and its renewal bills the catalogue price.
 //! * A renewal of the plan in force bills the price of record, unless the
 //!   catalogue price is lower (a cut reaches everyone at once), or it is
 //!   higher and a **price-change mail** announced at least that price at
-//!   least `PRICE_CHANGE_NOTICE_DAYS` before the renewal is created.
+//!   least `PRICE_CHANGE_NOTICE_DAYS` before the renewal is created. A
+//!   renewal offered while the catalogue is back at or below the price of
+//!   record withdraws the notice held: a later rise is announced anew.
 //! * The first renewal offered at the old price after a rise records the
 //!   notice (plan, new price, the database's time) and queues the mail in
 //!   the same transaction, so the customer hears of the rise a whole
@@ -23,7 +26,6 @@
 
 use chrono::{DateTime, Duration, Utc};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
-use uuid::Uuid;
 
 use crate::entities::{
     payments::{self, PaymentStatus},
@@ -38,6 +40,9 @@ pub struct Priced {
     /// A price rise to announce now (the new catalogue price): record the
     /// notice and queue the price-change mail with the renewal.
     pub announce: Option<i64>,
+    /// The notice held is withdrawn: the catalogue price fell back to the
+    /// price of record or below, so a later rise needs a notice of its own.
+    pub withdraw: bool,
 }
 
 /// The notice a subscription holds, as [`renewal_price`] reads it.
@@ -79,12 +84,16 @@ pub fn renewal_price(
     let at_catalogue = Priced {
         amount: catalogue_price,
         announce: None,
+        withdraw: false,
     };
     let Some(record) = record.filter(|_| plan == plan_in_force) else {
         return at_catalogue;
     };
     if catalogue_price <= record {
-        return at_catalogue;
+        return Priced {
+            withdraw: notice.is_some_and(|n| n.plan == plan),
+            ..at_catalogue
+        };
     }
     // A notice of this plan that announced at least this price.
     match notice.filter(|n| n.plan == plan && n.amount >= catalogue_price) {
@@ -92,31 +101,42 @@ pub fn renewal_price(
         Some(_) => Priced {
             amount: record,
             announce: None,
+            withdraw: false,
         },
         None if notice_period <= Duration::zero() => Priced {
             amount: catalogue_price,
             announce: Some(catalogue_price),
+            withdraw: false,
         },
         None => Priced {
             amount: record,
             announce: Some(catalogue_price),
+            withdraw: false,
         },
     }
 }
 
-/// The price of record of `user_id`'s plan `plan`: the amount of the latest
-/// payment still `PAID` for it (`None`: none).
+/// The price of record of `sub`'s plan in force: the amount of the payment
+/// for it agreed to last (by creation: a checkout or renewal stores its
+/// amount when created, so an old checkout paid late does not lower it),
+/// among those ever `PAID` (a refund does not undo the price agreed to)
+/// whose grant reaches the current period (an earlier run of the plan,
+/// lapsed since, does not price an operator's grant of it). `None`: none.
 pub async fn of_record<C: ConnectionTrait>(
     db: &C,
-    user_id: Uuid,
-    plan: &str,
+    sub: &subscriptions::Model,
 ) -> Result<Option<i64>, DbErr> {
-    Ok(payments::Entity::find()
-        .filter(payments::Column::UserId.eq(user_id))
-        .filter(payments::Column::Plan.eq(plan))
-        .filter(payments::Column::Status.eq(PaymentStatus::Paid))
-        .filter(payments::Column::PaidAt.is_not_null())
-        .order_by_desc(payments::Column::PaidAt)
+    let mut find = payments::Entity::find()
+        .filter(payments::Column::UserId.eq(sub.user_id))
+        .filter(payments::Column::Plan.eq(sub.plan.as_str()))
+        .filter(payments::Column::Status.is_in([PaymentStatus::Paid, PaymentStatus::Refunded]))
+        .filter(payments::Column::PaidAt.is_not_null());
+    if let Some(start) = sub.current_period_start {
+        find = find.filter(payments::Column::GrantEnd.gte(start));
+    }
+    Ok(find
+        .order_by_desc(payments::Column::CreatedAt)
+        .order_by_desc(payments::Column::Id)
         .one(db)
         .await?
         .map(|p| p.amount))
@@ -177,6 +197,12 @@ mod tests {
         };
         let other = price("PRO", Some(99_000), Some(other), 129_000, 90);
         assert_eq!((other.amount, other.announce), (99_000, Some(129_000)));
+        // Back at the price of record: the notice is withdrawn.
+        let back = price("PRO", Some(99_000), Some(told), 99_000, 10);
+        assert_eq!(
+            (back.amount, back.announce, back.withdraw),
+            (99_000, None, true)
+        );
     }
 
     #[test]

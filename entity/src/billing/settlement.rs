@@ -400,11 +400,12 @@ async fn apply<T: ConnectionTrait>(
                 } else {
                     None
                 };
-                // A price-change notice is spent once the new price is paid,
-                // and moot once another plan is in force.
-                let notice_spent = s.price_notice_plan.as_deref() != Some(g.plan.as_str())
-                    || (pay.plan == g.plan
-                        && s.price_notice_amount.is_some_and(|a| a <= pay.amount));
+                // A price-change notice is spent once its plan's new price is
+                // paid (it is kept while another plan runs: a refund may
+                // bring its plan back).
+                let notice_spent = s.price_notice_plan.as_deref() == Some(g.plan.as_str())
+                    && pay.plan == g.plan
+                    && s.price_notice_amount.is_some_and(|a| a <= pay.amount);
                 let mut am = s.into_active_model();
                 if phase_carried {
                     am.scheduled_plan = Set(None);

@@ -25,12 +25,19 @@ pub(super) async fn check_renewal_prices(
     cat: &entity::base::plans::Catalogue,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), String> {
+    // The price last agreed to for the plan: the latest-created payment of
+    // it ever paid whose grant reaches the current period.
     let record = paid
         .iter()
-        .filter(|p| p.status == PaymentStatus::Paid && p.plan == before.plan)
-        .filter_map(|p| Some((p.paid_at?, p.amount)))
-        .max_by_key(|(at, _)| *at)
-        .map(|(_, amount)| amount);
+        .filter(|p| matches!(p.status, PaymentStatus::Paid | PaymentStatus::Refunded))
+        .filter(|p| p.plan == before.plan && p.paid_at.is_some())
+        .filter(|p| {
+            before
+                .current_period_start
+                .is_none_or(|s| p.grant_end.is_some_and(|e| e >= s))
+        })
+        .max_by_key(|p| (p.created_at, p.id))
+        .map(|p| p.amount);
     let offered = renewals::Entity::find()
         .filter(renewals::Column::UserId.eq(user))
         .filter(renewals::Column::CreatedAt.eq(now))

@@ -150,3 +150,34 @@ fn a_checkout_carries_the_phase_and_its_refund_schedules_it_again() {
         );
     });
 }
+
+/// Red team: a checkout that carried a waiting phase, charged back long
+/// after the phase's slot began, gave the phase back as a whole month from
+/// the chargeback (a free month of it). A phase given back runs only what
+/// is left of its own slot: nothing once it is over, the rest of it while
+/// it runs.
+#[test]
+fn a_phase_given_back_by_a_refund_runs_only_what_is_left_of_its_slot() {
+    on_both(|db| async move {
+        for (after_end, left) in [(Duration::days(40), false), (Duration::days(3), true)] {
+            let user = subscriber(&db).await;
+            let r = scheduled(&db, user).await;
+            let phase = phase_payment(&db, &r).await;
+            let slot_end = phase.grant_end.unwrap();
+            let ultimate = paid(&db, user, "ULTIMATE").await;
+            let end = phase.grant_start.unwrap();
+            let now = entity::base::db::now(&db).await.unwrap();
+            time_passes(&db, user, end - now + after_end).await;
+            let shifted = end - now + after_end;
+            settle_as(&db, &ultimate.order_id, PaymentStatus::Refunded).await;
+            let s = sub(&db, user).await;
+            if left {
+                assert_eq!(s.plan, "BASIC", "the rest of the slot");
+                assert_eq!(s.current_period_end, Some(slot_end - shifted));
+            } else {
+                assert_ne!(s.plan, "BASIC", "the slot is over: {s:?}");
+            }
+            assert_eq!(s.scheduled_plan, None);
+        }
+    });
+}

@@ -175,3 +175,135 @@ fn a_changed_plan_renews_at_the_catalogue_price() {
         assert_eq!(notices(&db, user).await, 0);
     });
 }
+
+/// A notice is withdrawn when the catalogue falls back to the price of
+/// record: the rise that comes again later is announced anew, and the
+/// renewal offered with that new mail still bills the old price.
+#[test]
+fn a_rise_withdrawn_and_raised_again_is_announced_again() {
+    on_both(|db| async move {
+        let notice = Duration::days(30);
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let raised = priced("PRO", 129_000);
+        let first = offered(&db, user, &raised, notice).await;
+        assert_eq!((first.amount, notices(&db, user).await), (99_000, 1));
+        pay(&db, &first).await;
+        let back = offered(&db, user, catalogue(), notice).await;
+        assert_eq!(back.amount, 99_000);
+        let s = subscriptions::Entity::find_by_id(user)
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.price_notice_amount, None, "withdrawn");
+        pay(&db, &back).await;
+        let again = offered(&db, user, &raised, notice).await;
+        assert_eq!(again.amount, 99_000, "a new notice, not the withdrawn one");
+        assert_eq!(notices(&db, user).await, 2);
+    });
+}
+
+/// Red team: the renewal at the new price paid, then refunded: the next
+/// renewal went back to the old price with a fresh notice (repeatable). A
+/// refund does not undo the price agreed to.
+#[test]
+fn a_refund_of_the_new_price_does_not_bring_the_old_one_back() {
+    on_both(|db| async move {
+        let notice = Duration::days(20);
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let raised = priced("PRO", 129_000);
+        let first = offered(&db, user, &raised, notice).await;
+        pay(&db, &first).await;
+        let second = offered(&db, user, &raised, notice).await;
+        assert_eq!(second.amount, 129_000);
+        pay(&db, &second).await;
+        let p = payments::Entity::find()
+            .filter(payments::Column::RenewalId.eq(second.id))
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        settle_as(&db, &p.order_id, PaymentStatus::Refunded).await;
+        let third = offered(&db, user, &raised, notice).await;
+        assert_eq!(third.amount, 129_000, "the price agreed to stays");
+        assert_eq!(notices(&db, user).await, 1);
+    });
+}
+
+/// Red team: PRO bought at 99,000 lapsed long ago; after the rise an
+/// operator gives PRO: its renewal was offered at the stale 99,000. A run
+/// of the plan that lapsed before does not price it: the catalogue does.
+#[test]
+fn an_operator_grant_renews_at_the_catalogue_price_not_a_lapsed_one() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let end = period_end(&db, user).await;
+        let now = entity::base::db::now(&db).await.unwrap();
+        time_passes(&db, user, end - now + Duration::days(40)).await;
+        subscriptions::Entity::update_many()
+            .col_expr(
+                subscriptions::Column::Plan,
+                sea_orm::sea_query::Expr::value("FREE"),
+            )
+            .col_expr(
+                subscriptions::Column::CurrentPeriodStart,
+                sea_orm::sea_query::Expr::value(None::<chrono::DateTime<chrono::Utc>>),
+            )
+            .col_expr(
+                subscriptions::Column::CurrentPeriodEnd,
+                sea_orm::sea_query::Expr::value(None::<chrono::DateTime<chrono::Utc>>),
+            )
+            .filter(subscriptions::Column::UserId.eq(user))
+            .exec(&db)
+            .await
+            .unwrap();
+        let now = entity::base::db::now(&db).await.unwrap();
+        let grant = entity::billing::operator::OperatorGrant {
+            user_id: user,
+            plan: "PRO".into(),
+            until: now + Duration::days(5),
+            reason: "comp".into(),
+        };
+        entity::billing::operator::give(&db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
+            .await
+            .unwrap();
+        entity::billing::subscription::change(
+            &db,
+            user,
+            entity::billing::subscription::SubscriptionAction::Resume,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let r = offered(&db, user, &priced("PRO", 129_000), Duration::days(30)).await;
+        assert_eq!(r.amount, 129_000);
+        assert_eq!(notices(&db, user).await, 0);
+    });
+}
+
+/// Red team (suspected): a checkout of the plan at the old price, opened
+/// before the rise and paid after the renewal at the new price, would have
+/// become the latest price paid. The price of record is the one agreed to
+/// last: the amount stored when a checkout or renewal was created.
+#[test]
+fn an_old_checkout_paid_late_does_not_lower_the_price_of_record() {
+    on_both(|db| async move {
+        let notice = Duration::days(20);
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let raised = priced("PRO", 129_000);
+        let first = offered(&db, user, &raised, notice).await;
+        // A checkout at 99,000, opened now and left pending.
+        let old = checkout(&db, user, "PRO").await;
+        pay(&db, &first).await;
+        let second = offered(&db, user, &raised, notice).await;
+        assert_eq!(second.amount, 129_000);
+        pay(&db, &second).await;
+        settle_as(&db, &old, PaymentStatus::Paid).await;
+        let third = offered(&db, user, &raised, notice).await;
+        assert_eq!(third.amount, 129_000, "the price agreed to last");
+    });
+}

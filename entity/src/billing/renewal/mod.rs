@@ -402,7 +402,7 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
     };
     // What it bills: the price of record, unless a cut or a rise told in
     // time applies ([`crate::billing::price`]).
-    let record = crate::billing::price::of_record(&txn, user_id, &sub.plan).await?;
+    let record = crate::billing::price::of_record(&txn, &sub).await?;
     let priced = crate::billing::price::renewal_price(
         &plan.id,
         &sub.plan,
@@ -441,6 +441,14 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
         .await?;
     if inserted == 0 {
         return Ok(vec![]);
+    }
+    if priced.withdraw {
+        let mut am = sub.clone().into_active_model();
+        am.price_notice_plan = Set(None);
+        am.price_notice_amount = Set(None);
+        am.price_notice_at = Set(None);
+        am.updated_at = Set(now);
+        am.update(&txn).await?;
     }
     if let Some(amount) = priced.announce {
         announce_price(

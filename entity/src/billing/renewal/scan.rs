@@ -123,6 +123,8 @@ fn due_condition(step: Step, policy: &Policy, now: DateTime<Utc>) -> Condition {
         Step::Create => Condition::all()
             .add(S::Status.is_in([SubscriptionStatus::Active, SubscriptionStatus::PastDue]))
             .add(S::CancelAtPeriodEnd.eq(false))
+            // A paid phase follows: nothing to offer until it begins.
+            .add(S::ScheduledPlan.is_null())
             .add(S::CurrentPeriodEnd.lte(now + policy.lead()))
             .add(in_grace_or_active(policy, now))
             .add(
