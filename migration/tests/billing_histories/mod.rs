@@ -206,7 +206,8 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                     0
                 };
                 // Partial refunds lowered the value the time before carries
-                // (by at most what went back).
+                // (by at most what went back); that time is worth at least
+                // the lowest price its plan was sold at (a cut renewal).
                 let partly_back: i128 = paid
                     .iter()
                     .filter(|p| p.status == PaymentStatus::Paid)
@@ -219,7 +220,10 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                     left_before - given_before
                 };
                 let want = (MONTH_MIN - billed_past) * i128::from(price(plan))
-                    + (i128::from(carried_left) * i128::from(price(&plan_before)) * 28 / 31
+                    + (i128::from(carried_left)
+                        * i128::from(floor.get(&plan_before).copied().unwrap_or(0))
+                        * 28
+                        / 31
                         - partly_back * MONTH_MIN)
                         .max(0);
                 let got = i128::from(left_after) * i128::from(price(plan));
