@@ -127,25 +127,16 @@ pub async fn switch_due<C: ConnectionTrait>(
             .map_or(now, |slot| slot.min(now)),
     };
     let mut am = sub.clone().into_active_model();
-    am.scheduled_plan = Set(None);
-    am.scheduled_payment_id = Set(None);
+    drop_phase(&mut am);
     am.updated_at = Set(now);
     let Some(length) = length else {
         // Its payment was refunded or carried on meanwhile: nothing to run.
-        am.update(txn).await?;
-        return Ok(subscriptions::Entity::find_by_id(user_id)
-            .one(txn)
-            .await?
-            .unwrap_or(sub));
+        return am.update(txn).await;
     };
     let end = start + length;
     if end <= now {
         // Its slot is over: nothing of it is left to run.
-        am.update(txn).await?;
-        return Ok(subscriptions::Entity::find_by_id(user_id)
-            .one(txn)
-            .await?
-            .unwrap_or(sub));
+        return am.update(txn).await;
     }
     let anchor = anchor::of_subscription(&sub)
         .filter(|a| a.holds(end, zone))
@@ -177,4 +168,10 @@ pub async fn switch_due<C: ConnectionTrait>(
     )
     .await?;
     Ok(sub)
+}
+
+/// Clears the phase recorded on `am` (begun, voided or carried on).
+pub fn drop_phase(am: &mut subscriptions::ActiveModel) {
+    am.scheduled_plan = Set(None);
+    am.scheduled_payment_id = Set(None);
 }

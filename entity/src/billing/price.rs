@@ -142,6 +142,15 @@ pub async fn of_record<C: ConnectionTrait>(
         .map(|p| p.amount))
 }
 
+/// Clears the price-change notice recorded on `am` (spent, withdrawn, or
+/// the plan lapsed).
+pub fn clear_notice(am: &mut subscriptions::ActiveModel) {
+    use sea_orm::Set;
+    am.price_notice_plan = Set(None);
+    am.price_notice_amount = Set(None);
+    am.price_notice_at = Set(None);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -408,13 +408,10 @@ async fn apply<T: ConnectionTrait>(
                     && s.price_notice_amount.is_some_and(|a| a <= pay.amount);
                 let mut am = s.into_active_model();
                 if phase_carried {
-                    am.scheduled_plan = Set(None);
-                    am.scheduled_payment_id = Set(None);
+                    crate::billing::phase::drop_phase(&mut am);
                 }
                 if notice_spent {
-                    am.price_notice_plan = Set(None);
-                    am.price_notice_amount = Set(None);
-                    am.price_notice_at = Set(None);
+                    crate::billing::price::clear_notice(&mut am);
                 }
                 am.renewal_plan = Set(next);
                 am.plan = Set(g.plan.clone());

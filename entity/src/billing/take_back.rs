@@ -214,8 +214,7 @@ pub async fn take_back<T: ConnectionTrait>(
     // is taken ([`super::phase`]).
     if sub.scheduled_payment_id == Some(refunded.id) {
         let mut am = sub.into_active_model();
-        am.scheduled_plan = Set(None);
-        am.scheduled_payment_id = Set(None);
+        crate::billing::phase::drop_phase(&mut am);
         am.updated_at = Set(now);
         am.update(txn).await?;
         return Ok(None);

@@ -14,14 +14,6 @@ use super::named::{on_both, paid, period_end, settle_as};
 use super::prices::{offered, pay, subscriber};
 use super::world::*;
 
-async fn sub(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
-    subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .unwrap()
-}
-
 /// PRO paid, `change` to BASIC, BASIC's renewal paid early: the phase.
 /// Answers the renewal paid.
 async fn scheduled(db: &DatabaseConnection, user: Uuid) -> renewals::Model {
@@ -39,7 +31,10 @@ async fn scheduled(db: &DatabaseConnection, user: Uuid) -> renewals::Model {
     let r = offered(db, user, catalogue(), Duration::days(30)).await;
     assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 49_000));
     pay(db, &r).await;
-    assert_eq!(sub(db, user).await.scheduled_plan.as_deref(), Some("BASIC"));
+    assert_eq!(
+        subscription(db, user).await.scheduled_plan.as_deref(),
+        Some("BASIC")
+    );
     r
 }
 
@@ -61,7 +56,7 @@ fn a_change_paid_early_is_a_phase_the_loop_begins_at_the_old_end() {
         let user = subscriber(&db).await;
         let r = scheduled(&db, user).await;
         let end = period_end(&db, user).await;
-        let s = sub(&db, user).await;
+        let s = subscription(&db, user).await;
         assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
         assert_eq!(s.scheduled_plan.as_deref(), Some("BASIC"));
         let now = entity::base::db::now(&db).await.unwrap();
@@ -108,7 +103,7 @@ fn a_refund_before_the_phase_begins_drops_it_and_takes_no_time() {
         let end = period_end(&db, user).await;
         let p = phase_payment(&db, &r).await;
         settle_as(&db, &p.order_id, PaymentStatus::Refunded).await;
-        let s = sub(&db, user).await;
+        let s = subscription(&db, user).await;
         assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
         assert_eq!((s.scheduled_plan, s.scheduled_payment_id), (None, None));
     });
@@ -129,12 +124,12 @@ fn a_checkout_carries_the_phase_and_its_refund_schedules_it_again() {
         // The value carried: PRO's unused days and BASIC's whole month.
         let carried = ultimate.carried_value.unwrap();
         assert!(carried >= 49_000 - 1, "carried {carried}");
-        let s = sub(&db, user).await;
+        let s = subscription(&db, user).await;
         assert_eq!(s.plan, "ULTIMATE");
         assert_eq!(s.scheduled_plan, None, "the phase was carried");
         assert_eq!(phase_payment(&db, &r).await.carried_into, Some(ultimate.id));
         settle_as(&db, &ultimate.order_id, PaymentStatus::Refunded).await;
-        let s = sub(&db, user).await;
+        let s = subscription(&db, user).await;
         assert_eq!((s.plan.as_str(), s.current_period_end), ("PRO", Some(end)));
         assert_eq!(
             s.scheduled_plan.as_deref(),
@@ -170,7 +165,7 @@ fn a_phase_given_back_by_a_refund_runs_only_what_is_left_of_its_slot() {
             time_passes(&db, user, end - now + after_end).await;
             let shifted = end - now + after_end;
             settle_as(&db, &ultimate.order_id, PaymentStatus::Refunded).await;
-            let s = sub(&db, user).await;
+            let s = subscription(&db, user).await;
             if left {
                 assert_eq!(s.plan, "BASIC", "the rest of the slot");
                 assert_eq!(s.current_period_end, Some(slot_end - shifted));

@@ -122,11 +122,7 @@ fn a_price_rise_reaches_the_first_renewal_offered_a_notice_period_after_its_mail
         let first = offered(&db, user, &raised, notice).await;
         assert_eq!(first.amount, 99_000, "the renewal at the rise");
         assert_eq!(notices(&db, user).await, 1, "the price-change mail");
-        let s = subscriptions::Entity::find_by_id(user)
-            .one(&db)
-            .await
-            .unwrap()
-            .unwrap();
+        let s = subscription(&db, user).await;
         assert_eq!(
             (s.price_notice_plan.as_deref(), s.price_notice_amount),
             (Some("PRO"), Some(129_000))
@@ -141,11 +137,7 @@ fn a_price_rise_reaches_the_first_renewal_offered_a_notice_period_after_its_mail
         let third = offered(&db, user, &raised, notice).await;
         assert_eq!(third.amount, 129_000, "two months after the mail");
         pay(&db, &third).await;
-        let s = subscriptions::Entity::find_by_id(user)
-            .one(&db)
-            .await
-            .unwrap()
-            .unwrap();
+        let s = subscription(&db, user).await;
         assert_eq!(s.price_notice_amount, None, "the notice is spent");
 
         let cut = offered(&db, user, &priced("PRO", 89_000), notice).await;
@@ -191,11 +183,7 @@ fn a_rise_withdrawn_and_raised_again_is_announced_again() {
         pay(&db, &first).await;
         let back = offered(&db, user, catalogue(), notice).await;
         assert_eq!(back.amount, 99_000);
-        let s = subscriptions::Entity::find_by_id(user)
-            .one(&db)
-            .await
-            .unwrap()
-            .unwrap();
+        let s = subscription(&db, user).await;
         assert_eq!(s.price_notice_amount, None, "withdrawn");
         pay(&db, &back).await;
         let again = offered(&db, user, &raised, notice).await;

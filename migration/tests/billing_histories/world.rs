@@ -64,6 +64,15 @@ pub(super) fn cases() -> u32 {
         .unwrap_or(1000)
 }
 
+/// The subscription of `user` as stored now.
+pub(super) async fn subscription(db: &DatabaseConnection, user: Uuid) -> subscriptions::Model {
+    subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription")
+}
+
 /// Paid seconds still to come and the plan in force.
 pub(super) async fn running(db: &DatabaseConnection, user: Uuid) -> (String, i64) {
     let s = subscriptions::Entity::find_by_id(user)

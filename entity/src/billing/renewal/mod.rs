@@ -444,9 +444,7 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
     }
     if priced.withdraw {
         let mut am = sub.clone().into_active_model();
-        am.price_notice_plan = Set(None);
-        am.price_notice_amount = Set(None);
-        am.price_notice_at = Set(None);
+        crate::billing::price::clear_notice(&mut am);
         am.updated_at = Set(now);
         am.update(&txn).await?;
     }
@@ -734,9 +732,7 @@ where
     am.past_due_at = Set(None);
     am.grace_ends_at = Set(None);
     am.renewal_plan = Set(None);
-    am.price_notice_plan = Set(None);
-    am.price_notice_amount = Set(None);
-    am.price_notice_at = Set(None);
+    crate::billing::price::clear_notice(&mut am);
     am.updated_at = Set(now);
     am.update(&txn).await?;
     crate::billing::ledger::note(
