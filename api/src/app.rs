@@ -128,13 +128,15 @@ pub async fn build_state(
     let plans =
         Catalogue::load_or_built_in(settings.plans_file.as_deref()).context("PLANS_FILE")?;
     let features = Features::compute(&settings);
-    let db = worker::runtime::connect_db(&settings, shutdown).await?;
     if settings.migrate_on_start {
         // Under the migration lock: replicas starting together all come up.
-        migration::up_locked(&db, None)
-            .await
-            .context("applying migrations")?;
+        // On a pool of its own, bounded for startup rather than for requests.
+        let startup = worker::runtime::connect_db_for_startup(&settings, shutdown).await?;
+        let applied = migration::up_locked(&startup, None).await;
+        let _ = startup.close().await;
+        applied.context("applying migrations")?;
     }
+    let db = worker::runtime::connect_db(&settings, shutdown).await?;
     let queues = worker::runtime::connect_queues(&settings, shutdown).await?;
     let storage = worker::storage::Storage::open(&settings.storage_url)?;
     let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);

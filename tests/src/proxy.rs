@@ -24,6 +24,11 @@ pub struct TcpProxy {
     /// Listening address.
     pub addr: SocketAddr,
     mode: watch::Sender<ProxyMode>,
+    /// Milliseconds a new forwarded connection waits before it reaches the
+    /// target (a slow network or a loaded server); 0 by default.
+    connect_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// How many more new connections pass before the delay applies.
+    undelayed: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -35,6 +40,10 @@ impl TcpProxy {
         let addr = listener.local_addr().expect("addr");
         let (tx, _) = watch::channel(ProxyMode::Forward);
         let mode = tx.clone();
+        let connect_delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let delay = connect_delay_ms.clone();
+        let undelayed = Arc::new(AtomicUsize::new(0));
+        let spared = undelayed.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
@@ -60,7 +69,18 @@ impl TcpProxy {
                     }
                     ProxyMode::Forward => {
                         let target = target.clone();
+                        let first = spared
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                n.checked_sub(1)
+                            })
+                            .is_ok();
+                        let wait = if first {
+                            0
+                        } else {
+                            delay.load(Ordering::Relaxed)
+                        };
                         tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(wait)).await;
                             let Ok(mut upstream) = TcpStream::connect(&target).await else {
                                 return;
                             };
@@ -80,13 +100,30 @@ impl TcpProxy {
                 }
             }
         });
-        TcpProxy { addr, mode, task }
+        TcpProxy {
+            addr,
+            mode,
+            connect_delay_ms,
+            undelayed,
+            task,
+        }
     }
 
     /// Switches the mode; leaving `Forward` closes every live connection
     /// (except for `Freeze`, which holds them silent).
     pub fn set(&self, mode: ProxyMode) {
         self.mode.send_replace(mode);
+    }
+
+    /// New connections accepted from now on, but for the next `spare` of
+    /// them, reach the target only after `delay` (live ones are untouched;
+    /// `Duration::ZERO` ends the delay).
+    pub fn delay_connects(&self, spare: usize, delay: Duration) {
+        self.undelayed.store(spare, Ordering::Relaxed);
+        self.connect_delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Back to forwarding.

@@ -74,6 +74,40 @@ async fn assert_documented(api: &Proc, method: &str, route: &str) {
     );
 }
 
+/// A PostgreSQL slow to open connections at start (the first is quick,
+/// every later one takes 700 ms, as on a loaded host) does not stop an api
+/// whose per-request bound is 200 ms: it applies its migrations on a pool of
+/// its own, bounded for startup, then waits for its request pool, which
+/// connects once connections are quick again (after 4 s). It exited with
+/// "applying migrations: pool timed out" when the migrations ran on the
+/// request pool under the request bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_with_a_short_request_bound_still_migrates_behind_a_slow_postgres() {
+    let stack = Stack::new().await;
+    let proxy = std::sync::Arc::new(pg_proxy(&stack).await);
+    proxy.delay_connects(1, Duration::from_millis(700));
+    let env = through(stack.env(), &stack, &proxy)
+        .with("DEPENDENCY_TIMEOUT_MS", "200")
+        .with("MIGRATE_ON_START", "true");
+    let quick_again = tokio::spawn({
+        let proxy = proxy.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            proxy.delay_connects(0, Duration::ZERO);
+        }
+    });
+    let api = stack.api(&env).await;
+    quick_again.await.unwrap();
+    let email = format!("slow-{}@example.com", Uuid::new_v4().simple());
+    let r = post_json(
+        &api.url("/api/waitlist"),
+        &random_ip(),
+        &json!({"email": email}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn waitlist_is_503_while_postgres_is_down_and_stores_after() {
     let stack = Stack::new().await;

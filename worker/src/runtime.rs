@@ -73,15 +73,36 @@ pub fn served_queues(settings: &Settings) -> anyhow::Result<Vec<QueueName>> {
     }
 }
 
-/// Connects to the database, retrying with backoff until it answers or
+/// Connects to the database (the request and job pool,
+/// [`entity::base::db::connect`]), retrying with backoff until it answers or
 /// `shutdown` is cancelled.
 pub async fn connect_db(
     settings: &Settings,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<DatabaseConnection> {
+    retry_db(shutdown, || entity::base::db::connect(settings)).await
+}
+
+/// Like [`connect_db`], for the small startup pool that applies migrations
+/// ([`entity::base::db::connect_for_startup`]).
+pub async fn connect_db_for_startup(
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<DatabaseConnection> {
+    retry_db(shutdown, || entity::base::db::connect_for_startup(settings)).await
+}
+
+async fn retry_db<F, Fut>(
+    shutdown: &CancellationToken,
+    open: F,
+) -> anyhow::Result<DatabaseConnection>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<DatabaseConnection, sea_orm::DbErr>>,
+{
     let mut delay = Duration::from_millis(500);
     loop {
-        match entity::base::db::connect(settings).await {
+        match open().await {
             Ok(db) => return Ok(db),
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "database unavailable");

@@ -9,9 +9,42 @@ use sea_orm::{
 
 use crate::base::settings::Settings;
 
+/// How long startup work (applying migrations) may wait for a connection or
+/// for the server to accept one, whatever `DEPENDENCY_TIMEOUT_MS` says: the
+/// request pool's bound is tuned for answering quickly, not for a process
+/// coming up beside others on a loaded host.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Opens a pool for `settings.database_url` with bounded connect and acquire
-/// timeouts, creating the embedded SQLite directory when needed.
+/// timeouts (`DEPENDENCY_TIMEOUT_MS`, connect at least 1 s), at most
+/// `DB_MAX_CONNECTIONS`, creating the embedded SQLite directory when needed.
+/// This is the pool requests and jobs use.
 pub async fn connect(settings: &Settings) -> Result<DatabaseConnection, DbErr> {
+    let mut opts = options(settings)?;
+    opts.max_connections(settings.db_max_connections)
+        .min_connections(1)
+        .connect_timeout(settings.dependency_timeout.max(Duration::from_secs(1)))
+        .acquire_timeout(settings.dependency_timeout);
+    Database::connect(opts).await
+}
+
+/// Opens a small pool for startup work (the api's `MIGRATE_ON_START`): at most
+/// two connections (the migration lock's and the one migrations run on),
+/// none kept idle, connect and acquire bounded by the larger of
+/// `DEPENDENCY_TIMEOUT_MS` and [`STARTUP_TIMEOUT`]. Close it when done.
+pub async fn connect_for_startup(settings: &Settings) -> Result<DatabaseConnection, DbErr> {
+    let bound = settings.dependency_timeout.max(STARTUP_TIMEOUT);
+    let mut opts = options(settings)?;
+    opts.max_connections(2)
+        .min_connections(0)
+        .connect_timeout(bound)
+        .acquire_timeout(bound);
+    Database::connect(opts).await
+}
+
+/// The options both pools share: the URL, idle timeout, no statement logging,
+/// SQLite's WAL mode, busy timeout and foreign keys (and its directory made).
+fn options(settings: &Settings) -> Result<ConnectOptions, DbErr> {
     if settings.database_url.starts_with("sqlite:") {
         if let Some(path) = sqlite_path(&settings.database_url) {
             if let Some(dir) = std::path::Path::new(&path).parent() {
@@ -24,11 +57,7 @@ pub async fn connect(settings: &Settings) -> Result<DatabaseConnection, DbErr> {
         }
     }
     let mut opts = ConnectOptions::new(settings.database_url.clone());
-    opts.max_connections(settings.db_max_connections)
-        .min_connections(1)
-        .connect_timeout(settings.dependency_timeout.max(Duration::from_secs(1)))
-        .acquire_timeout(settings.dependency_timeout)
-        .idle_timeout(Duration::from_secs(300))
+    opts.idle_timeout(Duration::from_secs(300))
         .sqlx_logging(false)
         // Concurrent readers with one writer; wait instead of failing on a busy file.
         .map_sqlx_sqlite_opts(|o| {
@@ -37,7 +66,7 @@ pub async fn connect(settings: &Settings) -> Result<DatabaseConnection, DbErr> {
                 .foreign_keys(true)
                 .create_if_missing(true)
         });
-    Database::connect(opts).await
+    Ok(opts)
 }
 
 /// The file path of a `sqlite://path?…` or `sqlite:path` URL, if it names a file.
