@@ -137,6 +137,14 @@ pub async fn build_state(
         applied.context("applying migrations")?;
     }
     let db = worker::runtime::connect_db(&settings, shutdown).await?;
+    match entity::base::db::clock_offset(&db).await {
+        Ok(offset) if !offset.is_zero() => tracing::warn!(
+            offset_us = offset.num_microseconds(),
+            "the application's clock is moved (table app_clock): a test database?"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the application's clock offset"),
+    }
     let queues = worker::runtime::connect_queues(&settings, shutdown).await?;
     let storage = worker::storage::Storage::open(&settings.storage_url)?;
     let limiter = RateLimiter::new(queues.redis(), &settings.queue_prefix);

@@ -87,7 +87,14 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The scheduled phases first, then the price-change notices.
+    // The application's clock first (its table, and `app_now()` on
+    // PostgreSQL), then the scheduled phases, then the price-change notices.
+    assert!(manager.has_table("app_clock").await?, "app_clock after up");
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager.has_table("app_clock").await?,
+        "app_clock after down"
+    );
     let phase_columns = ["scheduled_plan", "scheduled_payment_id"];
     for column in phase_columns {
         assert!(
@@ -255,10 +262,10 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The scheduled phases, the price-change notices, the billing ledger, the renewal pauses, the email change's verified
+    // The application's clock, the scheduled phases, the price-change notices, the billing ledger, the renewal pauses, the email change's verified
     // half, the grace's times, the billing anchor, renewal_claims, renewals,
     // grants, billing mails.
-    const BILLING_STEPS: usize = 11;
+    const BILLING_STEPS: usize = 12;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

@@ -128,18 +128,20 @@ pub async fn ping(db: &DatabaseConnection) -> Result<(), DbErr> {
     db.execute_unprepared("SELECT 1").await.map(|_| ())
 }
 
-/// The database's own clock, as UTC with microseconds: the one clock every
-/// time-based payment decision uses (key lifetimes, sweep, reconciliation and
-/// expiry cut-offs, paid periods), so that api and worker hosts whose clocks
-/// disagree still decide alike. PostgreSQL: `clock_timestamp()`; SQLite:
-/// `strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')` (millisecond precision).
+/// The application's clock, as UTC with microseconds: the database's own
+/// clock plus the offset of table `app_clock` (none in production; only
+/// tests set one, with [`set_clock`]). It is the one clock every time-based
+/// payment decision uses (key lifetimes, sweep, reconciliation and expiry
+/// cut-offs, paid periods, the renewal loop), so that api and worker hosts
+/// whose clocks disagree still decide alike, and a test can move the time of
+/// every process at once. PostgreSQL: `app_now()` (`clock_timestamp()` plus
+/// the offset); SQLite: `strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now', …)`
+/// (millisecond precision). The job queue's own timing (due times, leases)
+/// keeps the real clock.
 pub async fn now<C: ConnectionTrait>(db: &C) -> Result<chrono::DateTime<chrono::Utc>, DbErr> {
     use sea_orm::{DbBackend, Statement};
     let backend = db.get_database_backend();
-    let sql = match backend {
-        DbBackend::Sqlite => "SELECT strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now') AS now",
-        _ => "SELECT clock_timestamp() AS now",
-    };
+    let sql = format!("SELECT {} AS now", now_sql(backend));
     let row = db
         .query_one_raw(Statement::from_string(backend, sql))
         .await?
@@ -153,6 +155,81 @@ pub async fn now<C: ConnectionTrait>(db: &C) -> Result<chrono::DateTime<chrono::
         }
         _ => row.try_get("", "now"),
     }
+}
+
+/// The SQL expression of [`now`], for statements that stamp or compare a
+/// time themselves: a `timestamptz` on PostgreSQL, RFC 3339 text (the shape
+/// sqlx writes) on SQLite.
+pub fn now_sql(backend: sea_orm::DbBackend) -> &'static str {
+    match backend {
+        sea_orm::DbBackend::Sqlite => {
+            "strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now', \
+             COALESCE((SELECT printf('%+.6f seconds', offset_us / 1000000.0) \
+                       FROM app_clock WHERE id = 1), '+0 seconds'))"
+        }
+        _ => "app_now()",
+    }
+}
+
+/// How far [`now`] is ahead of the database's own clock (zero unless a test
+/// moved it; the api warns at start when it is not).
+pub async fn clock_offset<C: ConnectionTrait>(db: &C) -> Result<chrono::Duration, DbErr> {
+    use sea_orm::Statement;
+    let backend = db.get_database_backend();
+    let row = db
+        .query_one_raw(Statement::from_string(
+            backend,
+            "SELECT offset_us FROM app_clock WHERE id = 1",
+        ))
+        .await?;
+    Ok(match row {
+        Some(r) => chrono::Duration::microseconds(r.try_get::<i64>("", "offset_us")?),
+        None => chrono::Duration::zero(),
+    })
+}
+
+/// For tests: moves the application's clock ([`now`]) of the whole database
+/// so that it reads `at` now and runs on from there, for every process
+/// using it. Production never calls this.
+pub async fn set_clock<C: ConnectionTrait>(
+    db: &C,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<(), DbErr> {
+    let offset = clock_offset(db).await?;
+    let shown = now(db).await?;
+    let real = shown - offset;
+    set_offset(db, at - real).await
+}
+
+/// For tests: moves the application's clock ([`now`]) on by `by` (back when
+/// negative).
+pub async fn advance_clock<C: ConnectionTrait>(db: &C, by: chrono::Duration) -> Result<(), DbErr> {
+    let offset = clock_offset(db).await?;
+    set_offset(db, offset + by).await
+}
+
+async fn set_offset<C: ConnectionTrait>(db: &C, offset: chrono::Duration) -> Result<(), DbErr> {
+    use sea_orm::Statement;
+    let backend = db.get_database_backend();
+    let us = offset
+        .num_microseconds()
+        .ok_or_else(|| DbErr::Custom("a clock offset beyond 292,000 years".into()))?;
+    db.execute_raw(Statement::from_sql_and_values(
+        backend,
+        match backend {
+            sea_orm::DbBackend::Sqlite => {
+                "INSERT INTO app_clock (id, offset_us) VALUES (1, ?) \
+                 ON CONFLICT (id) DO UPDATE SET offset_us = excluded.offset_us"
+            }
+            _ => {
+                "INSERT INTO app_clock (id, offset_us) VALUES (1, $1) \
+                 ON CONFLICT (id) DO UPDATE SET offset_us = excluded.offset_us"
+            }
+        },
+        [us.into()],
+    ))
+    .await
+    .map(|_| ())
 }
 
 /// Starts a transaction meant to write: `BEGIN IMMEDIATE` on SQLite (the write

@@ -116,10 +116,10 @@ async fn by_key<C: ConnectionTrait>(
 
 /// Begins a checkout (see the module docs): a new `PENDING` payment with a
 /// new order id ([`payment::new_order_id`]), or the payment an earlier request
-/// with the same `Idempotency-Key` created. Rows are stamped by the
-/// database's default (its clock), and keys are aged by the database's clock
-/// ([`crate::base::db::now`]), so api hosts whose clocks disagree still agree on a
-/// key's lifetime. Without a key this is one `INSERT … RETURNING`.
+/// with the same `Idempotency-Key` created. Rows are stamped and keys are
+/// aged by the application's clock ([`crate::base::db::now`], the database's),
+/// so api hosts whose clocks disagree still agree on a key's lifetime.
+/// Without a key this is a clock read and one `INSERT … RETURNING`.
 pub async fn begin<C>(db: &C, new: NewCheckout) -> Result<Begun, CheckoutError>
 where
     C: ConnectionTrait + TransactionTrait,
@@ -167,13 +167,15 @@ where
     }
 }
 
-/// Inserts the `PENDING` row of `new`; `created_at`/`updated_at` come from
-/// the column defaults (the database's clock). The order id's milliseconds
+/// Inserts the `PENDING` row of `new`; `created_at`/`updated_at` are the
+/// application's clock ([`crate::base::db::now`]), the one a key's lifetime
+/// and a price of record's order are read by. The order id's milliseconds
 /// are this host's: it is an identifier, never compared.
 async fn insert_row<C: ConnectionTrait>(
     db: &C,
     new: &NewCheckout,
 ) -> Result<payments::Model, DbErr> {
+    let now = crate::base::db::now(db).await?;
     payments::Entity::insert(payments::ActiveModel {
         id: Set(Uuid::now_v7()),
         order_id: Set(payment::new_order_id(&new.order_prefix, Utc::now())),
@@ -189,8 +191,8 @@ async fn insert_row<C: ConnectionTrait>(
         paid_at: Set(None),
         idempotency_key: Set(new.idempotency_key.clone()),
         reconciled_at: Set(None),
-        created_at: sea_orm::NotSet,
-        updated_at: sea_orm::NotSet,
+        created_at: Set(now),
+        updated_at: Set(now),
         ..Default::default()
     })
     .exec_with_returning(db)

@@ -247,10 +247,7 @@ pub async fn was_sent<C: ConnectionTrait>(db: &C, key: &str) -> Result<bool, DbE
 /// before, or no such key).
 pub async fn mark_sent<C: ConnectionTrait>(db: &C, key: &str) -> Result<bool, DbErr> {
     let backend = db.get_database_backend();
-    let now = match backend {
-        DbBackend::Sqlite => "strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')",
-        _ => "clock_timestamp()",
-    };
+    let now = crate::base::db::now_sql(backend);
     let done = db
         .execute_raw(Statement::from_sql_and_values(
             backend,

@@ -221,3 +221,47 @@ pub(super) async fn check_phase(
     }
     Ok(())
 }
+
+/// Renewals keep the anchor: a paid plan's period ends on the anchor it
+/// stores (every change of the end that is not a whole renewal month
+/// re-anchors on the new end), and paying the renewal of the plan in force
+/// for the period's end, before that end, moves the end exactly one
+/// anchored month on without re-anchoring. `renewed` is the period end and
+/// anchor before such a payment.
+pub(super) async fn check_anchor(
+    db: &DatabaseConnection,
+    user: Uuid,
+    renewed: Option<(
+        chrono::DateTime<chrono::Utc>,
+        Option<entity::billing::anchor::Anchor>,
+    )>,
+) -> Result<(), String> {
+    use entity::billing::anchor;
+    let zone = policy().zone;
+    let s = subscriptions::Entity::find_by_id(user)
+        .one(db)
+        .await
+        .unwrap()
+        .expect("subscription");
+    let stored = anchor::of_subscription(&s);
+    if let (Some(a), Some(end), false) = (stored, s.current_period_end, s.plan == "FREE") {
+        if !a.holds(end, zone) {
+            return Err(format!(
+                "{} ends {end}, off its anchor (day {}, {})",
+                s.plan, a.day, a.time
+            ));
+        }
+    }
+    if let Some((old_end, before)) = renewed {
+        let want = before
+            .unwrap_or_else(|| anchor::Anchor::of(old_end, zone))
+            .next_end(old_end, zone);
+        if s.current_period_end != Some(want) || (before.is_some() && stored != before) {
+            return Err(format!(
+                "a renewal paid for the end {old_end} moved it to {:?}, anchored {stored:?} (want {want}, anchored {before:?})",
+                s.current_period_end
+            ));
+        }
+    }
+    Ok(())
+}

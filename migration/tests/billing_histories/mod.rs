@@ -11,8 +11,9 @@
 //! settled `PAID` (`settlement::settle_status_check`, the path webhooks and
 //! reconciliation share), a full refund of an earlier payment settled
 //! `REFUNDED`, a partial refund or chargeback of one (`refunded_amount`
-//! grows, the payment stays `PAID`), time passing (every stored time of the customer moved back,
-//! as if the database's clock had moved on), a tick of the renewal loop
+//! grows, the payment stays `PAID`), time passing (the application's clock,
+//! `entity::base::db::now`, moves on; each history begins now or on a
+//! calendar edge: a month's last day, a leap day, a year's end), a tick of the renewal loop
 //! (its lapse, past-due and offer passes in a shuffled order,
 //! `renewal::run_batch`), paying
 //! the open renewal, paying a checkout of the latest renewal whatever it
@@ -51,6 +52,10 @@
 //!   backed by its payment, still `PAID` and not carried on, of another
 //!   plan than the one in force; after a tick none is left whose period
 //!   end has passed (the tick began it);
+//! * **renewals keep the anchor**: a paid period ends on its stored
+//!   anchor, and paying the renewal of the plan in force before its end
+//!   moves the end exactly one anchored month on (31 January → 29 February
+//!   → 31 March);
 //! * **paying never loses time**: after a payment of plan `Q` settles, at
 //!   least a short month (28 days) of `Q` runs, plus what ran before,
 //!   converted at the prices (`R' × Q ≥ 28 days × Q + R × P × 28/31`, the
@@ -64,6 +69,7 @@
 //! history and printed. Run: `TEST_DATABASE_ADMIN_URL=postgres://postgres@127.0.0.1:5432/postgres
 //! cargo nextest run -p migration -E 'test(/billing_histories/)'`.
 
+mod calendar;
 mod checks;
 mod named;
 mod phases;
@@ -155,16 +161,24 @@ fn step() -> impl Strategy<Value = Step> {
 
 /// Runs one history for a new customer, checking the invariants after
 /// every step.
-pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(), TestCaseError> {
+pub(super) async fn history(
+    db: &DatabaseConnection,
+    start: Option<chrono::DateTime<chrono::Utc>>,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
     const MONTH_MAX: i128 = 31 * 86_400;
     const MONTH_MIN: i128 = 28 * 86_400;
+    begin_at(db, start).await;
     let id = Identity {
         user_id: Uuid::new_v4(),
         email: None,
     };
     ensure_user(db, &id, &[]).await.unwrap();
     let user = id.user_id;
-    let mut log = Vec::new();
+    let mut log = vec![format!(
+        "begins {}",
+        start.map_or("now".to_string(), |t| t.to_rfc3339())
+    )];
     // What an operator gave that may still be in the period: its plan and
     // at most this many seconds (an upper bound: it is the period's tail,
     // or its middle once the plan was paid again after it).
@@ -184,6 +198,8 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
             Some((plan, secs)) if *plan == plan_before => (*secs).min(left_before),
             _ => 0,
         };
+        // A renewal paid on time: the end and anchor it renews.
+        let mut renewed = None;
         match step {
             Step::Pay(i) => {
                 let plan = PLANS[*i].0;
@@ -372,7 +388,7 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                 }
             }
             Step::Pass(hours) => {
-                time_passes(db, user, Duration::hours(*hours)).await;
+                time_passes(db, Duration::hours(*hours)).await;
                 log.push(format!("{hours} h pass"));
             }
             Step::Tick(order) => {
@@ -434,6 +450,18 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                     .await
                     .unwrap();
                 let Some(r) = open else { continue };
+                let sub = subscription(db, user).await;
+                let now = entity::base::db::now(db).await.unwrap();
+                // The renewal of the plan in force for the period's end,
+                // paid before that end, no phase waiting: one anchored month.
+                if r.status == RenewalStatus::Open
+                    && r.plan == sub.plan
+                    && sub.current_period_end == Some(r.period_end)
+                    && r.period_end > now
+                    && sub.scheduled_plan.is_none()
+                {
+                    renewed = Some((r.period_end, entity::billing::anchor::of_subscription(&sub)));
+                }
                 let order = checkout(db, user, &r.plan).await;
                 payments::Entity::update_many()
                     .col_expr(payments::Column::RenewalId, Expr::value(Some(r.id)))
@@ -496,7 +524,7 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
                 let now = entity::base::db::now(db).await.unwrap();
                 let by = end.map_or(Duration::zero(), |e| e - now - Duration::hours(*hours));
                 if by > Duration::zero() {
-                    time_passes(db, user, by).await;
+                    time_passes(db, by).await;
                 }
                 log.push(format!("time passes to {hours} h before the end ({by})"));
             }
@@ -587,6 +615,9 @@ pub(super) async fn history(db: &DatabaseConnection, steps: &[Step]) -> Result<(
         check_phase(db, user, matches!(step, Step::Tick(_)))
             .await
             .map_err(|e| broken(e, &log))?;
+        check_anchor(db, user, renewed)
+            .await
+            .map_err(|e| broken(e, &log))?;
         // Partial refunds take no time (decisions: Stripe leaves the
         // subscription alone), so the money behind the time is every `PAID`
         // payment's whole amount.
@@ -640,9 +671,10 @@ fn run_on(rt: &tokio::runtime::Runtime, db: Arc<DatabaseConnection>, backend: &s
         ..ProptestConfig::default()
     };
     let mut runner = TestRunner::new(config);
-    let result = runner.run(&prop::collection::vec(step(), 1..18), |steps| {
-        rt.block_on(history(&db, &steps))
-    });
+    let result = runner.run(
+        &(starts(), prop::collection::vec(step(), 1..18)),
+        |(start, steps)| rt.block_on(history(&db, start, &steps)),
+    );
     if let Err(e) = result {
         panic!("{backend}: {e}");
     }

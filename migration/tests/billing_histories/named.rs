@@ -51,7 +51,7 @@ async fn run_priced(db: &DatabaseConnection) {
             .unwrap()
     };
     settle(checkout(db, user, "BASIC").await).await;
-    time_passes(db, user, Duration::days(25)).await;
+    time_passes(db, Duration::days(25)).await;
     run_pass(db, user, renewal::Step::Create).await;
     let offered = renewals::Entity::find()
         .filter(renewals::Column::UserId.eq(user))
@@ -107,9 +107,9 @@ fn a_partial_refund_of_a_plan_change_keeps_the_value_carried_into_it() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let db = sqlite_memory().await;
-        super::history(&db, &steps).await.expect("SQLite");
+        super::history(&db, None, &steps).await.expect("SQLite");
         let scratch = Scratch::create().await;
-        let outcome = super::history(&scratch.db, &steps).await;
+        let outcome = super::history(&scratch.db, None, &steps).await;
         scratch.remove().await;
         outcome.expect("PostgreSQL");
     });
@@ -246,7 +246,7 @@ fn a_refund_follows_its_money_as_the_carry_priced_it_carried_time_first() {
         paid(&db, user, "ULTIMATE").await;
         let basic = paid(&db, user, "BASIC").await;
         let carried = basic.carried_seconds.unwrap();
-        time_passes(&db, user, Duration::seconds(carried - 3 * 86_400)).await;
+        time_passes(&db, Duration::seconds(carried - 3 * 86_400)).await;
         let pro = paid(&db, user, "PRO").await;
         let taken = -moved_by(&db, user, &basic.order_id, PaymentStatus::Refunded).await;
         let want = worth(49_000, 99_000, pro.grant_start.unwrap());
@@ -270,7 +270,7 @@ fn an_outdated_renewal_priced_from_a_refunded_grant_buys_its_share_of_a_month() 
         let pro = paid(&db, user, "PRO").await;
         settle_as(&db, &pro.order_id, PaymentStatus::Refunded).await;
         paid(&db, user, "BASIC").await;
-        time_passes(&db, user, Duration::days(25)).await;
+        time_passes(&db, Duration::days(25)).await;
         run_pass(&db, user, renewal::Step::Create).await;
         let offered = renewals::Entity::find()
             .filter(renewals::Column::UserId.eq(user))
@@ -285,7 +285,7 @@ fn an_outdated_renewal_priced_from_a_refunded_grant_buys_its_share_of_a_month() 
             .exec(&db)
             .await
             .unwrap();
-        time_passes(&db, user, Duration::days(7)).await;
+        time_passes(&db, Duration::days(7)).await;
         let now = run_pass(&db, user, renewal::Step::PastDue).await;
         let grant = entity::billing::operator::OperatorGrant {
             user_id: user,
@@ -345,7 +345,7 @@ fn a_partial_refund_after_the_carry_leaves_no_free_time_at_the_whole_refund() {
     use super::Step::{PartialRefund, Pay, Refund};
     on_both(|db| async move {
         let steps = [Pay(1), Pay(0), PartialRefund(0, 1), Refund(0)];
-        super::history(&db, &steps)
+        super::history(&db, None, &steps)
             .await
             .expect("the history keeps the invariant");
     });

@@ -45,7 +45,7 @@ pub(super) async fn offered(
 ) -> renewals::Model {
     let now = entity::base::db::now(db).await.unwrap();
     let left = period_end(db, user).await - now;
-    time_passes(db, user, left - Duration::days(6)).await;
+    time_passes(db, left - Duration::days(6)).await;
     let now = entity::base::db::now(db).await.unwrap();
     let policy = renewal::Policy {
         price_notice: notice,
@@ -230,7 +230,7 @@ fn an_operator_grant_renews_at_the_catalogue_price_not_a_lapsed_one() {
         settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
         let end = period_end(&db, user).await;
         let now = entity::base::db::now(&db).await.unwrap();
-        time_passes(&db, user, end - now + Duration::days(40)).await;
+        time_passes(&db, end - now + Duration::days(40)).await;
         subscriptions::Entity::update_many()
             .col_expr(
                 subscriptions::Column::Plan,

@@ -2,17 +2,16 @@
 //! the renewal loop's settings, and the fixtures that act on one customer
 //! through the model (a checkout, time passing) or read it back.
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Duration, TimeZone, Utc};
 use chrono_tz::Asia::Jakarta;
 use entity::{
     base::plans::Catalogue,
     billing::{payment::PaymentStatus, renewal, Terms},
-    entities::{payments, renewals, subscriptions},
+    entities::{payments, subscriptions},
 };
 use proptest::test_runner::TestCaseError;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, IntoActiveModel, QueryFilter,
-    QueryOrder, Set,
+    ActiveModelTrait, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, Set,
 };
 use uuid::Uuid;
 
@@ -100,7 +99,7 @@ pub(super) async fn payments_of(db: &DatabaseConnection, user: Uuid) -> Vec<paym
 
 /// A checkout of `plan` at its price, `PENDING`, created now.
 pub(super) async fn checkout(db: &DatabaseConnection, user: Uuid, plan: &str) -> String {
-    let now = Utc::now();
+    let now = entity::base::db::now(db).await.expect("the clock");
     let order_id = entity::billing::payment::new_order_id("ORD", now);
     payments::ActiveModel {
         id: Set(Uuid::new_v4()),
@@ -121,52 +120,55 @@ pub(super) async fn checkout(db: &DatabaseConnection, user: Uuid, plan: &str) ->
     order_id
 }
 
-pub(super) fn earlier(t: Option<DateTime<Utc>>, by: Duration) -> Option<DateTime<Utc>> {
-    t.map(|t| t - by)
+/// `by` passes: the application's clock ([`entity::base::db::now`]) moves
+/// on, for the whole database; no stored time is touched.
+pub(super) async fn time_passes(db: &DatabaseConnection, by: Duration) {
+    entity::base::db::advance_clock(db, by)
+        .await
+        .expect("move the clock");
 }
 
-/// Moves every stored time of `user` back by `by`: as if `by` had passed.
-/// The billing anchor is dropped (a subscription without one is anchored on
-/// its current end).
-pub(super) async fn time_passes(db: &DatabaseConnection, user: Uuid, by: Duration) {
-    let s = subscriptions::Entity::find_by_id(user)
-        .one(db)
-        .await
-        .unwrap()
-        .expect("subscription");
-    let mut am = s.clone().into_active_model();
-    am.current_period_start = Set(earlier(s.current_period_start, by));
-    am.current_period_end = Set(earlier(s.current_period_end, by));
-    am.canceled_at = Set(earlier(s.canceled_at, by));
-    am.past_due_at = Set(earlier(s.past_due_at, by));
-    am.grace_ends_at = Set(earlier(s.grace_ends_at, by));
-    am.price_notice_at = Set(earlier(s.price_notice_at, by));
-    am.billing_anchor_day = Set(None);
-    am.billing_anchor_time = Set(None);
-    am.update(db).await.unwrap();
-    for r in renewals::Entity::find()
-        .filter(renewals::Column::UserId.eq(user))
-        .all(db)
-        .await
-        .unwrap()
-    {
-        let mut am = r.clone().into_active_model();
-        am.period_end = Set(r.period_end - by);
-        am.next_reminder_at = Set(earlier(r.next_reminder_at, by));
-        am.created_at = Set(r.created_at - by);
-        am.update(db).await.unwrap();
+/// Where a history begins on the application's clock: now, or an instant
+/// chosen for its calendar (a month's last day, a leap day, a year's end,
+/// in `BILLING_TIME_ZONE`).
+pub(super) fn starts() -> impl proptest::strategy::Strategy<Value = Option<DateTime<Utc>>> {
+    use proptest::prelude::*;
+    let at = |y, m, d, h, min| {
+        Some(
+            Jakarta
+                .with_ymd_and_hms(y, m, d, h, min, 0)
+                .single()
+                .expect("a Jakarta time")
+                .with_timezone(&Utc),
+        )
+    };
+    prop_oneof![
+        3 => Just(None),
+        1 => Just(at(2028, 1, 31, 10, 0)),
+        1 => Just(at(2028, 1, 30, 23, 30)),
+        1 => Just(at(2028, 2, 28, 12, 0)),
+        1 => Just(at(2028, 2, 29, 0, 0)),
+        1 => Just(at(2029, 1, 31, 23, 59)),
+        1 => Just(at(2027, 12, 31, 18, 0)),
+        1 => Just(at(2028, 3, 31, 7, 15)),
+    ]
+}
+
+/// Sets the application's clock to `start` (`None`: the database's own).
+pub(super) async fn begin_at(db: &DatabaseConnection, start: Option<DateTime<Utc>>) {
+    match start {
+        Some(at) => entity::base::db::set_clock(db, at).await,
+        None => {
+            entity::base::db::advance_clock(
+                db,
+                -entity::base::db::clock_offset(db)
+                    .await
+                    .expect("the offset"),
+            )
+            .await
+        }
     }
-    for p in payments_of(db, user).await {
-        let mut am = p.clone().into_active_model();
-        am.created_at = Set(p.created_at - by);
-        am.updated_at = Set(p.updated_at - by);
-        am.paid_at = Set(earlier(p.paid_at, by));
-        am.reconciled_at = Set(earlier(p.reconciled_at, by));
-        am.grant_start = Set(earlier(p.grant_start, by));
-        am.grant_end = Set(earlier(p.grant_end, by));
-        am.grant_from_end = Set(earlier(p.grant_from_end, by));
-        am.update(db).await.unwrap();
-    }
+    .expect("set the clock");
 }
 
 /// What went wrong, with the history so far.

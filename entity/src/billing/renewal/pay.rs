@@ -205,8 +205,9 @@ where
             return Ok(Begun::Existing(p));
         }
     }
-    // `Entity::insert` (no save hook): `created_at` is the database's default,
-    // the clock a checkout's lifetime is measured by.
+    // `created_at` is the application's clock, the one a checkout's lifetime
+    // is measured by.
+    let now = crate::base::db::now(&txn).await?;
     let row = payments::Entity::insert(payments::ActiveModel {
         id: Set(Uuid::now_v7()),
         order_id: Set(payment::new_order_id(order_prefix, Utc::now())),
@@ -217,6 +218,8 @@ where
         provider: Set(provider.to_string()),
         status: Set(PaymentStatus::Pending),
         renewal_id: Set(Some(r.id)),
+        created_at: Set(now),
+        updated_at: Set(now),
         ..Default::default()
     })
     .exec_with_returning(&txn)
