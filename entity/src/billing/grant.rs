@@ -333,34 +333,34 @@ async fn running<C: ConnectionTrait>(
         .filter(payments::Column::GrantEnd.gt(at))
         .all(db)
         .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|p| {
-            let refunded = p.status == PaymentStatus::Refunded;
-            Some(Running {
-                id: p.id,
-                value: if refunded {
-                    p.carried_value.unwrap_or(0)
-                } else {
-                    p.amount - p.refunded_amount
-                },
-                price: if refunded {
-                    p.carried_value.unwrap_or(0)
-                } else {
-                    p.amount
-                },
-                start: p.grant_start?,
-                end: p.grant_end?,
-                // A refunded grant spans its carried part only, every second
-                // of it worth what was carried.
-                carried_seconds: if refunded {
-                    0
-                } else {
-                    p.carried_seconds.unwrap_or(0)
-                },
-            })
-        })
-        .collect())
+    Ok(rows.into_iter().filter_map(as_running).collect())
+}
+
+/// A stored grant as the carry reads it (`None` without a stored period).
+fn as_running(p: payments::Model) -> Option<Running> {
+    let refunded = p.status == PaymentStatus::Refunded;
+    Some(Running {
+        id: p.id,
+        value: if refunded {
+            p.carried_value.unwrap_or(0)
+        } else {
+            p.amount - p.refunded_amount
+        },
+        price: if refunded {
+            p.carried_value.unwrap_or(0)
+        } else {
+            p.amount
+        },
+        start: p.grant_start?,
+        end: p.grant_end?,
+        // A refunded grant spans its carried part only, every second of it
+        // worth what was carried.
+        carried_seconds: if refunded {
+            0
+        } else {
+            p.carried_seconds.unwrap_or(0)
+        },
+    })
 }
 
 /// What paying `amount` for `plan` at `paid_at` grants `user` whose
@@ -400,16 +400,26 @@ pub async fn plan<C: ConnectionTrait>(
         && in_force.period_end.is_some_and(|e| e > paid_at);
     let grants = if carries {
         let mut grants = running(db, user, in_force.plan, paid_at).await?;
-        // The phase scheduled after it: its whole grant is still to come.
+        // The phase scheduled after it: its whole grant is still to come,
+        // also when the period end moved past its stored slot (an
+        // operator's grant): it would begin at that end, keeping its length.
         if let Some((phase_plan, id)) =
             sub.and_then(|s| s.scheduled_plan.as_deref().zip(s.scheduled_payment_id))
         {
-            grants.extend(
-                running(db, user, phase_plan, paid_at)
-                    .await?
-                    .into_iter()
-                    .filter(|g| g.id == id),
-            );
+            let phase = payments::Entity::find_by_id(id)
+                .filter(payments::Column::Status.eq(PaymentStatus::Paid))
+                .filter(payments::Column::GrantPlan.eq(phase_plan))
+                .filter(payments::Column::CarriedInto.is_null())
+                .one(db)
+                .await?;
+            if let Some(g) = phase.and_then(as_running) {
+                let start = g.start.max(paid_at);
+                grants.push(Running {
+                    start,
+                    end: start + (g.end - g.start),
+                    ..g
+                });
+            }
         }
         grants
     } else {

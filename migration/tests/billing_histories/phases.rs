@@ -175,3 +175,55 @@ fn a_phase_given_back_by_a_refund_runs_only_what_is_left_of_its_slot() {
         }
     });
 }
+
+/// The generator: PRO runs with BASIC's phase waiting, an operator gives
+/// PRO 40 more days (the end moves past the phase's stored slot), then PRO
+/// is bought again. The checkout carries the phase's whole value, as with
+/// any checkout while a phase waits; it read the phase's stored slot as
+/// over, carried nothing of it and left it waiting.
+#[test]
+fn a_checkout_carries_a_waiting_phase_whole_after_a_grant_moved_the_end() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        let r = scheduled(&db, user).await;
+        let phase = phase_payment(&db, &r).await;
+        let end = period_end(&db, user).await;
+        let grant = entity::billing::operator::OperatorGrant {
+            user_id: user,
+            plan: "PRO".into(),
+            until: end + Duration::days(40),
+            reason: "goodwill".into(),
+        };
+        entity::billing::operator::give(&db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
+            .await
+            .unwrap();
+        let now = entity::base::db::now(&db).await.unwrap();
+        // Past the phase's stored slot, an hour before the new end.
+        time_passes(&db, end + Duration::days(40) - now - Duration::hours(1)).await;
+        let order = checkout(&db, user, "PRO").await;
+        settle_as(&db, &order, PaymentStatus::Paid).await;
+        let s = subscription(&db, user).await;
+        assert_eq!((s.plan.as_str(), s.scheduled_plan), ("PRO", None));
+        let phase = payments::Entity::find_by_id(phase.id)
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        let bought = payments::Entity::find()
+            .filter(payments::Column::OrderId.eq(&order))
+            .one(&db)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(phase.carried_into, Some(bought.id), "the phase is carried");
+        // 49,000 of BASIC at PRO's 99,000 a month: about 14 days.
+        let month = (bought.grant_end.unwrap() - bought.grant_start.unwrap()).num_seconds()
+            - bought.carried_seconds.unwrap();
+        let want = 49_000 * month / 99_000;
+        let got = bought.carried_seconds.unwrap();
+        assert!(
+            (want - 60..=want + 60).contains(&got),
+            "carried {got} s, want {want} s"
+        );
+    });
+}
