@@ -5,7 +5,11 @@
 //! UPDATE` on PostgreSQL; `BEGIN IMMEDIATE` serialises writers on SQLite):
 //! the event, the payment, and (on the move into `PAID`, a late payment
 //! included, or into `REFUNDED`, which takes back the period the payment
-//! bought) the subscription.
+//! bought) the subscription. Per customer the subscription row is locked
+//! before any payment row ([`lock_customer`]), the order the renewal loop
+//! and operator grants take too: two settlements of one customer's payments
+//! at once (a refund of a checkout beside a refund of the phase it carried)
+//! wait for each other instead of deadlocking.
 //! The state machine of [`crate::billing::payment::transition`] decides what may
 //! change; a refused move marks the event settled with the reason, so it is
 //! not retried forever. Settling an event twice changes nothing the second
@@ -153,6 +157,7 @@ where
     if event.settled_at.is_some() {
         return Ok(Settled::AlreadySettled);
     }
+    lock_customer(&txn, &event.order_id).await?;
     if let Some(seen) = seen {
         let mut find =
             payments::Entity::find().filter(payments::Column::OrderId.eq(event.order_id.as_str()));
@@ -296,6 +301,30 @@ where
     Ok(outcome)
 }
 
+/// Locks (PostgreSQL: `SELECT … FOR UPDATE`) the subscription of the
+/// customer whose payment is `order_id`, before any of their payment rows is
+/// locked: the one lock order of a customer's rows (module docs). A payment's
+/// customer never changes, so reading it unlocked first is safe. Nothing to
+/// lock: no such payment, no subscription, or SQLite (`BEGIN IMMEDIATE`
+/// already serialises writers).
+async fn lock_customer<T: ConnectionTrait>(txn: &T, order_id: &str) -> Result<(), DbErr> {
+    if txn.get_database_backend() != DbBackend::Postgres {
+        return Ok(());
+    }
+    let user = payments::Entity::find()
+        .filter(payments::Column::OrderId.eq(order_id))
+        .one(txn)
+        .await?
+        .map(|p| p.user_id);
+    if let Some(user) = user {
+        subscriptions::Entity::find_by_id(user)
+            .lock_exclusive()
+            .one(txn)
+            .await?;
+    }
+    Ok(())
+}
+
 /// The core: locks the payment, applies the state machine, activates the
 /// subscription on the move into `PAID` (a late payment included, audited as
 /// [`audit::ACTION_LATE_PAYMENT`]), takes back the period a payment bought on its
@@ -310,6 +339,7 @@ async fn apply<T: ConnectionTrait>(
     request_id: Option<String>,
 ) -> Result<Settled, DbErr> {
     let postgres = txn.get_database_backend() == DbBackend::Postgres;
+    lock_customer(txn, order_id).await?;
     let mut find = payments::Entity::find().filter(payments::Column::OrderId.eq(order_id));
     if postgres {
         find = find.lock_exclusive();

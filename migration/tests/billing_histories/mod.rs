@@ -21,7 +21,9 @@
 //! force), `change` of the next renewal's plan, `cancel` / `resume`, and
 //! an operator's grant of a plan until a date, and the catalogue cutting or
 //! raising a plan's price. Between ticks an ended period stays `active`, as while the
-//! loop is late or paused.
+//! loop is late or paused. Steps also come as renewal cycles (a phase
+//! scheduled), as "the end passes, a tick", and as two steps racing on the
+//! pool ([`races`]); the checks after every step hold for any order.
 //!
 //! After every step, with `R` the paid time still to come (the period end
 //! less the database's now, on a paid plan) and `P` the price of the plan in
@@ -74,6 +76,7 @@ mod checks;
 mod named;
 mod phases;
 mod prices;
+mod races;
 mod world;
 
 use std::sync::Arc;
@@ -140,6 +143,8 @@ pub(super) enum Step {
     /// Time passes to this many hours before the period end (if a paid
     /// period runs): into the renewal's lead, or (negative) past the end.
     ToEnd(i64),
+    /// Two of the steps above at once ([`races`]).
+    Race(Box<Step>, Box<Step>),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -615,6 +620,17 @@ pub(super) async fn history(
                     ));
                 }
             }
+            Step::Race(a, b) => {
+                let (line, grants) = races::race(db, user, a, b, &cat).await;
+                log.push(line);
+                for (plan, secs) in grants {
+                    let before = given
+                        .as_ref()
+                        .filter(|(p, _)| *p == plan)
+                        .map_or(0, |(_, s)| *s);
+                    given = Some((plan, before + secs));
+                }
+            }
             Step::Cancel(cancel) => {
                 let action = if *cancel {
                     SubscriptionAction::Cancel
@@ -711,6 +727,22 @@ fn chunk() -> impl Strategy<Value = Vec<Step>> {
             Step::PayRenewal
         ]),
         2 => (0i64..72, 0usize..6).prop_map(|(h, k)| vec![Step::ToEnd(-h), Step::Tick(k)]),
+        1 => (racer(), racer()).prop_map(|(a, b)| vec![Step::Race(Box::new(a), Box::new(b))]),
+    ]
+}
+
+/// A step that can run beside another ([`races`]).
+fn racer() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        2 => (0..PLANS.len()).prop_map(Step::Pay),
+        2 => (0..8usize).prop_map(Step::Refund),
+        1 => (0..8usize, 1i64..100).prop_map(|(k, pct)| Step::PartialRefund(k, pct)),
+        3 => (0..6usize).prop_map(Step::Tick),
+        3 => Just(Step::PayRenewal),
+        1 => Just(Step::PayStaleRenewal),
+        1 => (0..PLANS.len()).prop_map(Step::Change),
+        1 => any::<bool>().prop_map(Step::Cancel),
+        1 => (0..PLANS.len(), 1i64..24 * 60).prop_map(|(i, h)| Step::Give(i, h)),
     ]
 }
 

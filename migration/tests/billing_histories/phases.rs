@@ -227,3 +227,46 @@ fn a_checkout_carries_a_waiting_phase_whole_after_a_grant_moved_the_end() {
         );
     });
 }
+
+/// The generator's races: the PRO checkout and the BASIC phase behind it
+/// refunded at the same moment. Each settlement locked its payment, then
+/// the subscription, and the refund of the checkout then reached for the
+/// phase's payment: PostgreSQL found a deadlock and failed one of them.
+/// A customer's subscription row is now locked before any of their
+/// payments, so the two wait for each other and both settle.
+#[test]
+fn refunds_of_a_checkout_and_its_phase_at_once_both_settle() {
+    on_both(|db| async move {
+        for _ in 0..8 {
+            let user = subscriber(&db).await;
+            let r = scheduled(&db, user).await;
+            let phase = phase_payment(&db, &r).await;
+            let pro = payments_of(&db, user)
+                .await
+                .into_iter()
+                .find(|p| p.plan == "PRO")
+                .expect("the PRO checkout");
+            let refund = |order: String| {
+                let db = db.clone();
+                async move {
+                    entity::billing::settlement::settle_status_check(
+                        &db,
+                        &order,
+                        PaymentStatus::Refunded,
+                        TERMS,
+                        None,
+                    )
+                    .await
+                }
+            };
+            let (a, b) = tokio::join!(
+                tokio::spawn(refund(pro.order_id.clone())),
+                tokio::spawn(refund(phase.order_id.clone()))
+            );
+            a.unwrap().expect("the checkout's refund settles");
+            b.unwrap().expect("the phase's refund settles");
+            let s = subscription(&db, user).await;
+            assert_eq!((s.plan.as_str(), s.scheduled_plan), ("FREE", None));
+        }
+    });
+}
