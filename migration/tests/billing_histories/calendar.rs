@@ -7,12 +7,9 @@ use chrono_tz::Asia::Jakarta;
 use entity::{
     accounts::users::{ensure_user, Identity},
     billing::{payment::PaymentStatus, renewal, settlement},
-    entities::{
-        payments,
-        renewals::{self, RenewalStatus},
-    },
+    entities::renewals::{self, RenewalStatus},
 };
-use sea_orm::{sea_query::Expr, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter};
 use uuid::Uuid;
 
 use super::{named::on_both, named::run_pass, world::*};
@@ -41,14 +38,7 @@ async fn pay_open_renewal(db: &DatabaseConnection, user: Uuid) {
         .await
         .unwrap()
         .expect("a renewal offered");
-    let order = checkout(db, user, &r.plan).await;
-    payments::Entity::update_many()
-        .col_expr(payments::Column::RenewalId, Expr::value(Some(r.id)))
-        .col_expr(payments::Column::Amount, Expr::value(r.amount))
-        .filter(payments::Column::OrderId.eq(&order))
-        .exec(db)
-        .await
-        .unwrap();
+    let order = renewal_checkout(db, user, &r).await;
     settlement::settle_status_check(db, &order, PaymentStatus::Paid, TERMS, None)
         .await
         .unwrap();

@@ -90,7 +90,6 @@ use entity::{
         subscription::{self, SubscriptionAction},
     },
     entities::{
-        payments,
         renewals::{self, RenewalStatus},
         subscriptions,
     },
@@ -99,9 +98,7 @@ use proptest::{
     prelude::*,
     test_runner::{Config as ProptestConfig, RngSeed, TestCaseError, TestRunner},
 };
-use sea_orm::{
-    sea_query::Expr, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder,
-};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
 use crate::common::{sqlite_memory, Scratch};
@@ -486,14 +483,7 @@ pub(super) async fn history(
                 {
                     renewed = Some((r.period_end, entity::billing::anchor::of_subscription(&sub)));
                 }
-                let order = checkout(db, user, &r.plan).await;
-                payments::Entity::update_many()
-                    .col_expr(payments::Column::RenewalId, Expr::value(Some(r.id)))
-                    .col_expr(payments::Column::Amount, Expr::value(r.amount))
-                    .filter(payments::Column::OrderId.eq(&order))
-                    .exec(db)
-                    .await
-                    .unwrap();
+                let order = renewal_checkout(db, user, &r).await;
                 let outcome =
                     settlement::settle_status_check(db, &order, PaymentStatus::Paid, TERMS, None)
                         .await

@@ -16,9 +16,7 @@ use entity::{
         renewals::{self, RenewalStatus},
     },
 };
-use sea_orm::{
-    sea_query::Expr, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder,
-};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder};
 use uuid::Uuid;
 
 use super::{world::*, Step};
@@ -83,14 +81,7 @@ async fn prepare(db: &DatabaseConnection, user: Uuid, step: &Step) -> Ready {
             else {
                 return Ready::Nothing;
             };
-            let order = checkout(db, user, &r.plan).await;
-            payments::Entity::update_many()
-                .col_expr(payments::Column::RenewalId, Expr::value(Some(r.id)))
-                .col_expr(payments::Column::Amount, Expr::value(r.amount))
-                .filter(payments::Column::OrderId.eq(&order))
-                .exec(db)
-                .await
-                .unwrap();
+            let order = renewal_checkout(db, user, &r).await;
             Ready::Settle(order, PaymentStatus::Paid)
         }
         Step::Give(i, hours) => Ready::Give(PLANS[*i].0, *hours),

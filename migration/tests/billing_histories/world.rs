@@ -120,6 +120,30 @@ pub(super) async fn checkout(db: &DatabaseConnection, user: Uuid, plan: &str) ->
     order_id
 }
 
+/// A checkout made through renewal `r`'s pay link: `r`'s plan at its
+/// stored amount, `PENDING`, created now.
+pub(super) async fn renewal_checkout(
+    db: &DatabaseConnection,
+    user: Uuid,
+    r: &entity::entities::renewals::Model,
+) -> String {
+    let order = checkout(db, user, &r.plan).await;
+    payments::Entity::update_many()
+        .col_expr(
+            payments::Column::RenewalId,
+            sea_orm::sea_query::Expr::value(Some(r.id)),
+        )
+        .col_expr(
+            payments::Column::Amount,
+            sea_orm::sea_query::Expr::value(r.amount),
+        )
+        .filter(payments::Column::OrderId.eq(&order))
+        .exec(db)
+        .await
+        .unwrap();
+    order
+}
+
 /// `by` passes: the application's clock ([`entity::base::db::now`]) moves
 /// on, for the whole database; no stored time is touched.
 pub(super) async fn time_passes(db: &DatabaseConnection, by: Duration) {
