@@ -155,9 +155,16 @@ where
             extended: true,
         },
         None => {
+            // The plan in force, ended but not lapsed (in its grace, or
+            // between two ticks): the grant continues its run from the old
+            // end, so the price the customer agreed to still prices its
+            // renewals ([`super::price::of_record`]). Otherwise a new run
+            // begins now.
+            let continues = old_plan == grant.plan && old_plan != FREE;
+            let start = old_end.filter(|_| continues).unwrap_or(now);
             am.plan = Set(grant.plan.clone());
             am.status = Set(SubscriptionStatus::Active);
-            am.current_period_start = Set(Some(now));
+            am.current_period_start = Set(Some(start));
             am.cancel_at_period_end = Set(true);
             am.canceled_at = Set(Some(now));
             am.past_due_at = Set(None);

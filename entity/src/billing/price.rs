@@ -5,7 +5,8 @@
 //! * The **price of record** of a subscription is the amount of the
 //!   payment for the plan in force that the customer agreed to last
 //!   ([`of_record`]: the latest created among those ever `PAID`, refunded
-//!   since or not, whose grant reaches the current period). A plan in force
+//!   since or not, whose grant reaches the current run, since the
+//!   subscription last left FREE). A plan in force
 //!   with no such payment (given by an operator, or from before payments
 //!   were stored) has none, and its renewal bills the catalogue price.
 //! * A renewal of the plan in force bills the price of record, unless the
@@ -14,6 +15,9 @@
 //!   least `PRICE_CHANGE_NOTICE_DAYS` before the renewal is created. A
 //!   renewal offered while the catalogue is back at or below the price of
 //!   record withdraws the notice held: a later rise is announced anew.
+//! * A notice told in time bills the price it announced even when the
+//!   catalogue rose further since; that further rise is announced at the
+//!   next renewal offered after it is paid.
 //! * The first renewal offered at the old price after a rise records the
 //!   notice (plan, new price, the database's time) and queues the mail in
 //!   the same transaction, so the customer hears of the rise a whole
@@ -28,6 +32,7 @@ use chrono::{DateTime, Duration, Utc};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter, QueryOrder};
 
 use crate::entities::{
+    billing_ledger,
     payments::{self, PaymentStatus},
     subscriptions,
 };
@@ -95,20 +100,31 @@ pub fn renewal_price(
             ..at_catalogue
         };
     }
-    // A notice of this plan that announced at least this price.
-    match notice.filter(|n| n.plan == plan && n.amount >= catalogue_price) {
-        Some(n) if n.at + notice_period <= now => at_catalogue,
-        Some(_) => Priced {
+    // A notice of this plan that announced a rise over the record.
+    match notice.filter(|n| n.plan == plan && n.amount > record) {
+        // Told in time: the announced price, up to the catalogue's. A
+        // further rise since is announced at the next renewal, once this
+        // one is paid (the notice it holds is spent then), so a renewal
+        // voided and offered again still bills what was announced.
+        Some(n) if n.at + notice_period <= now => Priced {
+            amount: n.amount.min(catalogue_price),
+            announce: None,
+            withdraw: false,
+        },
+        // Told too recently, of at least this price: the record meanwhile.
+        Some(n) if n.amount >= catalogue_price => Priced {
             amount: record,
             announce: None,
             withdraw: false,
         },
-        None if notice_period <= Duration::zero() => Priced {
+        // No notice of this price yet (none, or one of a lower price told
+        // too recently, which this one replaces): announce it.
+        _ if notice_period <= Duration::zero() => Priced {
             amount: catalogue_price,
             announce: Some(catalogue_price),
             withdraw: false,
         },
-        None => Priced {
+        _ => Priced {
             amount: record,
             announce: Some(catalogue_price),
             withdraw: false,
@@ -120,18 +136,31 @@ pub fn renewal_price(
 /// for it agreed to last (by creation: a checkout or renewal stores its
 /// amount when created, so an old checkout paid late does not lower it),
 /// among those ever `PAID` (a refund does not undo the price agreed to)
-/// whose grant reaches the current period (an earlier run of the plan,
-/// lapsed since, does not price an operator's grant of it). `None`: none.
+/// whose grant reaches the current run: the time since the subscription
+/// last left FREE, as its billing ledger records it (a run of the plan
+/// that lapsed or was refunded to FREE before does not price it; a plan
+/// change, an operator's grant or a phase within the run does not end it).
+/// A subscription whose ledger has no such row (older than the ledger) is
+/// read from its current period's start. `None`: none.
 pub async fn of_record<C: ConnectionTrait>(
     db: &C,
     sub: &subscriptions::Model,
 ) -> Result<Option<i64>, DbErr> {
+    let run_start = billing_ledger::Entity::find()
+        .filter(billing_ledger::Column::UserId.eq(sub.user_id))
+        .filter(billing_ledger::Column::PlanFrom.eq(crate::base::plans::FREE))
+        .filter(billing_ledger::Column::PlanTo.ne(crate::base::plans::FREE))
+        .order_by_desc(billing_ledger::Column::CreatedAt)
+        .order_by_desc(billing_ledger::Column::Id)
+        .one(db)
+        .await?
+        .map(|row| row.created_at);
     let mut find = payments::Entity::find()
         .filter(payments::Column::UserId.eq(sub.user_id))
         .filter(payments::Column::Plan.eq(sub.plan.as_str()))
         .filter(payments::Column::Status.is_in([PaymentStatus::Paid, PaymentStatus::Refunded]))
         .filter(payments::Column::PaidAt.is_not_null());
-    if let Some(start) = sub.current_period_start {
+    if let Some(start) = run_start.or(sub.current_period_start) {
         find = find.filter(payments::Column::GrantEnd.gte(start));
     }
     Ok(find
@@ -197,9 +226,16 @@ mod tests {
             price("PRO", Some(99_000), Some(told), 119_000, 30).amount,
             119_000
         );
-        // A larger one, or one about another plan, needs its own notice.
+        // A larger one told in time bills what was announced; the further
+        // rise is announced once that is paid (red team: it fell back to
+        // the old price and the matured notice was overwritten).
         let more = price("PRO", Some(99_000), Some(told), 139_000, 90);
-        assert_eq!((more.amount, more.announce), (99_000, Some(139_000)));
+        assert_eq!((more.amount, more.announce), (129_000, None));
+        // A larger one while the notice is too recent: the old price, and
+        // the new rise announced in its place.
+        let sooner = price("PRO", Some(99_000), Some(told), 139_000, 10);
+        assert_eq!((sooner.amount, sooner.announce), (99_000, Some(139_000)));
+        // Another plan's notice needs its own.
         let other = Notice {
             plan: "BASIC",
             ..told

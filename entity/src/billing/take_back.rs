@@ -488,6 +488,9 @@ pub async fn take_back<T: ConnectionTrait>(
         am.billing_anchor_time = Set(None);
         am.past_due_at = Set(None);
         am.grace_ends_at = Set(None);
+        // The run is over, as at a lapse: a later run of the plan is priced
+        // by its own payments and told of rises anew.
+        super::price::clear_notice(&mut am);
         json!({ "plan": FREE, "period_end": null })
     };
     am.updated_at = Set(now);

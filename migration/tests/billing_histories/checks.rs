@@ -10,13 +10,45 @@ use uuid::Uuid;
 
 use super::world::{payments_of, policy};
 
+/// The `price_change` mails queued for `user`: plan, amount, and the
+/// application's time they were queued at (read from the mail's key,
+/// `price_change:<user>:<plan>:<amount>:<micros>`), independent of the
+/// notice the subscription stores.
+pub(super) async fn price_mails(
+    db: &DatabaseConnection,
+    user: Uuid,
+) -> Vec<(String, i64, chrono::DateTime<chrono::Utc>)> {
+    use sea_orm::{ConnectionTrait, Statement};
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        sea_orm::DbBackend::Postgres => {
+            "SELECT \"key\" FROM billing_mails WHERE user_id = $1 AND kind = 'price_change'"
+        }
+        _ => "SELECT \"key\" FROM billing_mails WHERE user_id = ? AND kind = 'price_change'",
+    };
+    db.query_all_raw(Statement::from_sql_and_values(backend, sql, [user.into()]))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| {
+            let key: String = row.try_get("", "key").unwrap();
+            let parts: Vec<&str> = key.split(':').collect();
+            let at =
+                chrono::DateTime::from_timestamp_micros(parts[4].parse().unwrap()).expect("a time");
+            (parts[2].to_string(), parts[3].parse().unwrap(), at)
+        })
+        .collect()
+}
+
 /// A renewal of the plan in force offered by a tick (at `now`) bills at
 /// most the catalogue price, and more than the customer's latest paid
-/// amount for the plan (the price of record) only under a price-change
-/// notice recorded at least the notice period before, for at least that
-/// amount; one offered below the catalogue price leaves the customer told
-/// of the rise. `before` is the subscription and `paid` its payments before
-/// the tick.
+/// amount for the plan in this run (the price of record) only when a
+/// `price_change` mail of this run announced at least that amount at least
+/// the notice period before; one offered below the catalogue price leaves
+/// the customer told of a rise. The record and the mails are the model's
+/// own reading: `run_start` is when the plan in force last began after
+/// FREE (the history tracks it), not the subscription's period start;
+/// `before` is the subscription and `paid` its payments before the tick.
 pub(super) async fn check_renewal_prices(
     db: &DatabaseConnection,
     user: Uuid,
@@ -24,18 +56,18 @@ pub(super) async fn check_renewal_prices(
     paid: &[payments::Model],
     cat: &entity::base::plans::Catalogue,
     now: chrono::DateTime<chrono::Utc>,
+    run_start: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<(), String> {
+    let Some(run_start) = run_start else {
+        return Ok(());
+    };
     // The price last agreed to for the plan: the latest-created payment of
-    // it ever paid whose grant reaches the current period.
+    // it ever paid whose grant reaches this run.
     let record = paid
         .iter()
         .filter(|p| matches!(p.status, PaymentStatus::Paid | PaymentStatus::Refunded))
         .filter(|p| p.plan == before.plan && p.paid_at.is_some())
-        .filter(|p| {
-            before
-                .current_period_start
-                .is_none_or(|s| p.grant_end.is_some_and(|e| e >= s))
-        })
+        .filter(|p| p.grant_end.is_some_and(|e| e >= run_start))
         .max_by_key(|p| (p.created_at, p.id))
         .map(|p| p.amount);
     let offered = renewals::Entity::find()
@@ -44,11 +76,11 @@ pub(super) async fn check_renewal_prices(
         .all(db)
         .await
         .unwrap();
-    let after = subscriptions::Entity::find_by_id(user)
-        .one(db)
+    let mails: Vec<_> = price_mails(db, user)
         .await
-        .unwrap()
-        .expect("subscription");
+        .into_iter()
+        .filter(|(_, _, at)| *at >= run_start)
+        .collect();
     for r in offered {
         let list = cat.get(&r.plan).map_or(0, |p| p.price);
         if r.amount > list {
@@ -60,22 +92,21 @@ pub(super) async fn check_renewal_prices(
         let (Some(record), true) = (record, r.plan == before.plan) else {
             continue;
         };
-        let told_in_time = before.price_notice_plan.as_deref() == Some(r.plan.as_str())
-            && before.price_notice_amount.is_some_and(|a| a >= r.amount)
-            && before
-                .price_notice_at
-                .is_some_and(|at| at + policy().price_notice <= now);
+        let told_in_time = mails.iter().any(|(plan, amount, at)| {
+            *plan == r.plan && *amount >= r.amount && *at + policy().price_notice <= now
+        });
         if r.amount > record && !told_in_time {
             return Err(format!(
-                "a renewal of {} bills {} over the {record} last paid, without notice in time (notice {:?} {:?} at {:?})",
-                r.plan, r.amount, before.price_notice_plan, before.price_notice_amount, before.price_notice_at
+                "a renewal of {} bills {} over the {record} last paid in this run (since {run_start}), without a mail in time (mails {mails:?})",
+                r.plan, r.amount
             ));
         }
-        let told = after.price_notice_plan.as_deref() == Some(r.plan.as_str())
-            && after.price_notice_amount.is_some_and(|a| a >= list);
+        let told = mails
+            .iter()
+            .any(|(plan, amount, _)| *plan == r.plan && *amount > r.amount);
         if r.amount < list && !told {
             return Err(format!(
-                "a renewal of {} at {} below the catalogue's {list}, and the customer was not told of the rise",
+                "a renewal of {} at {} below the catalogue's {list}, and the customer was not told of a rise",
                 r.plan, r.amount
             ));
         }

@@ -171,9 +171,12 @@ pub(super) async fn history(
     const MONTH_MAX: i128 = 31 * 86_400;
     const MONTH_MIN: i128 = 28 * 86_400;
     begin_at(db, start).await;
+    // With an address, so the billing mails the customer is told by are
+    // rows the checks read ([`checks::price_mails`]).
+    let user_id = Uuid::new_v4();
     let id = Identity {
-        user_id: Uuid::new_v4(),
-        email: None,
+        user_id,
+        email: Some(format!("{}@example.com", user_id.simple())),
     };
     ensure_user(db, &id, &[]).await.unwrap();
     let user = id.user_id;
@@ -190,6 +193,9 @@ pub(super) async fn history(
     let mut cat = catalogue().clone();
     // Whether a phase waited after some step.
     let mut phased = false;
+    // When the plan in force last began after FREE (the model's own
+    // reading of a run: a lapse or a refund to FREE ends it).
+    let mut run_start: Option<chrono::DateTime<chrono::Utc>> = None;
     let mut floor: std::collections::HashMap<String, i64> =
         PLANS.iter().map(|(p, a)| (p.to_string(), *a)).collect();
     for step in steps {
@@ -436,7 +442,7 @@ pub(super) async fn history(
                     outcomes.extend(report.outcomes);
                 }
                 log.push(format!("tick {order}: {outcomes:?}"));
-                check_renewal_prices(db, user, &before, &paid, &cat, now)
+                check_renewal_prices(db, user, &before, &paid, &cat, now, run_start)
                     .await
                     .map_err(|e| broken(e, &log))?;
                 // Grace always warns: a paid plan lapses only after its
@@ -686,6 +692,11 @@ pub(super) async fn history(
             ));
         }
         phased |= subscription(db, user).await.scheduled_plan.is_some();
+        if plan == "FREE" {
+            run_start = None;
+        } else if run_start.is_none() {
+            run_start = Some(entity::base::db::now(db).await.unwrap());
+        }
     }
     let switched = ledger_rows(db, user)
         .await
@@ -717,6 +728,19 @@ fn chunk() -> impl Strategy<Value = Vec<Step>> {
             Step::PayRenewal
         ]),
         2 => (0i64..72, 0usize..6).prop_map(|(h, k)| vec![Step::ToEnd(-h), Step::Tick(k)]),
+        // An operator's grant in the grace, resumed, then the catalogue
+        // moves and the renewal is offered.
+        1 => (1i64..48, 0..n, 24i64 * 8..24 * 40, prop_oneof![Just(80i64), Just(130)]).prop_map(
+            |(h, i, hours, pct)| vec![
+                Step::ToEnd(-h),
+                Step::Tick(0),
+                Step::Give(i, hours),
+                Step::Cancel(false),
+                Step::Reprice(pct),
+                Step::ToEnd(24 * 6),
+                Step::Tick(0)
+            ]
+        ),
         1 => (racer(), racer()).prop_map(|(a, b)| vec![Step::Race(Box::new(a), Box::new(b))]),
     ]
 }

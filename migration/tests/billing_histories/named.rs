@@ -350,3 +350,37 @@ fn a_partial_refund_after_the_carry_leaves_no_free_time_at_the_whole_refund() {
             .expect("the history keeps the invariant");
     });
 }
+
+/// The generator, once its price check read the run from its own model:
+/// BASIC bought, then PRO through a paid `change`, past due; in PRO's grace
+/// an operator gives BASIC; the catalogue rises 30 %. BASIC's renewal
+/// billed the new price with no mail: the grant began a new period, so the
+/// BASIC the customer had paid for in the same run no longer counted. The
+/// price of record reads the run (since the subscription last left FREE,
+/// from the billing ledger): the renewal bills 49,000 and announces the
+/// rise.
+#[test]
+fn a_grant_of_a_plan_bought_earlier_in_the_run_renews_at_its_price() {
+    use super::Step::*;
+    on_both(|db| async move {
+        let steps = [
+            Pay(0),
+            Change(1),
+            ToEnd(24),
+            Tick(0),
+            PayRenewal,
+            ToEnd(0),
+            Tick(0),
+            ToEnd(-1),
+            Tick(0),
+            Give(0, 192),
+            Cancel(false),
+            Reprice(130),
+            ToEnd(144),
+            Tick(0),
+        ];
+        super::history(&db, None, &steps)
+            .await
+            .expect("the history keeps the invariant");
+    });
+}

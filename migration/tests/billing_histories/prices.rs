@@ -295,3 +295,114 @@ fn an_old_checkout_paid_late_does_not_lower_the_price_of_record() {
         assert_eq!(third.amount, 129_000, "the price agreed to last");
     });
 }
+
+/// Red team (release binaries): PRO at 99,000 ran out unpaid and was told
+/// past due; in its grace an operator gave PRO 20 more days; then PRO rose
+/// to 129,000. The renewal billed 129,000 with no notice: the grant began
+/// a new period at its own time, so the customer's 99,000 no longer
+/// reached it. A grant of the plan in force in its grace continues the run
+/// from the old end: the renewal bills 99,000 and announces 129,000.
+#[test]
+fn an_operator_grant_in_the_grace_keeps_the_price_of_record() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let end = period_end(&db, user).await;
+        let now = entity::base::db::now(&db).await.unwrap();
+        time_passes(&db, end - now + Duration::hours(1)).await;
+        let now = entity::base::db::now(&db).await.unwrap();
+        renewal::run_batch(
+            &db,
+            renewal::Step::PastDue,
+            &policy(),
+            catalogue(),
+            now,
+            &[user],
+        )
+        .await
+        .unwrap();
+        assert!(subscription(&db, user).await.past_due_at.is_some());
+        let grant = entity::billing::operator::OperatorGrant {
+            user_id: user,
+            plan: "PRO".into(),
+            until: end + Duration::days(20),
+            reason: "goodwill".into(),
+        };
+        entity::billing::operator::give(&db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
+            .await
+            .unwrap();
+        // A grant does not renew by itself; the customer resumes.
+        entity::billing::subscription::change(
+            &db,
+            user,
+            entity::billing::subscription::SubscriptionAction::Resume,
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let r = offered(&db, user, &priced("PRO", 129_000), Duration::days(30)).await;
+        assert_eq!(r.amount, 99_000, "the price agreed to");
+        let s = subscription(&db, user).await;
+        assert_eq!(
+            (s.price_notice_plan.as_deref(), s.price_notice_amount),
+            (Some("PRO"), Some(129_000)),
+            "the rise is announced"
+        );
+    });
+}
+
+/// Red team (release binaries): a rise to 129,000 was announced and ran its
+/// notice period; before the renewal it priced, PRO rose again to 139,000.
+/// That renewal fell back to 99,000 and the announced 129,000 was never
+/// billed (each rise inside the notice period kept the old price). It
+/// bills 129,000, and 139,000 is announced at the next renewal.
+#[test]
+fn a_second_rise_keeps_the_first_notice_that_has_run_its_course() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let first = offered(&db, user, &priced("PRO", 129_000), Duration::days(30)).await;
+        assert_eq!(first.amount, 99_000);
+        pay(&db, &first).await;
+        let second = offered(&db, user, &priced("PRO", 139_000), Duration::days(30)).await;
+        assert_eq!(second.amount, 129_000, "announced in time");
+        pay(&db, &second).await;
+        let third = offered(&db, user, &priced("PRO", 139_000), Duration::days(30)).await;
+        assert_eq!(third.amount, 129_000, "139,000 is announced now");
+        let s = subscription(&db, user).await;
+        assert_eq!(s.price_notice_amount, Some(139_000));
+        pay(&db, &third).await;
+        let fourth = offered(&db, user, &priced("PRO", 139_000), Duration::days(30)).await;
+        assert_eq!(fourth.amount, 139_000);
+    });
+}
+
+/// Red team (release binaries): a notice of 129,000 was recorded; a whole
+/// refund then made the customer FREE; the catalogue fell back to 99,000
+/// and PRO was bought again at it; PRO rose to 129,000 again. The next
+/// renewal billed 129,000 on the old notice, sent before the refund and
+/// the new purchase. A refund that ends the run clears the notice, as a
+/// lapse does: the new rise is announced anew.
+#[test]
+fn a_refund_to_free_clears_the_price_notice() {
+    on_both(|db| async move {
+        let user = subscriber(&db).await;
+        let order = checkout(&db, user, "PRO").await;
+        settle_as(&db, &order, PaymentStatus::Paid).await;
+        let first = offered(&db, user, &priced("PRO", 129_000), Duration::days(30)).await;
+        assert_eq!(first.amount, 99_000);
+        assert_eq!(
+            subscription(&db, user).await.price_notice_amount,
+            Some(129_000)
+        );
+        settle_as(&db, &order, PaymentStatus::Refunded).await;
+        let s = subscription(&db, user).await;
+        assert_eq!((s.plan.as_str(), s.price_notice_amount), ("FREE", None));
+        // 31 days on, PRO bought again at 99,000.
+        time_passes(&db, Duration::days(31)).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let again = offered(&db, user, &priced("PRO", 129_000), Duration::days(30)).await;
+        assert_eq!(again.amount, 99_000, "the new rise is announced first");
+        assert_eq!(notices(&db, user).await, 2, "a second price_change mail");
+    });
+}
