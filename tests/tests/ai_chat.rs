@@ -491,8 +491,10 @@ async fn request_rate_and_monthly_quota_give_429_with_headers_and_figures() {
         entity::ai::limits::next_month_start(chrono::Utc::now())
     );
     assert!(r.header_u64("Retry-After") > 0);
-    // The counter agrees with ai_usage once the worker wrote the rows.
-    let agrees = wait_until(Duration::from_secs(15), || async {
+    // The counter agrees with ai_usage once the worker wrote the rows (a
+    // usage job that failed under load is retried with backoff: wait for it
+    // as long as a retry takes, not for a speed).
+    let agrees = wait_until(Duration::from_secs(60), || async {
         let total: i64 = usage_rows(&db, user)
             .await
             .iter()
