@@ -249,23 +249,7 @@ fn an_operator_grant_renews_at_the_catalogue_price_not_a_lapsed_one() {
             .await
             .unwrap();
         let now = entity::base::db::now(&db).await.unwrap();
-        let grant = entity::billing::operator::OperatorGrant {
-            user_id: user,
-            plan: "PRO".into(),
-            until: now + Duration::days(5),
-            reason: "comp".into(),
-        };
-        entity::billing::operator::give(&db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
-            .await
-            .unwrap();
-        entity::billing::subscription::change(
-            &db,
-            user,
-            entity::billing::subscription::SubscriptionAction::Resume,
-            Default::default(),
-        )
-        .await
-        .unwrap();
+        given_and_resumed(&db, user, "PRO", now + Duration::days(5), "comp").await;
         let r = offered(&db, user, &priced("PRO", 129_000), Duration::days(30)).await;
         assert_eq!(r.amount, 129_000);
         assert_eq!(notices(&db, user).await, 0);
@@ -322,24 +306,7 @@ fn an_operator_grant_in_the_grace_keeps_the_price_of_record() {
         .await
         .unwrap();
         assert!(subscription(&db, user).await.past_due_at.is_some());
-        let grant = entity::billing::operator::OperatorGrant {
-            user_id: user,
-            plan: "PRO".into(),
-            until: end + Duration::days(20),
-            reason: "goodwill".into(),
-        };
-        entity::billing::operator::give(&db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
-            .await
-            .unwrap();
-        // A grant does not renew by itself; the customer resumes.
-        entity::billing::subscription::change(
-            &db,
-            user,
-            entity::billing::subscription::SubscriptionAction::Resume,
-            Default::default(),
-        )
-        .await
-        .unwrap();
+        given_and_resumed(&db, user, "PRO", end + Duration::days(20), "goodwill").await;
         let r = offered(&db, user, &priced("PRO", 129_000), Duration::days(30)).await;
         assert_eq!(r.amount, 99_000, "the price agreed to");
         let s = subscription(&db, user).await;

@@ -144,6 +144,34 @@ pub(super) async fn renewal_checkout(
     order
 }
 
+/// An operator gives `user` `plan` until `until` (reason `reason`), then the
+/// customer resumes (a grant does not renew by itself).
+pub(super) async fn given_and_resumed(
+    db: &DatabaseConnection,
+    user: Uuid,
+    plan: &str,
+    until: DateTime<Utc>,
+    reason: &str,
+) {
+    let grant = entity::billing::operator::OperatorGrant {
+        user_id: user,
+        plan: plan.into(),
+        until,
+        reason: reason.into(),
+    };
+    entity::billing::operator::give(db, Uuid::new_v4(), &grant, TERMS.zone, None, None)
+        .await
+        .unwrap();
+    entity::billing::subscription::change(
+        db,
+        user,
+        entity::billing::subscription::SubscriptionAction::Resume,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+}
+
 /// `by` passes: the application's clock ([`entity::base::db::now`]) moves
 /// on, for the whole database; no stored time is touched.
 pub(super) async fn time_passes(db: &DatabaseConnection, by: Duration) {
