@@ -45,9 +45,11 @@ pub(super) async fn price_mails(
 /// amount for the plan in this run (the price of record) only when a
 /// `price_change` mail of this run announced at least that amount at least
 /// the notice period before; one offered below the catalogue price leaves
-/// the customer told of a rise. The record and the mails are the model's
-/// own reading: `run_start` is when the plan in force last began after
-/// FREE (the history tracks it), not the subscription's period start;
+/// the customer told of a rise, or bills a notice told in time (the rise
+/// past it is announced next); a notice told in time and kept is billed,
+/// up to the catalogue price. The record and the mails are the model's
+/// own reading ([`Run`]: when the plan in force last began after FREE, not
+/// the subscription's period start), which the tick's withdrawals update;
 /// `before` is the subscription and `paid` its payments before the tick.
 pub(super) async fn check_renewal_prices(
     db: &DatabaseConnection,
@@ -56,9 +58,9 @@ pub(super) async fn check_renewal_prices(
     paid: &[payments::Model],
     cat: &entity::base::plans::Catalogue,
     now: chrono::DateTime<chrono::Utc>,
-    run_start: Option<chrono::DateTime<chrono::Utc>>,
+    run: &mut Run,
 ) -> Result<(), String> {
-    let Some(run_start) = run_start else {
+    let Some(run_start) = run.start else {
         return Ok(());
     };
     // The price last agreed to for the plan: the latest-created payment of
@@ -101,17 +103,117 @@ pub(super) async fn check_renewal_prices(
                 r.plan, r.amount
             ));
         }
-        let told = mails
+        let told_of_rise = mails
             .iter()
             .any(|(plan, amount, _)| *plan == r.plan && *amount > r.amount);
-        if r.amount < list && !told {
+        // A notice told in time bills what it announced; a rise past it is
+        // announced at the next renewal, once this one is paid.
+        let bills_the_notice = run.held.as_ref().is_some_and(|(plan, amount, at)| {
+            *plan == r.plan && *amount == r.amount && *at + policy().price_notice <= now
+        });
+        if r.amount < list && !told_of_rise && !bills_the_notice {
             return Err(format!(
                 "a renewal of {} at {} below the catalogue's {list}, and the customer was not told of a rise",
                 r.plan, r.amount
             ));
         }
+        // A notice held and told in time bills what it announced (up to the
+        // catalogue's price), whatever rose since. (A step may also drop a
+        // notice the model still holds, such as a refund that passes
+        // through FREE to a phase: the rise is then told anew, which the
+        // check above holds to; this one holds while the subscription keeps
+        // the very notice the mail told.)
+        let kept = |plan: &str, amount: i64, at: chrono::DateTime<chrono::Utc>| {
+            before.price_notice_plan.as_deref() == Some(plan)
+                && before.price_notice_amount == Some(amount)
+                && before
+                    .price_notice_at
+                    .is_some_and(|t| t.timestamp_micros() == at.timestamp_micros())
+        };
+        if let Some((plan, amount, at)) = &run.held {
+            if *plan == r.plan
+                && *amount > record
+                && *at + policy().price_notice <= now
+                && kept(plan, *amount, *at)
+            {
+                let due = (*amount).min(list);
+                if r.amount < due {
+                    return Err(format!(
+                        "a renewal of {} bills {}, below the {amount} announced on {at} (catalogue {list}, record {record}; the subscription held {:?} {:?} {:?})",
+                        r.plan, r.amount, before.price_notice_plan, before.price_notice_amount, before.price_notice_at
+                    ));
+                }
+            }
+        }
+        // Offered at or below the price of record: the notice is withdrawn.
+        if list <= record && run.held.as_ref().is_some_and(|(p, _, _)| *p == r.plan) {
+            run.held = None;
+        }
     }
     Ok(())
+}
+
+/// The model's own reading of the customer's run and of the price-change
+/// notice they hold (not the subscription's columns). A run begins when a
+/// paid plan follows FREE and ends at FREE (a lapse, a refund). The notice
+/// is the newest `price_change` mail of the run, until a payment of its
+/// plan for at least its amount spends it, a renewal of the plan offered at
+/// or below the price of record withdraws it ([`check_renewal_prices`]),
+/// or the run ends. After two steps raced the model does not know which
+/// came first and holds none until the next mail.
+#[derive(Debug, Default)]
+pub(super) struct Run {
+    /// When the run began (the application's time after the step).
+    pub(super) start: Option<chrono::DateTime<chrono::Utc>>,
+    /// `price_change` mails seen so far.
+    mails: usize,
+    /// Plan, announced amount, and when it was told.
+    held: Option<(String, i64, chrono::DateTime<chrono::Utc>)>,
+}
+
+impl Run {
+    /// After a step that left `plan` in force: payments newly paid (not
+    /// paid in `paid_before`) spend the notice of their plan, then a new
+    /// mail replaces it; FREE ends the run.
+    pub(super) async fn after_step(
+        &mut self,
+        db: &DatabaseConnection,
+        user: Uuid,
+        plan: &str,
+        paid_before: &[payments::Model],
+        raced: bool,
+    ) {
+        let newly_paid = payments_of(db, user).await.into_iter().filter(|p| {
+            p.paid_at.is_some()
+                && !paid_before
+                    .iter()
+                    .any(|q| q.id == p.id && q.paid_at.is_some())
+        });
+        for p in newly_paid {
+            if self
+                .held
+                .as_ref()
+                .is_some_and(|(plan, amount, _)| *plan == p.plan && p.amount >= *amount)
+            {
+                self.held = None;
+            }
+        }
+        let mut mails = price_mails(db, user).await;
+        mails.sort_by_key(|(_, _, at)| *at);
+        if mails.len() > self.mails {
+            self.held = mails.last().cloned();
+        }
+        self.mails = mails.len();
+        if raced {
+            self.held = None;
+        }
+        if plan == "FREE" {
+            self.start = None;
+            self.held = None;
+        } else if self.start.is_none() {
+            self.start = Some(entity::base::db::now(db).await.unwrap());
+        }
+    }
 }
 
 /// The ledger's rows of `user`, oldest first.

@@ -66,9 +66,12 @@
 //!   less at most a grace (three days) of a period that had ended (the
 //!   grace days are billed; a payment never buys a period already over).
 //!
-//! Cases: `BILLING_CASES` (default 1000 per backend, under a minute), seed
-//! `BILLING_SEED` (default 44); a failing case is shrunk to its shortest
-//! history and printed. Run: `TEST_DATABASE_ADMIN_URL=postgres://postgres@127.0.0.1:5432/postgres
+//! Cases: `BILLING_CASES` (default 1000 per backend), split among
+//! `BILLING_WORKERS` workers (default one per core), each on a database of
+//! its own (PostgreSQL ones cloned from one migrated template) with seed
+//! `BILLING_SEED` (default 44) plus its number; a failing case is shrunk to
+//! its shortest history and printed with the settings that run its worker
+//! alone. Run: `TEST_DATABASE_ADMIN_URL=postgres://postgres@127.0.0.1:5432/postgres
 //! cargo nextest run -p migration -E 'test(/billing_histories/)'`.
 
 mod calendar;
@@ -78,8 +81,6 @@ mod phases;
 mod prices;
 mod races;
 mod world;
-
-use std::sync::Arc;
 
 use chrono::Duration;
 use entity::{
@@ -156,7 +157,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..PLANS.len()).prop_map(Step::Change),
         1 => any::<bool>().prop_map(Step::Cancel),
         1 => (0..PLANS.len(), 1i64..24 * 60).prop_map(|(i, h)| Step::Give(i, h)),
-        1 => prop_oneof![Just(80i64), Just(100), Just(130)].prop_map(Step::Reprice),
+        1 => prop_oneof![Just(80i64), Just(100), Just(130), Just(160)].prop_map(Step::Reprice),
         4 => (-72i64..24 * 8).prop_map(Step::ToEnd),
     ]
 }
@@ -193,9 +194,9 @@ pub(super) async fn history(
     let mut cat = catalogue().clone();
     // Whether a phase waited after some step.
     let mut phased = false;
-    // When the plan in force last began after FREE (the model's own
-    // reading of a run: a lapse or a refund to FREE ends it).
-    let mut run_start: Option<chrono::DateTime<chrono::Utc>> = None;
+    // The model's own reading of the run (since the plan in force last
+    // began after FREE) and the price-change notice the customer holds.
+    let mut run = Run::default();
     let mut floor: std::collections::HashMap<String, i64> =
         PLANS.iter().map(|(p, a)| (p.to_string(), *a)).collect();
     for step in steps {
@@ -442,7 +443,7 @@ pub(super) async fn history(
                     outcomes.extend(report.outcomes);
                 }
                 log.push(format!("tick {order}: {outcomes:?}"));
-                check_renewal_prices(db, user, &before, &paid, &cat, now, run_start)
+                check_renewal_prices(db, user, &before, &paid, &cat, now, &mut run)
                     .await
                     .map_err(|e| broken(e, &log))?;
                 // Grace always warns: a paid plan lapses only after its
@@ -665,8 +666,12 @@ pub(super) async fn history(
             .filter(|p| p.status == PaymentStatus::Paid)
             .map(|p| i128::from(p.amount))
             .sum();
+        let notice = subscription(db, user)
+            .await
+            .price_notice_amount
+            .map_or(String::new(), |a| format!(", notice of {a} held"));
         log.push(format!(
-            "  → {plan}, {left} s left, {still_paid} still paid"
+            "  → {plan}, {left} s left, {still_paid} still paid{notice}"
         ));
         // Given time is spent once nothing runs; it counts only while its
         // plan is in force (a refund of a plan change restores it with the
@@ -692,11 +697,8 @@ pub(super) async fn history(
             ));
         }
         phased |= subscription(db, user).await.scheduled_plan.is_some();
-        if plan == "FREE" {
-            run_start = None;
-        } else if run_start.is_none() {
-            run_start = Some(entity::base::db::now(db).await.unwrap());
-        }
+        run.after_step(db, user, &plan, &paid, matches!(step, Step::Race(..)))
+            .await;
     }
     let switched = ledger_rows(db, user)
         .await
@@ -741,6 +743,37 @@ fn chunk() -> impl Strategy<Value = Vec<Step>> {
                 Step::Tick(0)
             ]
         ),
+        // A rise announced, its renewal paid, a second rise before the
+        // next renewal (the first notice has run its course by then or not).
+        1 => (0..n, 24i64..24 * 7, 0i64..24 * 10, prop_oneof![Just(100i64), Just(160)]).prop_map(
+            |(i, h, late, pct)| vec![
+                Step::Pay(i),
+                Step::Reprice(130),
+                Step::ToEnd(h),
+                Step::Tick(0),
+                Step::PayRenewal,
+                Step::Reprice(pct),
+                Step::ToEnd(h),
+                Step::Pass(late),
+                Step::Tick(0),
+                Step::PayRenewal,
+                Step::ToEnd(h),
+                Step::Tick(0)
+            ]
+        ),
+        // A rise announced, the run ended by a refund, a new run bought
+        // at the old price, its renewal offered (a notice is the run's).
+        1 => (0..n, 24i64..24 * 7, 0..4usize, 1i64..24 * 40).prop_map(|(i, h, k, gap)| vec![
+            Step::Pay(i),
+            Step::Reprice(130),
+            Step::ToEnd(h),
+            Step::Tick(0),
+            Step::Refund(k),
+            Step::Pass(gap),
+            Step::Pay(i),
+            Step::ToEnd(h),
+            Step::Tick(0)
+        ]),
         1 => (racer(), racer()).prop_map(|(a, b)| vec![Step::Race(Box::new(a), Box::new(b))]),
     ]
 }
@@ -768,15 +801,36 @@ static SEEN: [std::sync::atomic::AtomicUsize; 2] = [
     std::sync::atomic::AtomicUsize::new(0),
 ];
 
-fn run_on(rt: &tokio::runtime::Runtime, db: Arc<DatabaseConnection>, backend: &str) {
+/// The proptest seed of worker `w`: `BILLING_SEED` (default 44) plus `w`.
+fn seed(w: usize) -> u64 {
+    std::env::var("BILLING_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(44u64)
+        + w as u64
+}
+
+/// How many histories run at once on each backend, each worker on a
+/// database of its own: `BILLING_WORKERS`, by default one per core.
+fn workers() -> usize {
+    std::env::var("BILLING_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// Runs `cases` histories on `db` with a proptest runner of its own seeded
+/// `seed`; the failing history, shrunk, is the error.
+fn run_on(
+    rt: &tokio::runtime::Runtime,
+    db: &DatabaseConnection,
+    seed: u64,
+    cases: u32,
+) -> Result<(), String> {
     let config = ProptestConfig {
-        cases: cases(),
-        rng_seed: RngSeed::Fixed(
-            std::env::var("BILLING_SEED")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(44),
-        ),
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
         max_shrink_iters: 512,
         failure_persistence: None,
         ..ProptestConfig::default()
@@ -787,18 +841,46 @@ fn run_on(rt: &tokio::runtime::Runtime, db: Arc<DatabaseConnection>, backend: &s
         prop::collection::vec(chunk(), 1..12)
             .prop_map(|chunks| chunks.into_iter().flatten().collect::<Vec<_>>()),
     );
+    runner
+        .run(&histories, |(start, steps)| {
+            rt.block_on(history(db, start, &steps))
+        })
+        .map_err(|e| e.to_string())
+}
+
+/// Runs `BILLING_CASES` histories on `backend`, split among one worker per
+/// database in `dbs`, at once; panics with every worker's failing history
+/// and how to run that worker alone.
+fn run_all(rt: &tokio::runtime::Runtime, dbs: &[DatabaseConnection], backend: &str) {
     for seen in &SEEN {
         seen.store(0, std::sync::atomic::Ordering::Relaxed);
     }
-    let result = runner.run(&histories, |(start, steps)| {
-        rt.block_on(history(&db, start, &steps))
+    let per = cases().div_ceil(dbs.len() as u32);
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let running: Vec<_> = dbs
+            .iter()
+            .enumerate()
+            .map(|(w, db)| (w, scope.spawn(move || run_on(rt, db, seed(w), per))))
+            .collect();
+        running
+            .into_iter()
+            .filter_map(|(w, h)| match h.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!(
+                    "worker {w} (alone: BILLING_WORKERS=1 BILLING_SEED={} BILLING_CASES={per}): {e}",
+                    seed(w)
+                )),
+                Err(panic) => Some(format!("worker {w} panicked: {panic:?}")),
+            })
+            .collect()
     });
-    if let Err(e) = result {
-        panic!("{backend}: {e}");
+    if !failures.is_empty() {
+        panic!("{backend}: {}", failures.join("\n\n"));
     }
     eprintln!(
-        "{backend}: {} histories; a phase scheduled in {}, begun in {}",
-        cases(),
+        "{backend}: {} histories on {} workers; a phase scheduled in {}, begun in {}",
+        per * dbs.len() as u32,
+        dbs.len(),
         SEEN[0].load(std::sync::atomic::Ordering::Relaxed),
         SEEN[1].load(std::sync::atomic::Ordering::Relaxed)
     );
@@ -807,14 +889,17 @@ fn run_on(rt: &tokio::runtime::Runtime, db: Arc<DatabaseConnection>, backend: &s
 #[test]
 fn generated_billing_histories_keep_the_money_invariant() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let sqlite = Arc::new(rt.block_on(sqlite_memory()));
-    run_on(&rt, sqlite, "SQLite");
-    let scratch = rt.block_on(Scratch::create());
-    let pg = Arc::new(scratch.db.clone());
+    let n = workers();
+    let sqlite: Vec<_> = (0..n).map(|_| rt.block_on(sqlite_memory())).collect();
+    run_all(&rt, &sqlite, "SQLite");
+    let scratches = rt.block_on(Scratch::clones(n));
+    let pg: Vec<_> = scratches.iter().map(|s| s.db.clone()).collect();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run_on(&rt, pg, "PostgreSQL")
+        run_all(&rt, &pg, "PostgreSQL")
     }));
-    rt.block_on(scratch.remove());
+    for scratch in scratches {
+        rt.block_on(scratch.remove());
+    }
     if let Err(e) = outcome {
         std::panic::resume_unwind(e);
     }

@@ -82,6 +82,28 @@ impl Scratch {
     /// Creates an empty scratch database (no schema). Panics, naming the URL,
     /// when PostgreSQL is unreachable.
     pub async fn empty() -> Self {
+        Self::copy_of(None).await
+    }
+
+    /// Creates `n` scratch databases with the schema the migrations make,
+    /// cloned from one migrated template (`CREATE DATABASE … TEMPLATE`: the
+    /// migrations run once), which is dropped once they exist.
+    pub async fn clones(n: usize) -> Vec<Self> {
+        let Self { admin, name, db } = Self::create().await;
+        let _ = db.close().await;
+        let mut clones = Vec::with_capacity(n);
+        for _ in 0..n {
+            clones.push(Self::copy_of(Some(&name)).await);
+        }
+        admin
+            .execute_unprepared(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+            .await
+            .expect("drop the template database");
+        clones
+    }
+
+    /// A new scratch database: empty, or a copy of `template`.
+    async fn copy_of(template: Option<&str>) -> Self {
         let admin_url = admin_database_url();
         let mut o = ConnectOptions::new(admin_url.clone());
         o.max_connections(1)
@@ -95,8 +117,9 @@ impl Scratch {
             )
         });
         let name = format!("t_{}", Uuid::new_v4().simple());
+        let from = template.map_or(String::new(), |t| format!(" TEMPLATE \"{t}\""));
         admin
-            .execute_unprepared(&format!("CREATE DATABASE \"{name}\""))
+            .execute_unprepared(&format!("CREATE DATABASE \"{name}\"{from}"))
             .await
             .unwrap_or_else(|e| panic!("CREATE DATABASE {name} at {admin_url}: {e}"));
         let mut url = url::Url::parse(&admin_url).expect("TEST_DATABASE_ADMIN_URL is a URL");
