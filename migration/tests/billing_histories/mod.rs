@@ -587,7 +587,9 @@ pub(super) async fn history(
                                 &log,
                             ));
                         }
-                        if g.extended != (plan_before == plan && left_before > 0) {
+                        // (A phase due began first: the grant extends it
+                        // when of its plan.)
+                        if !phase_due && g.extended != (plan_before == plan && left_before > 0) {
                             return Err(broken(format!("extended: {}", g.extended), &log));
                         }
                         let before = given
