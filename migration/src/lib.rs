@@ -48,6 +48,7 @@ mod m20261218_000001_create_billing_ledger;
 mod m20261219_000001_add_price_notices;
 mod m20261219_000002_add_scheduled_phases;
 mod m20261220_000001_create_app_clock;
+mod m20261221_000001_add_renewal_plan_price;
 
 mod lock;
 pub use lock::{up_locked, MIGRATION_LOCK_KEY};
@@ -92,6 +93,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261219_000001_add_price_notices::Migration),
             Box::new(m20261219_000002_add_scheduled_phases::Migration),
             Box::new(m20261220_000001_create_app_clock::Migration),
+            Box::new(m20261221_000001_add_renewal_plan_price::Migration),
         ]
     }
 }

@@ -60,6 +60,7 @@ fn free_subscription(user: Uuid, now: DateTime<Utc>) -> subscriptions::ActiveMod
         created_at: Set(now),
         updated_at: Set(now),
         renewal_plan: Set(None),
+        renewal_plan_price: Set(None),
         billing_anchor_day: Set(None),
         billing_anchor_time: Set(None),
         past_due_at: Set(None),

@@ -23,8 +23,11 @@
 //!   the same transaction, so the customer hears of the rise a whole
 //!   renewal ahead of it. With `PRICE_CHANGE_NOTICE_DAYS=0` that renewal
 //!   already bills the new price (the mail still goes).
-//! * A renewal of another plan (`change`) bills the catalogue price: the
-//!   customer chose it at the price shown then.
+//! * A renewal of a plan chosen by `change` is priced the same way, its
+//!   price of record being the catalogue price it was chosen at
+//!   (`renewal_plan_price`): a cut reaches it, a rise after the choice
+//!   needs its notice (red team: a rise between the choice and the
+//!   renewal was billed untold).
 //!
 //! [`renewal_price`] decides all of it from stored figures alone.
 
@@ -72,14 +75,13 @@ impl<'a> Notice<'a> {
     }
 }
 
-/// What a renewal of `plan`, created at `now` for a subscription on
-/// `plan_in_force` whose price of record is `record` and which holds
+/// What a renewal of `plan`, created at `now` for a subscription whose
+/// price of record for `plan` is `record` ([`record_for`]) and which holds
 /// `notice`, bills when the catalogue sells `plan` at `catalogue_price`
 /// (see the module's rules). `notice_period` is
 /// `PRICE_CHANGE_NOTICE_DAYS`.
 pub fn renewal_price(
     plan: &str,
-    plan_in_force: &str,
     record: Option<i64>,
     notice: Option<Notice<'_>>,
     catalogue_price: i64,
@@ -91,7 +93,7 @@ pub fn renewal_price(
         announce: None,
         withdraw: false,
     };
-    let Some(record) = record.filter(|_| plan == plan_in_force) else {
+    let Some(record) = record else {
         return at_catalogue;
     };
     if catalogue_price <= record {
@@ -171,6 +173,23 @@ pub async fn of_record<C: ConnectionTrait>(
         .map(|p| p.amount))
 }
 
+/// The price of record of `plan` for a renewal of `sub`: of the plan in
+/// force, [`of_record`]; of the plan chosen by `change`, the catalogue price
+/// it was chosen at; of any other plan, none (the catalogue price).
+pub async fn record_for<C: ConnectionTrait>(
+    db: &C,
+    sub: &subscriptions::Model,
+    plan: &str,
+) -> Result<Option<i64>, DbErr> {
+    if plan == sub.plan {
+        of_record(db, sub).await
+    } else if sub.renewal_plan.as_deref() == Some(plan) {
+        Ok(sub.renewal_plan_price)
+    } else {
+        Ok(None)
+    }
+}
+
 /// Clears the price-change notice recorded on `am` (spent, withdrawn, or
 /// the plan lapsed).
 pub fn clear_notice(am: &mut subscriptions::ActiveModel) {
@@ -197,7 +216,7 @@ mod tests {
         catalogue: i64,
         now: i64,
     ) -> Priced {
-        renewal_price(plan, "PRO", record, notice, catalogue, t(now), NOTICE)
+        renewal_price(plan, record, notice, catalogue, t(now), NOTICE)
     }
 
     #[test]
@@ -251,24 +270,14 @@ mod tests {
     }
 
     #[test]
-    fn another_plan_or_none_on_record_bills_the_catalogue() {
-        let p = price("ULTIMATE", Some(99_000), None, 299_000, 0);
-        assert_eq!((p.amount, p.announce), (299_000, None));
+    fn none_on_record_bills_the_catalogue() {
         let p = price("PRO", None, None, 129_000, 0);
         assert_eq!((p.amount, p.announce), (129_000, None));
     }
 
     #[test]
     fn no_notice_period_announces_and_applies_at_once() {
-        let p = renewal_price(
-            "PRO",
-            "PRO",
-            Some(99_000),
-            None,
-            129_000,
-            t(0),
-            Duration::zero(),
-        );
+        let p = renewal_price("PRO", Some(99_000), None, 129_000, t(0), Duration::zero());
         assert_eq!((p.amount, p.announce), (129_000, Some(129_000)));
     }
 }

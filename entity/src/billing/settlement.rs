@@ -469,6 +469,7 @@ async fn apply<T: ConnectionTrait>(
                     created_at: Set(now),
                     updated_at: Set(now),
                     renewal_plan: Set(None),
+                    renewal_plan_price: Set(None),
                     billing_anchor_day: Set(Some(g.anchor.day_column())),
                     billing_anchor_time: Set(Some(g.anchor.time)),
                     past_due_at: Set(None),

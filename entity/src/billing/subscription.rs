@@ -323,8 +323,15 @@ where
     }
     let now = crate::base::db::now(&txn).await?;
     let old = json!({ "renewal_plan": row.renewal_plan, "plan": row.plan });
+    // The price it is chosen at: its price of record until it is paid
+    // ([`crate::billing::price`]).
+    let chosen_at = next
+        .as_deref()
+        .and_then(|p| catalogue.get(p))
+        .map(|p| p.price);
     let mut am = row.into_active_model();
     am.renewal_plan = Set(next);
+    am.renewal_plan_price = Set(chosen_at);
     am.updated_at = Set(now);
     let row = am.update(&txn).await?;
     audit_row(

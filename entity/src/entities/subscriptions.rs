@@ -61,6 +61,11 @@ pub struct Model {
     /// (`change`); `None`: the current plan.
     #[sea_orm(column_type = "Text", nullable)]
     pub renewal_plan: Option<String>,
+    /// The catalogue price of `renewal_plan` when the customer chose it
+    /// (whole units of the catalogue's currency): its price of record until
+    /// it is paid ([`crate::billing::price`]). Read only with
+    /// `renewal_plan`; `None` on choices older than this column.
+    pub renewal_plan_price: Option<i64>,
     /// The billing anchor's day of the month, 1–31 (`billing::anchor`);
     /// `None` on free plans and on subscriptions stored before anchors.
     pub billing_anchor_day: Option<i16>,

@@ -40,7 +40,8 @@ pub(super) async fn price_mails(
         .collect()
 }
 
-/// A renewal of the plan in force offered by a tick (at `now`) bills at
+/// A renewal of the plan in force offered by a tick (at `now`, or by a
+/// `change` after `now`) bills at
 /// most the catalogue price, and more than the customer's latest paid
 /// amount for the plan in this run (the price of record) only when a
 /// `price_change` mail of this run announced at least that amount at least
@@ -74,7 +75,7 @@ pub(super) async fn check_renewal_prices(
         .map(|p| p.amount);
     let offered = renewals::Entity::find()
         .filter(renewals::Column::UserId.eq(user))
-        .filter(renewals::Column::CreatedAt.eq(now))
+        .filter(renewals::Column::CreatedAt.gte(now))
         .all(db)
         .await
         .unwrap();
@@ -91,7 +92,20 @@ pub(super) async fn check_renewal_prices(
                 r.plan, r.amount
             ));
         }
-        let (Some(record), true) = (record, r.plan == before.plan) else {
+        // The price of record of the renewal's plan: of the plan in force,
+        // its last paid price in the run; of the plan chosen by `change`,
+        // the price it was chosen at.
+        let record = if r.plan == before.plan {
+            record
+        } else if before.renewal_plan.as_deref() == Some(r.plan.as_str()) {
+            run.chosen
+                .as_ref()
+                .filter(|(plan, _)| *plan == r.plan)
+                .map(|(_, price)| *price)
+        } else {
+            None
+        };
+        let Some(record) = record else {
             continue;
         };
         let told_in_time = mails.iter().any(|(plan, amount, at)| {
@@ -99,7 +113,7 @@ pub(super) async fn check_renewal_prices(
         });
         if r.amount > record && !told_in_time {
             return Err(format!(
-                "a renewal of {} bills {} over the {record} last paid in this run (since {run_start}), without a mail in time (mails {mails:?})",
+                "a renewal of {} bills {} over its price of record {record} (paid last in this run since {run_start}, or chosen at), without a mail in time (mails {mails:?})",
                 r.plan, r.amount
             ));
         }
@@ -169,12 +183,16 @@ pub(super) struct Run {
     mails: usize,
     /// Plan, announced amount, and when it was told.
     held: Option<(String, i64, chrono::DateTime<chrono::Utc>)>,
+    /// The plan last chosen by `change` and the catalogue price it was
+    /// chosen at: its price of record until it is paid.
+    pub(super) chosen: Option<(String, i64)>,
 }
 
 impl Run {
     /// After a step that left `plan` in force: payments newly paid (not
     /// paid in `paid_before`) spend the notice of their plan, then a new
-    /// mail replaces it; FREE ends the run.
+    /// mail replaces it; FREE ends the run, as does passing through FREE
+    /// within the step (`passed_free`: a new run begins now).
     pub(super) async fn after_step(
         &mut self,
         db: &DatabaseConnection,
@@ -182,6 +200,7 @@ impl Run {
         plan: &str,
         paid_before: &[payments::Model],
         raced: bool,
+        passed_free: bool,
     ) {
         let newly_paid = payments_of(db, user).await.into_iter().filter(|p| {
             p.paid_at.is_some()
@@ -206,11 +225,14 @@ impl Run {
         self.mails = mails.len();
         if raced {
             self.held = None;
+            self.chosen = None;
         }
-        if plan == "FREE" {
+        if plan == "FREE" || passed_free {
             self.start = None;
             self.held = None;
-        } else if self.start.is_none() {
+            self.chosen = None;
+        }
+        if plan != "FREE" && self.start.is_none() {
             self.start = Some(entity::base::db::now(db).await.unwrap());
         }
     }

@@ -509,6 +509,8 @@ pub(super) async fn history(
             }
             Step::Change(i) => {
                 let plan = PLANS[*i].0;
+                let before = subscription(db, user).await;
+                let now = entity::base::db::now(db).await.unwrap();
                 let outcome = subscription::choose_renewal_plan(
                     db,
                     user,
@@ -522,6 +524,21 @@ pub(super) async fn history(
                     "change to {plan}: {}",
                     if outcome.is_ok() { "ok" } else { "refused" }
                 ));
+                // Chosen now, at the catalogue's price now.
+                let chosen = subscription(db, user).await.renewal_plan;
+                if chosen != before.renewal_plan && chosen.as_deref() == Some(plan) {
+                    let price = cat.get(plan).map_or(0, |p| p.price);
+                    run.chosen = Some((plan.to_string(), price));
+                }
+                // The renewal it offered at once, if one is due, is priced
+                // for the plan chosen.
+                let chose = subscriptions::Model {
+                    renewal_plan: chosen,
+                    ..before
+                };
+                check_renewal_prices(db, user, &chose, &paid, &cat, now, &mut run)
+                    .await
+                    .map_err(|e| broken(e, &log))?;
             }
             Step::Reprice(pct) => {
                 for (plan, base) in PLANS {
@@ -699,8 +716,22 @@ pub(super) async fn history(
             ));
         }
         phased |= subscription(db, user).await.scheduled_plan.is_some();
-        run.after_step(db, user, &plan, &paid, matches!(step, Step::Race(..)))
-            .await;
+        // Two steps at once may have ended the run and begun another (a
+        // refund to FREE beside a payment): the ledger, checked complete
+        // above, says whether the plan passed through FREE.
+        let passed_free = matches!(step, Step::Race(..))
+            && ledger_rows(db, user).await[rows_before..]
+                .iter()
+                .any(|r| r.plan_to == "FREE");
+        run.after_step(
+            db,
+            user,
+            &plan,
+            &paid,
+            matches!(step, Step::Race(..)),
+            passed_free,
+        )
+        .await;
     }
     let switched = ledger_rows(db, user)
         .await
@@ -776,6 +807,20 @@ fn chunk() -> impl Strategy<Value = Vec<Step>> {
             Step::ToEnd(h),
             Step::Tick(0)
         ]),
+        // A plan chosen, a price move, its renewal offered, and offered
+        // again after `cancel` and `resume`.
+        1 => (0..n, 1..n, 24i64..24 * 7, prop_oneof![Just(80i64), Just(130), Just(160)]).prop_map(
+            move |(i, other, h, pct)| vec![
+                Step::Pay(i),
+                Step::Change((i + other) % n),
+                Step::Reprice(pct),
+                Step::ToEnd(h),
+                Step::Tick(0),
+                Step::Cancel(true),
+                Step::Cancel(false),
+                Step::Tick(0)
+            ]
+        ),
         1 => (racer(), racer()).prop_map(|(a, b)| vec![Step::Race(Box::new(a), Box::new(b))]),
     ]
 }

@@ -7,7 +7,11 @@ use chrono::Duration;
 use entity::{
     accounts::users::{ensure_user, Identity},
     base::plans::Catalogue,
-    billing::{payment::PaymentStatus, renewal},
+    billing::{
+        payment::PaymentStatus,
+        renewal,
+        subscription::{self, SubscriptionAction},
+    },
     entities::{
         payments,
         renewals::{self, RenewalStatus},
@@ -20,7 +24,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::named::{on_both, period_end, settle_as};
+use super::named::{on_both, period_end, run_pass, settle_as};
 use super::world::*;
 
 /// The catalogue with `plan` sold at `price`.
@@ -146,8 +150,9 @@ fn a_price_rise_reaches_the_first_renewal_offered_a_notice_period_after_its_mail
     });
 }
 
-/// The renewal of a plan chosen by `change` bills the catalogue price (the
-/// customer chose it at that price); no notice is given for it.
+/// A plan chosen by `change` before the price it was chosen at was stored
+/// (no `renewal_plan_price`) renews at the catalogue price; no notice is
+/// given for it.
 #[test]
 fn a_changed_plan_renews_at_the_catalogue_price() {
     on_both(|db| async move {
@@ -165,6 +170,104 @@ fn a_changed_plan_renews_at_the_catalogue_price() {
         let r = offered(&db, user, &priced("BASIC", 59_000), Duration::days(30)).await;
         assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 59_000));
         assert_eq!(notices(&db, user).await, 0);
+    });
+}
+
+/// `change` to `plan` (the api's call), with the catalogue as it is.
+async fn choose(db: &DatabaseConnection, user: Uuid, plan: &str) {
+    entity::billing::subscription::choose_renewal_plan(
+        db,
+        user,
+        plan,
+        &policy(),
+        catalogue(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+}
+
+/// Red team (release binaries of bde5aac): a BASIC customer chose PRO with
+/// `change` while it sold at 99,000; PRO then rose to 129,000, and the
+/// renewal was offered at 129,000 with no notice. The price a plan is
+/// chosen at is its price of record until it is paid: that renewal bills
+/// 99,000 and comes with the mail for 129,000, and once PRO runs the
+/// renewal offered a notice period after the mail bills 129,000.
+#[test]
+fn a_rise_after_a_change_waits_for_its_notice() {
+    on_both(|db| async move {
+        let notice = Duration::days(20);
+        let user = subscriber(&db).await;
+        settle_as(
+            &db,
+            &checkout(&db, user, "BASIC").await,
+            PaymentStatus::Paid,
+        )
+        .await;
+        choose(&db, user, "PRO").await;
+        let raised = priced("PRO", 129_000);
+        let first = offered(&db, user, &raised, notice).await;
+        assert_eq!((first.plan.as_str(), first.amount), ("PRO", 99_000));
+        assert_eq!(notices(&db, user).await, 1, "the rise is told");
+        let s = subscription(&db, user).await;
+        assert_eq!(
+            (s.price_notice_plan.as_deref(), s.price_notice_amount),
+            (Some("PRO"), Some(129_000))
+        );
+        // Paid early, PRO waits as a phase and begins at the old end.
+        pay(&db, &first).await;
+        time_passes(&db, Duration::days(7)).await;
+        run_pass(&db, user, renewal::Step::PastDue).await;
+        assert_eq!(subscription(&db, user).await.plan, "PRO");
+        let next = offered(&db, user, &raised, notice).await;
+        assert_eq!((next.plan.as_str(), next.amount), ("PRO", 129_000));
+        assert_eq!(notices(&db, user).await, 1);
+    });
+}
+
+/// Red team (release binaries of bde5aac), the same rule after a renewal is
+/// offered again: PRO chosen at 99,000 was offered at once at 99,000 (the
+/// reminder said so); PRO rose; `cancel` then `resume` offered it again at
+/// 129,000 untold. And after a run of PRO at 99,000 and a checkout of BASIC,
+/// PRO chosen again and risen was offered at 129,000. Both bill the price
+/// chosen at, with the notice of the rise.
+#[test]
+fn a_renewal_of_a_chosen_plan_offered_again_keeps_the_price_chosen_at() {
+    on_both(|db| async move {
+        let notice = Duration::days(30);
+        let raised = priced("PRO", 129_000);
+        let user = subscriber(&db).await;
+        settle_as(
+            &db,
+            &checkout(&db, user, "BASIC").await,
+            PaymentStatus::Paid,
+        )
+        .await;
+        choose(&db, user, "PRO").await;
+        let first = offered(&db, user, catalogue(), notice).await;
+        assert_eq!((first.plan.as_str(), first.amount), ("PRO", 99_000));
+        for action in [SubscriptionAction::Cancel, SubscriptionAction::Resume] {
+            subscription::change(&db, user, action, Default::default())
+                .await
+                .unwrap();
+        }
+        let again = offered(&db, user, &raised, notice).await;
+        assert_eq!((again.plan.as_str(), again.amount), ("PRO", 99_000));
+        assert_eq!(notices(&db, user).await, 1);
+
+        let other = subscriber(&db).await;
+        settle_as(&db, &checkout(&db, other, "PRO").await, PaymentStatus::Paid).await;
+        time_passes(&db, Duration::days(3)).await;
+        settle_as(
+            &db,
+            &checkout(&db, other, "BASIC").await,
+            PaymentStatus::Paid,
+        )
+        .await;
+        choose(&db, other, "PRO").await;
+        let r = offered(&db, other, &raised, notice).await;
+        assert_eq!((r.plan.as_str(), r.amount), ("PRO", 99_000));
+        assert_eq!(notices(&db, other).await, 1);
     });
 }
 

@@ -402,10 +402,9 @@ pub async fn offer<C: ConnectionTrait + TransactionTrait>(
     };
     // What it bills: the price of record, unless a cut or a rise told in
     // time applies ([`crate::billing::price`]).
-    let record = crate::billing::price::of_record(&txn, &sub).await?;
+    let record = crate::billing::price::record_for(&txn, &sub, &plan.id).await?;
     let priced = crate::billing::price::renewal_price(
         &plan.id,
-        &sub.plan,
         record,
         crate::billing::price::Notice::of(&sub),
         plan.price,
@@ -488,7 +487,7 @@ async fn announce_price<C: ConnectionTrait>(
     now: DateTime<Utc>,
 ) -> Result<(), DbErr> {
     let user_id = sub.user_id;
-    let plan = sub.plan.clone();
+    let plan = renewal.plan.clone();
     let mut am = sub.into_active_model();
     am.price_notice_plan = Set(Some(plan.clone()));
     am.price_notice_amount = Set(Some(amount));
