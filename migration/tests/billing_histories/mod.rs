@@ -716,13 +716,13 @@ pub(super) async fn history(
             ));
         }
         phased |= subscription(db, user).await.scheduled_plan.is_some();
-        // Two steps at once may have ended the run and begun another (a
-        // refund to FREE beside a payment): the ledger, checked complete
-        // above, says whether the plan passed through FREE.
-        let passed_free = matches!(step, Step::Race(..))
-            && ledger_rows(db, user).await[rows_before..]
-                .iter()
-                .any(|r| r.plan_to == "FREE");
+        // A step may end the run and begin another (two racing steps: a
+        // refund to FREE beside a payment; one refund: taken back to FREE,
+        // then a phase due begins): the ledger, checked complete above,
+        // says whether the plan passed through FREE.
+        let passed_free = ledger_rows(db, user).await[rows_before..]
+            .iter()
+            .any(|r| r.plan_to == "FREE");
         run.after_step(
             db,
             user,
