@@ -87,8 +87,22 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         assert!(manager.has_table(table).await?, "{table} missing after up");
     }
 
-    // The application's clock first (its table, and `app_now()` on
-    // PostgreSQL), then the scheduled phases, then the price-change notices.
+    // The price a plan was chosen at first, then the application's clock
+    // (its table, and `app_now()` on PostgreSQL), then the scheduled
+    // phases, then the price-change notices.
+    assert!(
+        manager
+            .has_column("subscriptions", "renewal_plan_price")
+            .await?,
+        "renewal_plan_price after up"
+    );
+    Migrator::down(db, Some(1)).await?;
+    assert!(
+        !manager
+            .has_column("subscriptions", "renewal_plan_price")
+            .await?,
+        "renewal_plan_price after down"
+    );
     assert!(manager.has_table("app_clock").await?, "app_clock after up");
     Migrator::down(db, Some(1)).await?;
     assert!(
@@ -262,10 +276,11 @@ async fn roundtrip(db: &DatabaseConnection) -> Result<(), DbErr> {
         !manager.has_table("billing_mails").await?,
         "billing_mails after down"
     );
-    // The application's clock, the scheduled phases, the price-change notices, the billing ledger, the renewal pauses, the email change's verified
-    // half, the grace's times, the billing anchor, renewal_claims, renewals,
-    // grants, billing mails.
-    const BILLING_STEPS: usize = 12;
+    // The price a plan was chosen at, the application's clock, the
+    // scheduled phases, the price-change notices, the billing ledger, the
+    // renewal pauses, the email change's verified half, the grace's times,
+    // the billing anchor, renewal_claims, renewals, grants, billing mails.
+    const BILLING_STEPS: usize = 13;
 
     // The newest migrations, newest first: the identity provider's
     // per-address rules, the account cache's triggers (PostgreSQL only), the

@@ -329,7 +329,15 @@ where
         .as_deref()
         .and_then(|p| catalogue.get(p))
         .map(|p| p.price);
+    // A notice of a rise of that plan told before the choice is
+    // withdrawn: the customer chose it at the price shown now, and a later
+    // rise is announced anew (a notice told before a cut would otherwise
+    // bill more than the price chosen at, untold since).
+    let withdraw = next.is_some() && row.price_notice_plan == next;
     let mut am = row.into_active_model();
+    if withdraw {
+        crate::billing::price::clear_notice(&mut am);
+    }
     am.renewal_plan = Set(next);
     am.renewal_plan_price = Set(chosen_at);
     am.updated_at = Set(now);

@@ -122,9 +122,16 @@ pub(super) async fn check_renewal_prices(
             .any(|(plan, amount, _)| *plan == r.plan && *amount > r.amount);
         // A notice told in time bills what it announced; a rise past it is
         // announced at the next renewal, once this one is paid.
-        let bills_the_notice = run.held.as_ref().is_some_and(|(plan, amount, at)| {
-            *plan == r.plan && *amount == r.amount && *at + policy().price_notice <= now
-        });
+        let matured = |plan: &str, amount: i64, at: chrono::DateTime<chrono::Utc>| {
+            plan == r.plan && amount == r.amount && at + policy().price_notice <= now
+        };
+        // (After a race the model does not know which notice is held: any
+        // mail of the run told in time of this amount.)
+        let bills_the_notice = run
+            .held
+            .as_ref()
+            .is_some_and(|(plan, amount, at)| matured(plan, *amount, *at))
+            || (run.unsure && mails.iter().any(|(p, a, at)| matured(p, *a, *at)));
         if r.amount < list && !told_of_rise && !bills_the_notice {
             return Err(format!(
                 "a renewal of {} at {} below the catalogue's {list}, and the customer was not told of a rise",
@@ -185,10 +192,22 @@ pub(super) struct Run {
     held: Option<(String, i64, chrono::DateTime<chrono::Utc>)>,
     /// The plan last chosen by `change` and the catalogue price it was
     /// chosen at: its price of record until it is paid.
-    pub(super) chosen: Option<(String, i64)>,
+    chosen: Option<(String, i64)>,
+    /// Two steps raced since the last mail: the notice held is unknown.
+    unsure: bool,
 }
 
 impl Run {
+    /// `change` chose `plan` at `price`: its price of record until paid; a
+    /// notice of it told before is withdrawn (it was chosen at the price
+    /// shown then).
+    pub(super) fn chose(&mut self, plan: &str, price: i64) {
+        self.chosen = Some((plan.to_string(), price));
+        if self.held.as_ref().is_some_and(|(p, _, _)| p == plan) {
+            self.held = None;
+        }
+    }
+
     /// After a step that left `plan` in force: payments newly paid (not
     /// paid in `paid_before`) spend the notice of their plan, then a new
     /// mail replaces it; FREE ends the run, as does passing through FREE
@@ -221,16 +240,19 @@ impl Run {
         mails.sort_by_key(|(_, _, at)| *at);
         if mails.len() > self.mails {
             self.held = mails.last().cloned();
+            self.unsure = false;
         }
         self.mails = mails.len();
         if raced {
             self.held = None;
             self.chosen = None;
+            self.unsure = true;
         }
         if plan == "FREE" || passed_free {
             self.start = None;
             self.held = None;
             self.chosen = None;
+            self.unsure = false;
         }
         if plan != "FREE" && self.start.is_none() {
             self.start = Some(entity::base::db::now(db).await.unwrap());

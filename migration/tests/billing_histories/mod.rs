@@ -528,7 +528,7 @@ pub(super) async fn history(
                 let chosen = subscription(db, user).await.renewal_plan;
                 if chosen != before.renewal_plan && chosen.as_deref() == Some(plan) {
                     let price = cat.get(plan).map_or(0, |p| p.price);
-                    run.chosen = Some((plan.to_string(), price));
+                    run.chose(plan, price);
                 }
                 // The renewal it offered at once, if one is due, is priced
                 // for the plan chosen.

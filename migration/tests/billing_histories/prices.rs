@@ -271,6 +271,48 @@ fn a_renewal_of_a_chosen_plan_offered_again_keeps_the_price_chosen_at() {
     });
 }
 
+/// A long generated run found: a notice of BASIC at 63,700 was held while
+/// PRO ran; BASIC was cut to 39,200 and chosen by `change` at that price,
+/// then rose to 78,400, and its renewal billed 63,700 on the notice told
+/// before the cut. A choice withdraws a notice of its plan told before it:
+/// the renewal bills the price chosen at, and the rise is announced anew.
+#[test]
+fn a_choice_withdraws_an_older_notice_of_its_plan() {
+    on_both(|db| async move {
+        let notice = Duration::days(30);
+        let user = subscriber(&db).await;
+        settle_as(
+            &db,
+            &checkout(&db, user, "BASIC").await,
+            PaymentStatus::Paid,
+        )
+        .await;
+        let first = offered(&db, user, &priced("BASIC", 63_700), notice).await;
+        assert_eq!((first.amount, notices(&db, user).await), (49_000, 1));
+        pay(&db, &first).await;
+        settle_as(&db, &checkout(&db, user, "PRO").await, PaymentStatus::Paid).await;
+        let s = subscription(&db, user).await;
+        assert_eq!(
+            (s.plan.as_str(), s.price_notice_amount),
+            ("PRO", Some(63_700)),
+            "kept while another plan runs"
+        );
+        entity::billing::subscription::choose_renewal_plan(
+            &db,
+            user,
+            "BASIC",
+            &policy(),
+            &priced("BASIC", 39_200),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        let r = offered(&db, user, &priced("BASIC", 78_400), notice).await;
+        assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 39_200));
+        assert_eq!(notices(&db, user).await, 2, "the rise told anew");
+    });
+}
+
 /// A notice is withdrawn when the catalogue falls back to the price of
 /// record: the rise that comes again later is announced anew, and the
 /// renewal offered with that new mail still bills the old price.
