@@ -173,14 +173,14 @@ fn a_changed_plan_renews_at_the_catalogue_price() {
     });
 }
 
-/// `change` to `plan` (the api's call), with the catalogue as it is.
-async fn choose(db: &DatabaseConnection, user: Uuid, plan: &str) {
+/// `change` to `plan` (the api's call) while `catalogue` sells the plans.
+async fn choose(db: &DatabaseConnection, user: Uuid, plan: &str, catalogue: &Catalogue) {
     entity::billing::subscription::choose_renewal_plan(
         db,
         user,
         plan,
         &policy(),
-        catalogue(),
+        catalogue,
         Default::default(),
     )
     .await
@@ -204,7 +204,7 @@ fn a_rise_after_a_change_waits_for_its_notice() {
             PaymentStatus::Paid,
         )
         .await;
-        choose(&db, user, "PRO").await;
+        choose(&db, user, "PRO", catalogue()).await;
         let raised = priced("PRO", 129_000);
         let first = offered(&db, user, &raised, notice).await;
         assert_eq!((first.plan.as_str(), first.amount), ("PRO", 99_000));
@@ -243,7 +243,7 @@ fn a_renewal_of_a_chosen_plan_offered_again_keeps_the_price_chosen_at() {
             PaymentStatus::Paid,
         )
         .await;
-        choose(&db, user, "PRO").await;
+        choose(&db, user, "PRO", catalogue()).await;
         let first = offered(&db, user, catalogue(), notice).await;
         assert_eq!((first.plan.as_str(), first.amount), ("PRO", 99_000));
         for action in [SubscriptionAction::Cancel, SubscriptionAction::Resume] {
@@ -264,7 +264,7 @@ fn a_renewal_of_a_chosen_plan_offered_again_keeps_the_price_chosen_at() {
             PaymentStatus::Paid,
         )
         .await;
-        choose(&db, other, "PRO").await;
+        choose(&db, other, "PRO", catalogue()).await;
         let r = offered(&db, other, &raised, notice).await;
         assert_eq!((r.plan.as_str(), r.amount), ("PRO", 99_000));
         assert_eq!(notices(&db, other).await, 1);
@@ -297,16 +297,7 @@ fn a_choice_withdraws_an_older_notice_of_its_plan() {
             ("PRO", Some(63_700)),
             "kept while another plan runs"
         );
-        entity::billing::subscription::choose_renewal_plan(
-            &db,
-            user,
-            "BASIC",
-            &policy(),
-            &priced("BASIC", 39_200),
-            Default::default(),
-        )
-        .await
-        .unwrap();
+        choose(&db, user, "BASIC", &priced("BASIC", 39_200)).await;
         let r = offered(&db, user, &priced("BASIC", 78_400), notice).await;
         assert_eq!((r.plan.as_str(), r.amount), ("BASIC", 39_200));
         assert_eq!(notices(&db, user).await, 2, "the rise told anew");
