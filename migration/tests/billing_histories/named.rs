@@ -384,3 +384,30 @@ fn a_grant_of_a_plan_bought_earlier_in_the_run_renews_at_its_price() {
             .expect("the history keeps the invariant");
     });
 }
+
+/// The generator (seed 500, 10,000 histories): an operator's PRO, its
+/// renewal offered at a cut price, a checkout of PRO paid, then its whole
+/// refund racing the renewal's payment. The refund takes its month back as
+/// the renewal adds one: the plan and end are as before, and the ledger
+/// holds both rows. The check had wanted no row when nothing changed; rows
+/// that lead back to where they began are the truth of a race.
+#[test]
+fn a_refund_racing_a_renewal_payment_leaves_both_rows_in_the_ledger() {
+    use super::Step::*;
+    on_both(|db| async move {
+        let steps = [
+            ToEnd(-1),
+            Tick(0),
+            Give(1, 192),
+            Cancel(false),
+            Reprice(80),
+            ToEnd(144),
+            Tick(0),
+            Pay(1),
+            Race(Box::new(Refund(0)), Box::new(PayStaleRenewal)),
+        ];
+        super::history(&db, None, &steps)
+            .await
+            .expect("the history keeps the invariant");
+    });
+}
