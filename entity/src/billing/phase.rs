@@ -26,6 +26,9 @@
 //!   carries the phase's whole value with Q's unused time.
 //! * **Voided** ([`super::take_back`]): a refund of its payment before it
 //!   starts drops the phase and takes no time.
+//! * **Run on** ([`super::take_back`]): a refund that gives back the phase's
+//!   own plan leaves no change to wait for: its month runs on from the
+//!   restored end at once, and the phase is dropped.
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;

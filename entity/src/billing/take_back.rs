@@ -176,7 +176,9 @@ async fn shift_later<T: ConnectionTrait>(
 ///   later payment extended it) returns the carried value where it came
 ///   from: the replaced plan comes back, until the end of its source grants
 ///   still `PAID` (at most its old period end), and they run again; when no
-///   source is still paid for, nothing comes back;
+///   source is still paid for, nothing comes back; a scheduled phase of the
+///   plan that comes back runs on from its end at once (no change of plan
+///   is left to wait for);
 /// * otherwise the subscription's end moves back by what is still to come
 ///   of the payment's own month (`grant_end − grant_start −
 ///   carried_seconds`; the carried time runs first, so what has run of the
@@ -461,12 +463,44 @@ pub async fn take_back<T: ConnectionTrait>(
     } else {
         start
     };
+    // A phase of the plan that comes back is no change of plan any more: it
+    // runs on from the restored end at once, as a renewal of the plan in
+    // force, for the length it was paid for (as the switch would run it),
+    // and the phase is dropped; the offer pass then offers the next one.
+    let mut new_end = new_end;
+    let mut folded = false;
+    if restore && new_end > now && plan != FREE && sub.scheduled_plan.as_deref() == Some(&plan) {
+        if let Some(id) = sub.scheduled_payment_id {
+            let length = payments::Entity::find_by_id(id)
+                .one(txn)
+                .await?
+                .filter(|p| p.status == PaymentStatus::Paid && p.carried_into.is_none())
+                .and_then(|p| Some(p.grant_end? - p.grant_start?))
+                .filter(|d| *d > chrono::Duration::zero());
+            if let Some(length) = length {
+                payments::Entity::update_many()
+                    .col_expr(payments::Column::GrantStart, Expr::value(Some(new_end)))
+                    .col_expr(
+                        payments::Column::GrantEnd,
+                        Expr::value(Some(new_end + length)),
+                    )
+                    .filter(payments::Column::Id.eq(id))
+                    .exec(txn)
+                    .await?;
+                new_end += length;
+            }
+        }
+        folded = true;
+    }
     // Removing a whole anchored month keeps the anchor; any other end
     // re-anchors on it.
     let anchor = super::anchor::of_subscription(&sub)
         .filter(|a| a.holds(new_end, zone))
         .unwrap_or_else(|| Anchor::of(new_end, zone));
     let mut am = sub.into_active_model();
+    if folded {
+        super::phase::drop_phase(&mut am);
+    }
     if let Some((phase_plan, id)) = phase_again {
         am.scheduled_plan = Set(Some(phase_plan));
         am.scheduled_payment_id = Set(Some(id));

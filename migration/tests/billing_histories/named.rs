@@ -411,3 +411,41 @@ fn a_refund_racing_a_renewal_payment_leaves_both_rows_in_the_ledger() {
             .expect("the history keeps the invariant");
     });
 }
+
+/// The generator (seed 600): BASIC twice, then ULTIMATE carrying it, then
+/// `change` back to BASIC and its renewal paid early (a phase of BASIC
+/// after ULTIMATE); the ULTIMATE checkout refunded whole gives BASIC back,
+/// and the phase of BASIC was left waiting on BASIC. A phase of the plan
+/// that comes back is no change: its month runs on from the restored end
+/// at once, and the renewal after it is offered as any other.
+#[test]
+fn a_phase_of_the_plan_a_refund_gives_back_runs_on_from_its_end() {
+    use super::Step::*;
+    on_both(|db| async move {
+        let steps = [
+            Pay(0),
+            Change(1),
+            Reprice(80),
+            ToEnd(28),
+            Tick(0),
+            Cancel(true),
+            Cancel(false),
+            Tick(0),
+            Pay(0),
+            Pay(2),
+            Change(0),
+            ToEnd(99),
+            Tick(0),
+            PayRenewal,
+            Refund(6),
+            ToEnd(-1),
+            Tick(0),
+            ToEnd(24),
+            Tick(0),
+            PayRenewal,
+        ];
+        super::history(&db, None, &steps)
+            .await
+            .expect("the history keeps the invariant");
+    });
+}
